@@ -1,0 +1,36 @@
+# Two commands do everything from a fresh clone:
+#   make pretrain   bootstrap .venv, then run the main job (examples/ds_pretrain_gpt2.sh)
+#   make test       bootstrap .venv, then run the test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# torch is installed on its own first: `torch==2.13.0` is a CPU build where a local CPU wheel is provided
+# (this project's CI machines) and the default CUDA build from PyPI on a GPU machine. Override with
+# TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126' or similar.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: venv pretrain test test-slow bench clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
+	DS_BUILD_OPS=0 $(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q "pytest>=7.4" "pytest-timeout>=2.2"
+	touch $(STAMP)
+
+pretrain: venv
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/ds_pretrain_gpt2.sh
+
+test: venv
+	$(PY) -m pytest -q
+
+test-slow: venv
+	$(PY) -m pytest -q -m slow
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,95 @@
+"""The one place that chooses the device and the communication backend.
+
+CUDA + NCCL when DeepSpeed's accelerator is CUDA (a GPU is visible and ``DS_ACCELERATOR`` does not say otherwise),
+CPU + gloo otherwise. Everything in ``tds`` and ``megatron`` asks this module instead of calling ``torch.cuda``,
+so no CUDA-only call is reached on CPU. The device RNG is the CUDA generator on GPU and torch's default
+(CPU) generator on CPU.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+import torch
+
+
+@lru_cache(maxsize=None)
+def is_cuda() -> bool:
+    """True when running on CUDA devices (DeepSpeed's accelerator decides, so both agree)."""
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator().device_name() == "cuda"
+
+
+def backend() -> str:
+    """torch.distributed backend: 'nccl' on CUDA, 'gloo' on CPU."""
+    return "nccl" if is_cuda() else "gloo"
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def device() -> torch.device:
+    """The device of this process: cuda:LOCAL_RANK on GPU, cpu otherwise."""
+    return torch.device("cuda", local_rank()) if is_cuda() else torch.device("cpu")
+
+
+def set_device() -> None:
+    """Bind this process to its GPU (no-op on CPU)."""
+    if is_cuda():
+        torch.cuda.set_device(local_rank())
+
+
+def synchronize() -> None:
+    if is_cuda():
+        torch.cuda.synchronize()
+
+
+def get_rng_state() -> torch.Tensor:
+    """State of the generator that dropout on `device()` draws from."""
+    return torch.cuda.get_rng_state() if is_cuda() else torch.get_rng_state()
+
+
+def set_rng_state(state: torch.Tensor) -> None:
+    if is_cuda():
+        torch.cuda.set_rng_state(state)
+    else:
+        torch.set_rng_state(state)
+
+
+def manual_seed(seed: int) -> None:
+    """Seed the device generator only (on CPU this is torch's default generator)."""
+    if is_cuda():
+        torch.cuda.manual_seed(seed)
+    else:
+        torch.manual_seed(seed)
+
+
+def max_memory_allocated() -> int:
+    """Peak bytes allocated on the device; on CPU the process's peak resident set size."""
+    if is_cuda():
+        return torch.cuda.max_memory_allocated()
+    import resource
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def init_distributed(timeout_s: float = 1800.0) -> None:
+    """Initialise torch.distributed from the launcher's environment (deepspeed or torchrun).
+
+    Both launchers set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; a plain
+    `python script.py` runs as a world of one.
+    """
+    import datetime
+
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    os.environ.setdefault("LOCAL_RANK", "0")
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29500")
+    set_device()
+    import deepspeed
+    deepspeed.init_distributed(dist_backend=backend(), auto_mpi_discovery=False,
+                               timeout=datetime.timedelta(seconds=timeout_s))

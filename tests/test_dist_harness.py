@@ -1,0 +1,42 @@
+"""The multi-rank harness itself: results come back, errors carry tracebacks, hangs name the stuck rank."""
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.dist import DistributedTestError, run_distributed
+
+
+def _sum_of_ranks():
+    t = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(t)
+    return dist.get_rank(), t.item(), torch.get_num_threads()
+
+
+def _fails_on_rank_one():
+    if dist.get_rank() == 1:
+        raise ValueError("boom on purpose")
+    return "fine"
+
+
+def _rank_two_hangs():
+    if dist.get_rank() == 2:
+        import time
+        time.sleep(60)
+    return "fine"
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 8])
+def test_results_in_rank_order(world_size):
+    out = run_distributed(_sum_of_ranks, world_size)
+    expected = sum(range(world_size))
+    assert out == [(r, expected, 1) for r in range(world_size)]
+
+
+def test_exception_traceback_reaches_pytest():
+    with pytest.raises(DistributedTestError, match=r"(?s)rank 1.*ValueError: boom on purpose"):
+        run_distributed(_fails_on_rank_one, 2)
+
+
+def test_timeout_names_stuck_rank():
+    with pytest.raises(DistributedTestError, match=r"ranks \[2\] of 3 did not finish"):
+        run_distributed(_rank_two_hangs, 3, timeout=8)
