@@ -59,6 +59,8 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kw
                                 world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
         out = fn(*args, **kwargs)
         results.put((rank, "ok", pickle.dumps(out)))
+        # Rank 0 hosts the TCP store: nobody leaves while a peer may still need it (e.g. in new_group).
+        dist.barrier()
     except BaseException:  # noqa: BLE001 - everything goes back to pytest
         results.put((rank, "error", traceback.format_exc()))
     finally:
