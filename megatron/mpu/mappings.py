@@ -1,0 +1,133 @@
+"""Autograd functions that move activations into and out of the tensor-model-parallel region.
+
+With p tensor-parallel ranks and X replicated on every rank (Megatron paper, section 3):
+
+    f = copy_to_tensor_model_parallel_region      forward: identity        backward: all-reduce (sum)
+    g = reduce_from_tensor_model_parallel_region  forward: all-reduce      backward: identity
+    scatter_to_tensor_model_parallel_region       forward: X -> X_r        backward: all-gather along last dim
+    gather_from_tensor_model_parallel_region      forward: [X_1 .. X_p]    backward: split, keep X_r
+
+so an MLP Y = GeLU(X A) B with A = [A_1, ..., A_p] split by columns and B = [B_1; ...; B_p] split by rows is
+    Z = g( GeLU(f(X) A_r) B_r ).
+Shapes: split/gather act on the last dim, (..., h) <-> (..., h/p). `group=None` means the current
+tensor-model-parallel group (`get_model_parallel_group()`); without one (world size 1) every function is
+the identity.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .parallel_state import get_model_parallel_group
+from .utils import split_tensor_along_last_dim
+
+
+def resolve_group(group) -> Tuple[Optional[dist.ProcessGroup], int, int]:
+    """(group, tp_rank, tp_size) for `group`, or the current tensor-parallel group when it is None.
+
+    Without torch.distributed or parallel state this is (None, 0, 1).
+    """
+    if group is None:
+        group = get_model_parallel_group()
+    if group is None or not dist.is_initialized():
+        return None, 0, 1
+    return group, dist.get_rank(group), dist.get_world_size(group)
+
+
+def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    group, _, size = resolve_group(group)
+    if size == 1:
+        return x
+    out = x.contiguous().clone()
+    dist.all_reduce(out, group=group)
+    return out
+
+
+def _split_last(x: torch.Tensor, group) -> torch.Tensor:
+    group, rank, size = resolve_group(group)
+    if size == 1:
+        return x
+    return split_tensor_along_last_dim(x, size)[rank].contiguous()
+
+
+def _gather_last(x: torch.Tensor, group) -> torch.Tensor:
+    group, rank, size = resolve_group(group)
+    if size == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=-1)
+
+
+class _CopyToRegion(torch.autograd.Function):
+    """f: identity forward, all-reduce of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group), None
+
+
+class _ReduceFromRegion(torch.autograd.Function):
+    """g: all-reduce forward, identity backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+class _ScatterToRegion(torch.autograd.Function):
+    """Keep this rank's last-dim chunk forward; all-gather the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_last(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_last(grad, ctx.group), None
+
+
+class _GatherFromRegion(torch.autograd.Function):
+    """All-gather along the last dim forward; keep this rank's chunk of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_last(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _split_last(grad, ctx.group), None
+
+
+def copy_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """f: Y = X forward, dL/dX = sum over tp ranks of dL/dY backward."""
+    return _CopyToRegion.apply(x, group)
+
+
+def reduce_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """g: Y = sum over tp ranks of X_r forward, dL/dX_r = dL/dY backward."""
+    return _ReduceFromRegion.apply(x, group)
+
+
+def scatter_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """(..., h) -> (..., h/p): this rank's chunk X_r of X = [X_1, ..., X_p]."""
+    return _ScatterToRegion.apply(x, group)
+
+
+def gather_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """(..., h/p) -> (..., h): X = [X_1, ..., X_p] from every rank's X_r."""
+    return _GatherFromRegion.apply(x, group)
