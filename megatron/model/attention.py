@@ -1,0 +1,143 @@
+"""Multi-head attention on tensor-parallel layers; heads are split across tp ranks.
+
+Shape legend: b batch, s / q / k sequence lengths, h hidden, n heads (n_r = n / tp on this rank),
+d per-head width (kv_channels).
+
+Masks are bool with True = masked out (the data pipeline's convention), broadcastable to (b, 1, q, k).
+scaled_dot_product_attention wants the opposite for bool masks (True = attend), or an additive float mask.
+
+    GPT-2: softmax(Q K^T / sqrt(d) + causal/attention mask) V       fused QKV (stride 3, [Q; K; V] rows)
+    T5:    softmax(Q K^T + position bias + mask) V                  no 1/sqrt(d) (folded into T5's init)
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron import mpu
+from .config import GPT2Config, T5Config
+from .position import RelativePositionBias
+from .rng import SeededDropout
+
+
+def check_heads(num_heads: int, tp_size: int) -> int:
+    """Heads on each tp rank; an error naming both numbers if they do not divide."""
+    if num_heads % tp_size:
+        raise ValueError(f"num_attention_heads ({num_heads}) is not divisible by the tensor-model-parallel "
+                         f"size ({tp_size}); choose a tp size that divides the number of heads")
+    return num_heads // tp_size
+
+
+def mask_to_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool mask (True = masked) -> additive float mask: dtype's minimum where masked, 0 elsewhere.
+
+    Half the dtype's minimum (not -inf) keeps fully masked rows finite (uniform attention, as Megatron's
+    -10000) and leaves room to add a position bias without overflowing to -inf in fp16.
+    """
+    fill = torch.finfo(dtype).min / 2
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, fill)
+
+
+def normal_init(std: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    return lambda w: nn.init.normal_(w, 0.0, std)
+
+
+def _split_heads(x: torch.Tensor, n_local: int) -> torch.Tensor:
+    """(b, s, n_r * d) -> (b, n_r, s, d)."""
+    b, s, _ = x.shape
+    return x.view(b, s, n_local, -1).transpose(1, 2)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(b, n_r, s, d) -> (b, s, n_r * d)."""
+    b, n, s, d = x.shape
+    return x.transpose(1, 2).reshape(b, s, n * d)
+
+
+class GPT2SelfAttention(nn.Module):
+    """(b, s, h) -> (b, s, h). QKV weight rows [Q; K; V] as HF GPT-2's c_attn (transposed); stride 3 gives
+    each rank all three for its heads. Output projection init std / sqrt(2 L) (GPT-2's residual scaling)."""
+
+    def __init__(self, config: GPT2Config, module_number: int, tp_group=None):
+        super().__init__()
+        group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
+        self.n_local = check_heads(config.num_attention_heads, tp_size)
+        inner = config.num_attention_heads * config.kv_channels
+        std, out_std = config.init_method_std, config.init_method_std / math.sqrt(2.0 * config.num_layers)
+        self.query_key_value = mpu.ColumnParallelLinear(
+            config.hidden_size, 3 * inner, gather_output=False, init_method=normal_init(std), stride=3,
+            tp_group=group, dtype=config.params_dtype)
+        self.dense = mpu.RowParallelLinear(inner, config.hidden_size, input_is_parallel=True,
+                                           init_method=normal_init(out_std), tp_group=group,
+                                           dtype=config.params_dtype)
+        self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, 0,
+                                               tp_split=True, tp_rank=tp_rank)
+
+    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        qkv, _ = self.query_key_value(x)  # (b, s, 3 n_r d)
+        q, k, v = (_split_heads(t, self.n_local) for t in qkv.chunk(3, dim=-1))  # (b, n_r, s, d) each
+        mask = None if attention_mask is None else ~attention_mask
+        drop = self.attention_dropout
+        if drop.active:
+            with drop.rng():
+                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop.p,
+                                                     is_causal=mask is None)
+        else:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        out, _ = self.dense(_merge_heads(ctx))
+        return out
+
+
+class T5Attention(nn.Module):
+    """T5 self- or cross-attention: (b, q, h) [+ keys/values from (b, k, h)] -> (b, q, h); no biases.
+
+    q and the fused kv projection ([K; V] rows, stride 2) are column-parallel, o row-parallel. The first
+    layer of each stack also owns the stack's `RelativePositionBias` (`relative_attention_bias`).
+    """
+
+    def __init__(self, config: T5Config, module_number: int, site: int = 0,
+                 position_bias: Optional[str] = None, tp_group=None):
+        """site: dropout site number within the layer; position_bias: None, or 'bidirectional' (encoder) /
+        'causal' (decoder) for the first layer of a stack, which owns the stack's bias table."""
+        super().__init__()
+        group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
+        self.n_local = check_heads(config.num_attention_heads, tp_size)
+        d, dkv, f = config.hidden_size, config.kv_channels, config.initializer_factor
+        inner = config.num_attention_heads * dkv
+        common = dict(bias=False, gather_output=False, tp_group=group, dtype=config.params_dtype)
+        self.q = mpu.ColumnParallelLinear(d, inner, init_method=normal_init(f * (d * dkv) ** -0.5), **common)
+        self.kv = mpu.ColumnParallelLinear(d, 2 * inner, init_method=normal_init(f * d ** -0.5), stride=2,
+                                           **common)
+        self.o = mpu.RowParallelLinear(inner, d, bias=False, input_is_parallel=True,
+                                       init_method=normal_init(f * inner ** -0.5), tp_group=group,
+                                       dtype=config.params_dtype)
+        self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, site,
+                                               tp_split=True, tp_rank=tp_rank)
+        self.relative_attention_bias = None
+        if position_bias is not None:
+            if position_bias not in ("bidirectional", "causal"):
+                raise ValueError(f"position_bias must be None, 'bidirectional' or 'causal', got {position_bias!r}")
+            self.relative_attention_bias = RelativePositionBias(
+                config.num_attention_heads, config.relative_attention_num_buckets,
+                config.relative_attention_max_distance, position_bias == "bidirectional", f * d ** -0.5,
+                tp_group=group, dtype=config.params_dtype)
+
+    def forward(self, x: torch.Tensor, attn_bias: torch.Tensor,
+                key_value_states: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """attn_bias: additive float (b or 1, n_r or 1, q, k): position bias plus `mask_to_bias(mask)`."""
+        q = _split_heads(self.q(x)[0], self.n_local)  # (b, n_r, q, d)
+        kv, _ = self.kv(x if key_value_states is None else key_value_states)  # (b, k, 2 n_r d)
+        k, v = (_split_heads(t, self.n_local) for t in kv.chunk(2, dim=-1))
+        bias = attn_bias.to(q.dtype)
+        drop = self.attention_dropout
+        if drop.active:
+            with drop.rng():
+                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop.p, scale=1.0)
+        else:
+            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+        out, _ = self.o(_merge_heads(ctx))
+        return out

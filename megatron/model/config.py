@@ -1,0 +1,114 @@
+"""Model hyper-parameters: small dataclasses filled by the training script (model code never reads args).
+
+    GPT2Config  decoder-only GPT-2 (learned positions, pre-LayerNorm, GELU-tanh, tied LM head)
+    T5Config    encoder-decoder T5 v1.0 / v1.1 (relative position bias, RMSNorm, no biases)
+
+Derived sizes are filled in `__post_init__` (ffn 4h for GPT-2, kv channels h / heads); the padded
+vocabulary depends on the tensor-parallel size, so it is a function, `padded_vocab_size`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
+    """Megatron's padding: the smallest multiple of divisible_by * tp that holds vocab_size.
+
+    Every tensor-parallel rank then holds V_pad / tp rows, a multiple of `divisible_by` (GEMM-friendly).
+    Padded ids are never predicted: their logits are set to the dtype's minimum (see `language_model`).
+    """
+    if vocab_size < 1 or divisible_by < 1 or tp < 1:
+        raise ValueError(f"padded_vocab_size needs positive sizes, got vocab_size={vocab_size}, "
+                         f"divisible_by={divisible_by}, tp={tp}")
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+@dataclass
+class TransformerConfig:
+    """Fields shared by GPT-2 and T5.
+
+    seed: base seed of weight initialisation (module k is built under seed + k, see `rng.init_rng`) and of
+        dropout (see `rng.SeededDropout`).
+    checkpoint_num_layers: recompute activations every this many transformer layers (0 = off).
+    kv_channels: per-head width of queries/keys/values; hidden_size // num_attention_heads by default.
+    """
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    vocab_size: int
+    seq_length: int
+    ffn_hidden_size: Optional[int] = None
+    kv_channels: Optional[int] = None
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layernorm_epsilon: float = 1e-5
+    make_vocab_size_divisible_by: int = 128
+    params_dtype: torch.dtype = torch.float32
+    checkpoint_num_layers: int = 0
+    seed: int = 1234
+
+    def __post_init__(self):
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{type(self).__name__}.{name} must be >= 1, got {getattr(self, name)}")
+        if self.kv_channels is None:
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"hidden_size ({self.hidden_size}) is not divisible by num_attention_heads "
+                                 f"({self.num_attention_heads}); set kv_channels explicitly")
+            self.kv_channels = self.hidden_size // self.num_attention_heads
+        if self.checkpoint_num_layers < 0:
+            raise ValueError(f"checkpoint_num_layers must be >= 0, got {self.checkpoint_num_layers}")
+
+    def padded_vocab_size(self, tp: int) -> int:
+        return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
+
+
+@dataclass
+class GPT2Config(TransformerConfig):
+    """GPT-2. max_position_embeddings defaults to seq_length; init std 0.02, output layers 0.02/sqrt(2L)."""
+    max_position_embeddings: Optional[int] = None
+    init_method_std: float = 0.02
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        if self.max_position_embeddings is None:
+            self.max_position_embeddings = self.seq_length
+        if self.max_position_embeddings < self.seq_length:
+            raise ValueError(f"max_position_embeddings ({self.max_position_embeddings}) < seq_length "
+                             f"({self.seq_length})")
+
+
+@dataclass
+class T5Config(TransformerConfig):
+    """T5. `num_layers` is the encoder depth, `num_decoder_layers` the decoder's (default: the same);
+    `seq_length` the encoder length, `decoder_seq_length` the decoder's (default: the same).
+
+    feed_forward_proj: 'relu' (T5 v1.0) or 'gated-gelu' (v1.1: GELU-tanh(x W0) * (x W1)).
+    initializer_factor scales the HF T5 initialisation (q: (d*d_kv)^-0.5, k/v/wi/bias: d^-0.5,
+    o: (heads*d_kv)^-0.5, wo: ff^-0.5, embedding: 1).
+    """
+    num_decoder_layers: Optional[int] = None
+    decoder_seq_length: Optional[int] = None
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+    feed_forward_proj: str = "relu"
+    initializer_factor: float = 1.0
+    layernorm_epsilon: float = 1e-6
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.ffn_hidden_size is None:
+            self.ffn_hidden_size = 4 * self.hidden_size
+        if self.num_decoder_layers is None:
+            self.num_decoder_layers = self.num_layers
+        if self.decoder_seq_length is None:
+            self.decoder_seq_length = self.seq_length
+        if self.feed_forward_proj not in ("relu", "gated-gelu"):
+            raise ValueError(f"T5Config.feed_forward_proj must be 'relu' or 'gated-gelu', "
+                             f"got {self.feed_forward_proj!r}")

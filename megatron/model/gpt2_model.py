@@ -1,0 +1,82 @@
+"""GPT-2 on tensor-parallel layers (the plain model; `gpt2_pipe` cuts the same modules into stages).
+
+Shape legend: b batch, s sequence, h hidden, V_r this rank's padded-vocabulary slice.
+
+    x0 = drop(E[tokens] + P[positions])          E vocab-parallel (V_pad, h), P learned (max_pos, h)
+    x_l = TransformerLayer_l(x_{l-1}, mask)      l = 1..L, pre-LayerNorm
+    logits = LN_f(x_L) E^T                       tied head, padded ids masked; (b, s, V_r)
+
+Module numbers (init seeds, dropout sites): embedding 0, layers 1..L, final LayerNorm L+1.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from megatron import mpu
+from tds import device as tds_device
+from .attention import normal_init
+from .config import GPT2Config
+from .language_model import lm_logits, masked_lm_loss
+from .layer_norm import layer_norm
+from .rng import SeededDropout, init_rng
+from .transformer import TransformerLayer, run_layers
+
+
+class GPT2Embedding(nn.Module):
+    """(b, s) token ids [, (b, s) position ids] -> (b, s, h); the word table is also the LM head."""
+
+    def __init__(self, config: GPT2Config, tp_group=None):
+        super().__init__()
+        group, _, tp_size = mpu.mappings.resolve_group(tp_group)
+        self.vocab_size, self.tp_group = config.vocab_size, group
+        with init_rng(config.seed, 0):  # positions first: the word table's size depends on tp (padding)
+            positions = torch.empty(config.max_position_embeddings, config.hidden_size)
+            normal_init(config.init_method_std)(positions)
+            self.position_embeddings = nn.Embedding.from_pretrained(
+                positions.to(device=tds_device.device(), dtype=config.params_dtype), freeze=False)
+            self.word_embeddings = mpu.VocabParallelEmbedding(
+                config.padded_vocab_size(tp_size), config.hidden_size,
+                init_method=normal_init(config.init_method_std), tp_group=group, dtype=config.params_dtype)
+        self.embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0)
+
+    def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        if position_ids is None:
+            position_ids = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
+        return self.embedding_dropout(self.word_embeddings(tokens) + self.position_embeddings(position_ids))
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(b, s, h) -> (b, s, V_r) against the word table."""
+        return lm_logits(hidden, self.word_embeddings.weight, self.vocab_size, self.tp_group)
+
+
+def final_layernorm(config: GPT2Config) -> nn.Module:
+    with init_rng(config.seed, config.num_layers + 1):
+        return layer_norm(config.hidden_size, config.layernorm_epsilon, config.params_dtype)
+
+
+class GPT2Model(nn.Module):
+    """forward(tokens, position_ids, attention_mask) -> vocab-parallel logits (b, s, V_r).
+
+    attention_mask: bool (b or 1, 1, s, s), True = masked out; None means plain causal attention.
+    """
+
+    def __init__(self, config: GPT2Config, tp_group=None):
+        super().__init__()
+        self.config = config
+        self.tp_group = mpu.mappings.resolve_group(tp_group)[0]
+        self.embedding = GPT2Embedding(config, self.tp_group)
+        self.layers = nn.ModuleList(TransformerLayer(config, i + 1, self.tp_group) for i in range(config.num_layers))
+        self.final_layernorm = final_layernorm(config)
+
+    def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = self.embedding(tokens, position_ids)  # (b, s, h)
+        x = run_layers(self.layers, x, self.config.checkpoint_num_layers, attention_mask)
+        return self.embedding.logits(self.final_layernorm(x))
+
+    def loss(self, logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
+        """Masked mean of the vocab-parallel cross entropy (fp32 scalar)."""
+        return masked_lm_loss(logits, labels, loss_mask, self.tp_group)

@@ -1,0 +1,73 @@
+"""Feed-forward blocks: column-parallel up-projection, row-parallel down-projection.
+
+Shape legend: b batch, s sequence, h hidden, f ffn hidden (f_r = f / tp on this rank).
+
+    GPT-2:          y = GELU_tanh(x W1 + b1) W2 + b2           W1 (h, f) column-, W2 (f, h) row-parallel
+    T5 v1.0 relu:   y = dropout(relu(x Wi)) Wo
+    T5 v1.1 gated:  y = dropout(GELU_tanh(x Wi0) * (x Wi1)) Wo  Wi0, Wi1 fused as one [Wi0; Wi1] stride-2 GEMM
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron import mpu
+from .attention import normal_init
+from .config import GPT2Config, T5Config
+from .rng import SeededDropout
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GPT-2's GELU: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    return F.gelu(x, approximate="tanh")
+
+
+class GPT2MLP(nn.Module):
+    """(b, s, h) -> (b, s, h); output projection init std / sqrt(2 L)."""
+
+    def __init__(self, config: GPT2Config, tp_group=None):
+        super().__init__()
+        std, out_std = config.init_method_std, config.init_method_std / math.sqrt(2.0 * config.num_layers)
+        self.dense_h_to_4h = mpu.ColumnParallelLinear(config.hidden_size, config.ffn_hidden_size,
+                                                      gather_output=False, init_method=normal_init(std),
+                                                      tp_group=tp_group, dtype=config.params_dtype)
+        self.dense_4h_to_h = mpu.RowParallelLinear(config.ffn_hidden_size, config.hidden_size,
+                                                   input_is_parallel=True, init_method=normal_init(out_std),
+                                                   tp_group=tp_group, dtype=config.params_dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.dense_h_to_4h(x)  # (b, s, f_r)
+        out, _ = self.dense_4h_to_h(gelu_tanh(h))
+        return out
+
+
+class T5MLP(nn.Module):
+    """(b, s, h) -> (b, s, h), no biases; the inner dropout acts on split activations (tp-rank stream)."""
+
+    def __init__(self, config: T5Config, module_number: int, site: int, tp_group=None):
+        super().__init__()
+        group, tp_rank, _ = mpu.mappings.resolve_group(tp_group)
+        d, f, factor = config.hidden_size, config.ffn_hidden_size, config.initializer_factor
+        self.gated = config.feed_forward_proj == "gated-gelu"
+        self.wi = mpu.ColumnParallelLinear(d, 2 * f if self.gated else f, bias=False, gather_output=False,
+                                           init_method=normal_init(factor * d ** -0.5),
+                                           stride=2 if self.gated else 1, tp_group=group,
+                                           dtype=config.params_dtype)
+        self.wo = mpu.RowParallelLinear(f, d, bias=False, input_is_parallel=True,
+                                        init_method=normal_init(factor * f ** -0.5), tp_group=group,
+                                        dtype=config.params_dtype)
+        self.dropout = SeededDropout(config.hidden_dropout, config.seed, module_number, site, tp_split=True,
+                                     tp_rank=tp_rank)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, _ = self.wi(x)  # (b, s, f_r) or (b, s, 2 f_r)
+        if self.gated:
+            gate, up = h.chunk(2, dim=-1)
+            h = gelu_tanh(gate) * up
+        else:
+            h = F.relu(h)
+        out, _ = self.wo(self.dropout(h))
+        return out

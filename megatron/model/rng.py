@@ -1,0 +1,142 @@
+"""Layout-independent randomness: weight initialisation and dropout that do not depend on how the model is
+split across processes.
+
+Initialisation. Module number k of a model (embedding 0, transformer layers 1..L in order, final norms
+and heads after) is built under `init_rng(seed, k)`: torch's CPU generator is set to seed + k for the
+constructor and restored afterwards. The mpu layers draw their full master weights from that generator, so
+a module holds the same values whichever pipeline stage builds it and whatever the tp size.
+
+Dropout. The rule: call number c (counted from 0, training-mode calls only) of dropout site j of module k
+draws its mask from the device generator seeded with
+
+    mix(seed, k, j, c)                      on activations replicated across tp ranks (hidden dropout)
+    mix(seed + 2718 + tp_rank, k, j, c)     on activations split across tp ranks (attention probabilities,
+                                            T5's inner feed-forward), run inside mpu's model-parallel fork
+
+where mix is a fixed polynomial hash. Nothing depends on which process runs the site or what it ran
+before, so one process and any pipeline split draw the same masks (a pipeline stage does not consume a
+shared stream in the single-process order). Megatron's convention is kept: ranks of a tp group agree on
+hidden-dropout masks and differ on split activations; the generator state outside a site is untouched.
+
+Every site runs once per training micro-batch, so after k micro-batches all counters equal k;
+`set_dropout_calls(model, k)` restores them on resume (they are not in the state dict).
+
+Activation checkpointing recomputes a segment during backward, which would advance the counters twice;
+`replay_checkpoint` rewinds the segment's counters to their values at the first forward for the
+recomputation and restores the live values afterwards (also when torch stops a recomputation early).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from megatron import mpu
+from tds import device as tds_device
+
+_P = 1_000_003
+_MASK = (1 << 63) - 1
+MODEL_PARALLEL_SEED_OFFSET = 2718
+
+
+def mix(*values: int) -> int:
+    """Polynomial hash of non-negative ints into [0, 2^63): the per-call seed."""
+    h = 0
+    for v in values:
+        h = (h * _P + int(v) + 1) & _MASK
+    return h
+
+
+@contextlib.contextmanager
+def init_rng(seed: int, module_number: int) -> Iterator[None]:
+    """Build a module under CPU generator seed + module_number, restoring the generator afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + module_number)
+        yield
+
+
+@contextlib.contextmanager
+def _isolated_device_rng() -> Iterator[None]:
+    state = tds_device.get_rng_state()
+    try:
+        yield
+    finally:
+        tds_device.set_rng_state(state)
+
+
+class SeededDropout(nn.Module):
+    """Dropout site j of module k; see the module docstring for the seed rule.
+
+    `forward(x)` is dropout; `with site.rng(): ...` runs any random op (e.g. the dropout inside
+    scaled_dot_product_attention) on this site's seeded device generator and counts one call.
+    """
+
+    def __init__(self, p: float, seed: int, module_number: int, site: int, tp_split: bool = False,
+                 tp_rank: int = 0):
+        super().__init__()
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout probability must be in [0, 1), got {p}")
+        self.p, self.module_number, self.site, self.tp_split = p, module_number, site, tp_split
+        self.base_seed = seed + MODEL_PARALLEL_SEED_OFFSET + tp_rank if tp_split else seed
+        self.calls = 0
+
+    @property
+    def active(self) -> bool:
+        return self.training and self.p > 0
+
+    @contextlib.contextmanager
+    def rng(self) -> Iterator[None]:
+        seed = mix(self.base_seed, self.module_number, self.site, self.calls)
+        self.calls += 1
+        outer = mpu.get_rng_tracker().fork() if self.tp_split and _tracker_ready() else _isolated_device_rng()
+        with outer:
+            tds_device.manual_seed(seed)
+            yield
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.active:
+            return x
+        with self.rng():
+            return F.dropout(x, self.p, training=True)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, module={self.module_number}, site={self.site}, tp_split={self.tp_split}"
+
+
+def _tracker_ready() -> bool:
+    return mpu.random.MODEL_PARALLEL_RNG in mpu.get_rng_tracker().get_states()
+
+
+def dropout_sites(module: nn.Module) -> list[SeededDropout]:
+    return [m for m in module.modules() if isinstance(m, SeededDropout)]
+
+
+def set_dropout_calls(module: nn.Module, calls: int) -> None:
+    """Set every dropout site's call counter, e.g. when resuming: every site runs exactly once per training
+    micro-batch, so after k micro-batches (iteration x gradient-accumulation steps) all counters are k,
+    in every layout. The counters are not in the state dict."""
+    for site in dropout_sites(module):
+        site.calls = calls
+
+
+def replay_checkpoint(function: Callable[..., Any], sites: Sequence[SeededDropout], *args: Any) -> Any:
+    """mpu.checkpoint(function, *args) whose recomputation sees the dropout counters of the first forward."""
+    start = [s.calls for s in sites]
+    ran = [False]
+
+    def run(*inputs):
+        live = [s.calls for s in sites]
+        for s, c in zip(sites, start):
+            s.calls = c
+        try:
+            return function(*inputs)
+        finally:
+            if ran[0]:
+                for s, c in zip(sites, live):
+                    s.calls = c
+            ran[0] = True
+
+    return mpu.checkpoint(run, *args)

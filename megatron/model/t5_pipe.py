@@ -1,0 +1,132 @@
+"""T5ModelPipe: the T5 modules of `t5_model` as one TDS pipeline, encoder layers then decoder layers.
+
+    spec 0            TiedLayerSpec('embed')   (enc_tokens, dec_tokens, enc_mask, dec_mask, cross_mask) -> T
+    encoder layers    T5EncoderTransformerLayerPipe: T -> T with enc_h updated
+    encoder final     T5EncoderFinalNormPipe: enc_h = drop(RMS(enc_h)); drops the encoder bias
+    decoder layers    T5DecoderTransformerLayerPipe: T -> T with dec_h updated (cross-attends to enc_h)
+    decoder final     T5DecoderFinalNormPipe: T -> drop(RMS(dec_h))
+    last              TiedLayerSpec('embed')   -> vocab-parallel logits (h^-0.5 scaling, tied table)
+
+Tuple T crossing every stage boundary (boundaries may fall anywhere, inside or between the stacks):
+
+    pos  tensor                                  type   grad   tp-partitioned
+    0    enc_h (b, se, h)                        float  yes    yes
+    1    enc_mask (b, 1, se, se)                 bool   no     no
+    2    dec_h (b, sd, h)                        float  yes    yes
+    3    dec_mask (b, 1, sd, sd)                 bool   no     no
+    4    cross_mask (b, 1, sd, se)               bool   no     no
+    5    encoder compact bias (n_r, 2 se - 1)    float  yes    no (each tp rank holds its own heads)
+    6    decoder compact bias (n_r, 2 sd - 1)    float  yes    no
+
+Relative position bias. The first layer of each stack owns the bucketed table (as in T5 and in T5Model);
+later layers of the stack, possibly on other stages, need its output. Choice: pass the computed bias, in
+compact form, as declared tensors 5 and 6 with gradient. Compared with the alternatives:
+- full bias (n_r, s, s) in the tuple: n_r s^2 values per hop per micro-batch, e.g. 12 heads x 512^2 x 4 B
+  = 12.6 MB (fp32), as large as the hidden state itself (8 x 512 x 768 x 2 B = 6.3 MB);
+- compact bias: n_r (2s - 1) values, 12 x 1023 x 4 B = 49 KB per hop, 0.8% of that hidden state; for the
+  tiny test model (4 heads, s = 16) 4 x 31 x 4 B = 496 B next to 2 x 16 x 32 x 4 B = 4 KB of hidden;
+- tied per-stack tables (TiedLayerSpec): no per-hop bytes, but the table must live in a glue spec before
+  every layer (a TiedLayerSpec builds one module per stage) and stage boundaries must never separate a
+  glue spec from its layer, and the table no longer sits in the first layer as in T5 checkpoints.
+The compact bias keeps T5's ownership (pipeline layer files equal the plain model's layers), puts no
+constraint on boundaries and costs < 1% of the hidden-state traffic; the gradient reaching it is the
+sum over the stack's layers, exactly as for the plain model. Before a stack's first layer, and after the
+encoder, the slot holds a 1-element placeholder (its gradient, zeros, is discarded).
+Each layer expands the compact bias and adds its mask itself (the plain model does this once per stack).
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple, Union
+
+import torch
+
+from megatron import mpu
+from tds.pipe import LayerSpec, PipelineModule, TiedLayerSpec
+from .attention import mask_to_bias
+from .config import T5Config
+from .language_model import LMLoss
+from .pipe_common import ReplayCheckpoint, pipe_topology
+from .t5_model import (T5Embedding, T5FinalNorm, attention_bias, decoder_layer_numbers,
+                       encoder_layer_numbers)
+from .transformer import T5TransformerLayer
+
+Boundary = Tuple[torch.Tensor, ...]  # the 7-tensor tuple T
+
+
+def _placeholder(like: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(1, dtype=like.dtype, device=like.device)
+
+
+class T5EmbeddingPipe(T5Embedding):
+    def forward(self, inputs: Boundary) -> Boundary:
+        enc_tokens, dec_tokens, enc_mask, dec_mask, cross_mask = inputs
+        enc, dec = super().forward(enc_tokens, dec_tokens)
+        return enc, enc_mask, dec, dec_mask, cross_mask, _placeholder(enc), _placeholder(dec)
+
+
+def _lm_head(embedding: T5Embedding, dec: torch.Tensor) -> torch.Tensor:
+    return embedding.logits(dec)
+
+
+class T5EncoderTransformerLayerPipe(T5TransformerLayer):
+    def __init__(self, config: T5Config, layer_number: int, owns_position_bias: bool, tp_group=None):
+        super().__init__(config, layer_number, False, owns_position_bias, tp_group)
+
+    def forward(self, inputs: Boundary) -> Boundary:
+        enc, enc_mask, dec, dec_mask, cross_mask, enc_pos, dec_pos = inputs
+        if self.position_bias is not None:
+            enc_pos = self.position_bias.compact(*enc_mask.shape[-2:])
+        enc = super().forward(enc, attention_bias(enc_pos, enc_mask))
+        return enc, enc_mask, dec, dec_mask, cross_mask, enc_pos, dec_pos
+
+
+class T5DecoderTransformerLayerPipe(T5TransformerLayer):
+    def __init__(self, config: T5Config, layer_number: int, owns_position_bias: bool, tp_group=None):
+        super().__init__(config, layer_number, True, owns_position_bias, tp_group)
+
+    def forward(self, inputs: Boundary) -> Boundary:
+        enc, enc_mask, dec, dec_mask, cross_mask, enc_pos, dec_pos = inputs
+        if self.position_bias is not None:
+            dec_pos = self.position_bias.compact(*dec_mask.shape[-2:])
+        dec = super().forward(dec, attention_bias(dec_pos, dec_mask), enc, mask_to_bias(cross_mask, dec.dtype))
+        return enc, enc_mask, dec, dec_mask, cross_mask, enc_pos, dec_pos
+
+
+class T5EncoderFinalNormPipe(T5FinalNorm):
+    def forward(self, inputs: Boundary) -> Boundary:
+        enc, enc_mask, dec, dec_mask, cross_mask, enc_pos, dec_pos = inputs
+        return super().forward(enc), enc_mask, dec, dec_mask, cross_mask, _placeholder(enc_pos), dec_pos
+
+
+class T5DecoderFinalNormPipe(T5FinalNorm):
+    def forward(self, inputs: Boundary) -> torch.Tensor:
+        return super().forward(inputs[2])
+
+
+def t5_layer_specs(config: T5Config, tp_group=None) -> list:
+    embed = dict(tied_weight_attr="word_embeddings.weight")
+    enc, dec = encoder_layer_numbers(config), decoder_layer_numbers(config)
+    return [TiedLayerSpec("embed", T5EmbeddingPipe, config, tp_group, **embed),
+            *(LayerSpec(T5EncoderTransformerLayerPipe, config, n, i == 0, tp_group) for i, n in enumerate(enc)),
+            LayerSpec(T5EncoderFinalNormPipe, config, enc.stop),
+            *(LayerSpec(T5DecoderTransformerLayerPipe, config, n, i == 0, tp_group) for i, n in enumerate(dec)),
+            LayerSpec(T5DecoderFinalNormPipe, config, dec.stop),
+            TiedLayerSpec("embed", T5EmbeddingPipe, config, tp_group, forward_fn=_lm_head, **embed)]
+
+
+class T5ModelPipe(ReplayCheckpoint, PipelineModule):
+    """T5 as a pipeline; see the module docstring. Arguments as GPT2ModelPipe; 'type:TransformerLayer'
+    balances encoder plus decoder layers together. Labels: (labels, loss_mask) of the decoder."""
+
+    def __init__(self, config: T5Config, topology=None, num_stages: Optional[int] = None,
+                 partition_method: Union[str, list] = "type:TransformerLayer", tp_group=None):
+        tp_group = mpu.mappings.resolve_group(tp_group)[0]
+        topology = pipe_topology(topology, num_stages, tp_group)
+        super().__init__(t5_layer_specs(config, tp_group), num_stages=num_stages, topology=topology,
+                         loss_fn=LMLoss(tp_group), partition_method=partition_method,
+                         activation_checkpoint_interval=config.checkpoint_num_layers,
+                         activation_checkpoint_func=self._checkpoint,
+                         input_grad=[True, False, True, False, False, True, True],
+                         input_type=["float", "bool", "float", "bool", "bool", "float", "float"],
+                         input_pipe_partitioned=[True, False, True, False, False, False, False])
+        self.config = config

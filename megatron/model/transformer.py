@@ -1,0 +1,103 @@
+"""Transformer layers (GPT-2 and T5) and the loop that runs a stack with activation checkpointing.
+
+Shape legend: b batch, s / q / k sequence lengths, h hidden, n_r heads on this tp rank.
+
+    GPT-2 (pre-LN):  x = x + drop(attn(LN1(x), mask));                 x = x + drop(mlp(LN2(x)))
+    T5 (pre-RMS):    x = x + drop(self_attn(RMS1(x), bias));
+                     x = x + drop(cross_attn(RMS2(x), enc, cross_bias))   (decoder only)
+                     x = x + drop(ff(RMS3(x)))
+
+A layer is module number `layer_number` of its model (`rng` docstring): it is built under that seed and
+its dropout sites are numbered inside it, so a layer is the same wherever it is built and run.
+"""
+from __future__ import annotations
+
+from functools import partial
+from typing import Optional, Sequence
+
+import torch
+from torch import nn
+
+from .attention import GPT2SelfAttention, T5Attention
+from .config import GPT2Config, T5Config
+from .layer_norm import RMSNorm, layer_norm
+from .mlp import GPT2MLP, T5MLP
+from .rng import SeededDropout, dropout_sites, init_rng, replay_checkpoint
+
+
+class TransformerLayer(nn.Module):
+    """GPT-2 block: (b, s, h), bool mask (b or 1, 1, s, s) True = masked (None = causal) -> (b, s, h)."""
+
+    def __init__(self, config: GPT2Config, layer_number: int, tp_group=None):
+        super().__init__()
+        self.layer_number = layer_number
+        eps, dtype = config.layernorm_epsilon, config.params_dtype
+        with init_rng(config.seed, layer_number):
+            self.input_layernorm = layer_norm(config.hidden_size, eps, dtype)
+            self.self_attention = GPT2SelfAttention(config, layer_number, tp_group)
+            self.post_attention_layernorm = layer_norm(config.hidden_size, eps, dtype)
+            self.mlp = GPT2MLP(config, tp_group)
+        self.attention_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 1)
+        self.mlp_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 2)
+
+    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = x + self.attention_output_dropout(self.self_attention(self.input_layernorm(x), attention_mask))
+        return x + self.mlp_output_dropout(self.mlp(self.post_attention_layernorm(x)))
+
+
+class T5TransformerLayer(nn.Module):
+    """T5 encoder or decoder block. The first layer of a stack (`owns_position_bias`) holds the stack's
+    relative position bias table in `self_attention.relative_attention_bias`; every layer receives the
+    already-expanded additive bias."""
+
+    def __init__(self, config: T5Config, layer_number: int, is_decoder: bool, owns_position_bias: bool,
+                 tp_group=None):
+        super().__init__()
+        self.layer_number, self.is_decoder = layer_number, is_decoder
+        eps, dtype, d, n = config.layernorm_epsilon, config.params_dtype, config.hidden_size, layer_number
+        kind = ("causal" if is_decoder else "bidirectional") if owns_position_bias else None
+        with init_rng(config.seed, layer_number):
+            self.self_attention_layernorm = RMSNorm(d, eps, dtype)
+            self.self_attention = T5Attention(config, n, site=0, position_bias=kind, tp_group=tp_group)
+            if is_decoder:
+                self.cross_attention_layernorm = RMSNorm(d, eps, dtype)
+                self.cross_attention = T5Attention(config, n, site=2, tp_group=tp_group)
+            self.mlp_layernorm = RMSNorm(d, eps, dtype)
+            self.mlp = T5MLP(config, n, site=4, tp_group=tp_group)
+        p, seed = config.hidden_dropout, config.seed
+        self.self_attention_output_dropout = SeededDropout(p, seed, n, 1)
+        if is_decoder:
+            self.cross_attention_output_dropout = SeededDropout(p, seed, n, 3)
+        self.mlp_output_dropout = SeededDropout(p, seed, n, 5)
+
+    @property
+    def position_bias(self):
+        return self.self_attention.relative_attention_bias
+
+    def forward(self, x: torch.Tensor, attn_bias: torch.Tensor, encoder_output: Optional[torch.Tensor] = None,
+                cross_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (b, q, h); attn_bias (b or 1, n_r, q, q) additive; decoder: encoder_output (b, k, h) and
+        cross_bias (b or 1, 1, q, k) additive."""
+        x = x + self.self_attention_output_dropout(self.self_attention(self.self_attention_layernorm(x), attn_bias))
+        if self.is_decoder:
+            y = self.cross_attention(self.cross_attention_layernorm(x), cross_bias, encoder_output)
+            x = x + self.cross_attention_output_dropout(y)
+        return x + self.mlp_output_dropout(self.mlp(self.mlp_layernorm(x)))
+
+
+def _run_chunk(layers: Sequence[nn.Module], x: torch.Tensor, *extra) -> torch.Tensor:
+    for layer in layers:
+        x = layer(x, *extra)
+    return x
+
+
+def run_layers(layers: Sequence[nn.Module], x: torch.Tensor, checkpoint_num_layers: int, *extra) -> torch.Tensor:
+    """x = layer(x, *extra) for each layer; with checkpoint_num_layers = N > 0 (and grad enabled) every run of
+    N layers keeps only its input and recomputes in backward (mpu.checkpoint, dropout replayed)."""
+    if checkpoint_num_layers <= 0 or not torch.is_grad_enabled():
+        return _run_chunk(layers, x, *extra)
+    for start in range(0, len(layers), checkpoint_num_layers):
+        chunk = list(layers[start:start + checkpoint_num_layers])
+        sites = [s for layer in chunk for s in dropout_sites(layer)]
+        x = replay_checkpoint(partial(_run_chunk, chunk), sites, x, *extra)
+    return x
