@@ -1,5 +1,5 @@
-"""One intra-op thread for the in-process references: on 2 shared cores, torch's default thread pool spins
-against the ranks and other jobs and makes a tiny model 10-60x slower."""
+"""Suite-wide: one intra-op thread for the in-process references. On 2 shared cores torch's default thread
+pool spins against the ranks and other jobs and makes a tiny model 10-60x slower."""
 import pytest
 import torch
 
