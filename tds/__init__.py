@@ -1,0 +1,90 @@
+"""TDS: DeepSpeed with a corrected pipeline engine. Use it as `import tds as deepspeed`.
+
+Everything public in DeepSpeed is re-exported; `initialize` builds `tds.pipe.PipelineEngine` for a
+`tds.pipe.PipelineModule` and DeepSpeed's own engine for any other model.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import deepspeed as _ds
+from deepspeed import (DeepSpeedConfig, DeepSpeedConfigError, DeepSpeedEngine, add_config_arguments,  # noqa: F401
+                       checkpointing, comm, init_distributed, ops, runtime, utils, zero)
+from deepspeed.runtime.pipe.module import PipelineModule as _DSPipelineModule
+
+from . import pipe
+from .pipe import PipelineEngine, PipelineModule
+
+__version__ = _ds.__version__
+__version_major__, __version_minor__, __version_patch__ = (_ds.__version_major__, _ds.__version_minor__,
+                                                           _ds.__version_patch__)
+__git_hash__, __git_branch__ = _ds.__git_hash__, _ds.__git_branch__
+
+__all__ = ["initialize", "init_distributed", "add_config_arguments", "checkpointing", "pipe", "utils",
+           "DeepSpeedEngine", "PipelineEngine", "PipelineModule", "DeepSpeedConfig", "zero", "comm"]
+
+
+def initialize(args: Any = None, model=None, optimizer=None, model_parameters=None, training_data=None,
+               lr_scheduler=None, mpu=None, dist_init_required: bool | None = None, collate_fn=None,
+               config=None, config_params=None, **kwargs):
+    """deepspeed.initialize with the TDS engine for pipeline models; returns (engine, optimizer, loader, sched).
+
+    For a `tds.pipe.PipelineModule` the engine's process groups come from the module's topology (the
+    pipeline grid, whose "model parallel" group spans pipe x tensor ranks as DeepSpeed's grad-norm and
+    overflow checks need); a user `mpu` is only checked against it (same tensor- and data-parallel sizes
+    and ranks). ZeRO stages 2 and 3 are refused.
+    """
+    if model is None:
+        raise ValueError("tds.initialize needs a model")
+    if not isinstance(model, _DSPipelineModule):
+        return _ds.initialize(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
+                              training_data=training_data, lr_scheduler=lr_scheduler, mpu=mpu,
+                              dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
+                              config_params=config_params, **kwargs)
+    if not isinstance(model, PipelineModule):
+        raise TypeError(f"{type(model).__name__} is a deepspeed PipelineModule; build it from "
+                        f"tds.pipe.PipelineModule so the stage-boundary layout is declared")
+    from deepspeed import comm as ds_comm
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
+    ds_comm.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
+                             dist_init_required=dist_init_required)
+    config = _resolve_config(args, config if config is not None else config_params, load_ds_config)
+    grid = model.mpu()
+    if mpu is not None:
+        _check_mpu(mpu, grid)
+    config_class = DeepSpeedConfig(config, grid)
+    if config_class.zero_optimization_stage >= 2:
+        raise ValueError(f"zero_optimization.stage={config_class.zero_optimization_stage} is not supported with "
+                         f"pipeline parallelism (gradients must stay whole across micro-batches); use 0 or 1")
+    _ds.set_optimizer_flags(config_class, model)
+    engine = PipelineEngine(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
+                            training_data=training_data, lr_scheduler=lr_scheduler, mpu=grid,
+                            dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
+                            config_class=config_class)
+    engine._configure_python_gc()
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
+
+
+def _resolve_config(args, config, load_ds_config) -> dict:
+    path = getattr(args, "deepspeed_config", None)
+    if path is not None and config is not None:
+        raise ValueError("give the DeepSpeed config either as args.deepspeed_config or as config=, not both")
+    config = path if config is None else config
+    if config is None:
+        raise ValueError("tds.initialize needs a DeepSpeed config: config=dict/path or args.deepspeed_config")
+    return config if isinstance(config, dict) else load_ds_config(config)
+
+
+def _check_mpu(mpu, grid) -> None:
+    """The user's mpu must describe the same tensor- and data-parallel groups as the module's topology."""
+    pairs = {"tensor-parallel world size": (mpu.get_model_parallel_world_size(),
+                                            grid.get_slice_parallel_world_size()),
+             "tensor-parallel rank": (mpu.get_model_parallel_rank(), grid.get_slice_parallel_rank()),
+             "data-parallel world size": (mpu.get_data_parallel_world_size(), grid.get_data_parallel_world_size()),
+             "data-parallel rank": (mpu.get_data_parallel_rank(), grid.get_data_parallel_rank())}
+    bad = {k: v for k, v in pairs.items() if v[0] != v[1]}
+    if bad:
+        raise ValueError("mpu and the PipelineModule topology disagree ((mpu, topology) per item): "
+                         f"{bad}; build the module with topology=PipeModelDataParallelTopology(num_pp, num_mp, "
+                         f"num_dp) matching the mpu")

@@ -1,0 +1,106 @@
+"""Point-to-point transport between adjacent pipeline stages: non-blocking sends, receives with a timeout.
+
+Sends are `isend`s that are only waited on at the end of a batch (or when they are already complete), so a
+send never blocks the sender; receives wait at most `timeout_s` seconds. With those two rules a schedule is
+deadlock-free exactly when `schedule.simulate` runs it to the end (tested there). A peer that dies or hangs
+makes the waiting rank raise `PipelineCommError` naming the stage, the instruction (with its micro-batch)
+and the peer rank instead of hanging. The transport uses its own process group so its timeout does not
+change the collectives'.
+"""
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+class PipelineCommError(RuntimeError):
+    """A pipeline send or receive failed or timed out."""
+
+
+@dataclass
+class P2PStats:
+    """Message counts and bytes, split into layout (header) messages and payloads: the shape-exchange cost.
+    Headers are counted by the sender (a receiver cannot tell before the message arrives)."""
+    header_msgs: int = 0
+    header_bytes: int = 0
+    payload_msgs: int = 0
+    payload_bytes: int = 0
+    recv_wait_s: float = 0.0
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+@dataclass
+class P2P:
+    """Sends and receives of one rank; `stage_id` and the instruction text only feed error messages."""
+    stage_id: int
+    timeout_s: float
+    group: object = None
+    pending: list = field(default_factory=list)
+    stats: P2PStats = field(default_factory=P2PStats)
+
+    @classmethod
+    def create(cls, stage_id: int, timeout_s: float) -> "P2P":
+        """Collective: every rank of the world must call it (it creates the transport's process group)."""
+        group = dist.new_group(ranks=list(range(dist.get_world_size())),
+                               timeout=datetime.timedelta(seconds=timeout_s))
+        return cls(stage_id=stage_id, timeout_s=timeout_s, group=group)
+
+    def _count(self, t: torch.Tensor, header: bool) -> None:
+        n = t.numel() * t.element_size()
+        if header:
+            self.stats.header_msgs += 1
+            self.stats.header_bytes += n
+        else:
+            self.stats.payload_msgs += 1
+            self.stats.payload_bytes += n
+
+    def send(self, t: torch.Tensor, peer: int, what: str, header: bool = False) -> None:
+        """Start sending contiguous `t` to global rank `peer`; `t` is kept alive until the send completes."""
+        t = t.contiguous()
+        self._count(t, header)
+        try:
+            work = dist.isend(t, peer, group=self.group)
+        except RuntimeError as e:
+            raise self._error(what, peer, "send", e) from e
+        self.pending.append((work, t, what, peer))
+        self.pending = [p for p in self.pending if not p[0].is_completed()]
+
+    def post_recv(self, t: torch.Tensor, peer: int, header: bool = False):
+        """Start receiving into `t` from global rank `peer`; finish with `wait_recv`."""
+        self._count(t, header)
+        return dist.irecv(t, peer, group=self.group), t, peer
+
+    def wait_recv(self, posted, what: str) -> torch.Tensor:
+        """Wait at most `timeout_s` for a receive started by `post_recv`; returns its tensor."""
+        work, t, peer = posted
+        start = time.perf_counter()
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+        except RuntimeError as e:
+            raise self._error(what, peer, "receive", e) from e
+        self.stats.recv_wait_s += time.perf_counter() - start
+        return t
+
+    def recv(self, t: torch.Tensor, peer: int, what: str, header: bool = False) -> torch.Tensor:
+        """Receive into `t` from global rank `peer`, waiting at most `timeout_s`."""
+        return self.wait_recv(self.post_recv(t, peer, header), what)
+
+    def wait_sends(self) -> None:
+        """Wait for every outstanding send (end of batch)."""
+        pending, self.pending = self.pending, []
+        for work, _, what, peer in pending:
+            try:
+                work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
+            except RuntimeError as e:
+                raise self._error(what, peer, "send", e) from e
+
+    def _error(self, what: str, peer: int, verb: str, e: Exception) -> PipelineCommError:
+        return PipelineCommError(f"pipeline stage {self.stage_id}, instruction {what}: {verb} with rank {peer} "
+                                 f"failed or timed out after {self.timeout_s:g}s (pipeline.p2p_timeout_s / "
+                                 f"TDS_P2P_TIMEOUT_S): {e}")

@@ -1,0 +1,92 @@
+"""User-facing configuration: re-exported API, partition methods, and errors that name the problem."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.dist import run_distributed
+from tests.tds import common, harness
+
+
+def test_reexports_deepspeed_api():
+    import deepspeed
+
+    import tds
+    for name in ("initialize", "init_distributed", "add_config_arguments", "checkpointing", "DeepSpeedEngine",
+                 "__version__", "__git_hash__"):
+        assert hasattr(tds, name), name
+    assert tds.utils.RepeatingLoader is deepspeed.utils.RepeatingLoader
+    assert tds.pipe.LayerSpec is deepspeed.pipe.LayerSpec and tds.pipe.TiedLayerSpec is deepspeed.pipe.TiedLayerSpec
+    assert issubclass(tds.pipe.PipelineModule, deepspeed.pipe.PipelineModule)
+    assert issubclass(tds.pipe.PipelineEngine, deepspeed.DeepSpeedEngine)
+
+
+def error_rank(case: str) -> str:
+    try:
+        if case == "zero2":
+            harness.build(common.stack_specs(), ([True], ["float"], [False]), pp=2, gas=2, zero=2)
+        elif case == "no_decl":
+            harness.build(common.stack_specs(), None, pp=2, gas=2)
+        elif case == "bad_parts":
+            harness.build(common.stack_specs(), ([True], ["float"], [False]), pp=2, gas=2,
+                          partition_method=[0, 9, 8])
+        elif case == "grad_on_int":
+            harness.build(common.stack_specs(), ([True], ["int64"], [False]), pp=2, gas=2)
+    except Exception as e:  # noqa: BLE001 - the message is the result
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+ERRORS = {"zero2": r"zero_optimization.stage=2 is not supported with pipeline parallelism",
+          "no_decl": r"needs the layout of the tuple passed between stages: set model._input_grad",
+          "bad_parts": r"3 non-decreasing layer boundaries from 0 to 8.*got \[0, 9, 8\]",
+          "grad_on_int": r"_input_grad\[0\]=True but _input_type\[0\]='int64' cannot carry a gradient"}
+
+
+def errors_rank() -> dict:
+    return {case: error_rank(case) for case in ERRORS}
+
+
+def test_errors_name_the_problem():
+    import re
+    for messages in run_distributed(errors_rank, 2, timeout=90):
+        for case, pattern in ERRORS.items():
+            assert re.search(pattern, messages[case]), (case, messages[case])
+
+
+def parts_rank() -> list:
+    """Stage boundaries for an explicit list and for 'type:' over [lambda, 8 x SeededLinear, lambda]."""
+    specs = [lambda x: x] + common.stack_specs() + [lambda x: x]
+    out = []
+    for method, layer_specs in (([0, 3, 8], common.stack_specs()), ("type:seededlinear", specs)):
+        engine = harness.build(layer_specs, ([True], ["float"], [False]), pp=2, gas=2, partition_method=method)
+        out.append(engine.module.parts)
+    return out
+
+
+def test_partition_list_and_type_regex_ignore_lambdas():
+    explicit, by_type = run_distributed(parts_rank, 2, timeout=90)[0]
+    assert explicit == [0, 3, 8]
+    assert by_type == [0, 5, 10]  # 4 matching layers per stage; the lambdas weigh nothing
+
+
+def mixed_precision_rank(dtype: str) -> list:
+    cfg = {"fp16": {"enabled": True, "initial_scale_power": 8}} if dtype == "fp16" else {"bf16": {"enabled": True}}
+    specs = [s for s in common.stack_specs()]
+    engine = harness.build(specs, ([True], ["float"], [False]), pp=2, gas=2, opt="adam", extra_cfg=cfg)
+    X, Y = common.make_data(8, 4)
+    it = common.rank_iterator(X.to(torch.float16 if dtype == "fp16" else torch.bfloat16), Y, 0, 1, 2, 2)
+    return [engine.train_batch(it).item() for _ in range(8)]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_mixed_precision_tracks_fp32_reference(dtype):
+    """bf16 (BF16_Optimizer + ZeRO-1) and fp16 (dynamic loss scale) train and stay near the fp32 losses."""
+    losses = run_distributed(mixed_precision_rank, 2, dtype, timeout=120)
+    X, Y = common.make_data(8, 4)
+    ref, _ = common.reference_train(X, Y, 8)
+    assert losses[0] == losses[1]
+    for got, want in zip(losses[0], ref):
+        assert abs(got - want) < 0.05 * abs(want) + 0.02, (dtype, losses[0], ref)
+
+

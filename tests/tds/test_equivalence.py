@@ -1,0 +1,66 @@
+"""Acceptance: 10 training steps of a small layer stack give the same per-step losses and final parameters
+(fp32, relative error < 1e-5) as one process training on the same global batch with the same optimizer,
+for PP in {1,2,4} x DP in {1,2} x TP in {1,2}, ZeRO-1 on. The default run covers a representative subset;
+`-m slow` runs the full grid."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tests.dist import run_distributed
+from tests.tds import common
+
+STEPS, MBS, GAS = 10, 2, 4
+TOL = 1e-5
+
+
+def train_rank(pp: int, dp: int, tp: int, zero: int, schedule: str) -> dict:
+    import tds as deepspeed
+    from tds.pipe import PipelineModule
+    common.init_ds()
+    model = PipelineModule(common.stack_specs(), topology=common.topology(pp, tp, dp), loss_fn=common.mse,
+                           partition_method="uniform")
+    model._input_grad, model._input_type, model._input_pipe_partitioned = [True], ["float"], [True]
+    opt = common.make_optimizer([p for p in model.parameters()])
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=opt,
+                                           config=common.ds_config(MBS, GAS, dp, zero, schedule=schedule))
+    X, Y = common.make_data(STEPS, MBS * GAS * dp)
+    it = common.rank_iterator(X, Y, engine.grid.get_data_parallel_rank(), dp, GAS, MBS)
+    losses = [engine.train_batch(it).item() for _ in range(STEPS)]
+    return {"losses": losses, "params": common.stage_params(engine)}
+
+
+def check(pp: int, dp: int, tp: int, zero: int = 1, schedule: str = "1f1b") -> None:
+    results = run_distributed(train_rank, pp * dp * tp, pp, dp, tp, zero, schedule, timeout=240)
+    X, Y = common.make_data(STEPS, MBS * GAS * dp)
+    ref_losses, ref_params = common.reference_train(X, Y, STEPS)
+    for r in results:
+        for step, (got, want) in enumerate(zip(r["losses"], ref_losses)):
+            assert abs(got - want) <= TOL * abs(want), f"step {step}: loss {got} vs reference {want}"
+    seen = {}
+    for r in results:
+        seen.update(r["params"])
+        for name, p in r["params"].items():
+            err = common.max_rel_err(p, ref_params[name])
+            assert err < TOL, f"(pp={pp}, dp={dp}, tp={tp}) param {name}: rel err {err:.2e}"
+    assert sorted(seen) == sorted(ref_params), "every reference parameter lives on some stage"
+
+
+DEFAULT = [(1, 1, 1), (2, 1, 2), (4, 2, 1)]
+FULL = [c for c in itertools.product([1, 2, 4], [1, 2], [1, 2]) if c not in DEFAULT]
+
+
+@pytest.mark.parametrize("pp,dp,tp", DEFAULT)
+def test_equivalence(pp, dp, tp):
+    check(pp, dp, tp)
+
+
+def test_equivalence_gpipe_zero0():
+    check(2, 2, 1, zero=0, schedule="gpipe")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pp,dp,tp", FULL)
+def test_equivalence_full_grid(pp, dp, tp):
+    check(pp, dp, tp)
