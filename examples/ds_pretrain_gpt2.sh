@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Pretrain GPT-2 with tensor x pipeline x data parallelism (Megatron layers, TDS pipeline, DeepSpeed ZeRO-1).
+#
+#   bash examples/ds_pretrain_gpt2.sh [extra pretrain_gpt2.py arguments]
+#
+# Every setting below is a variable that the environment overrides, e.g.
+#   TRAIN_ITERS=20 bash examples/ds_pretrain_gpt2.sh                      a short run
+#   TP=1 PP=4 NPROC=8 bash examples/ds_pretrain_gpt2.sh                   another layout
+#   DATA_PATH=data/my_text_document VOCAB_FILE=... MERGE_FILE=... bash ...   your own preprocessed data
+#   LAUNCHER=deepspeed HOSTFILE=hostfile bash ...                         several nodes ("host slots=N" lines)
+#
+# Without DATA_PATH the embedded default corpus is used: the docstrings of Python's standard library
+# (examples/make_default_corpus.py), a byte-level BPE tokenizer trained on it (tools/train_tokenizer.py)
+# and its .bin/.idx (tools/preprocess_data.py), all built once under WORK_DIR.
+# Without GPUs: a tiny GPT-2 on 8 CPU processes (tp=2, pp=2, dp=2, gloo, one thread each), 200 iterations,
+# a few minutes on 2 cores. With GPUs: every GPU of this node and a GPT-2 medium-sized model in fp16.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python}
+# shellcheck source=examples/common.sh
+source "$REPO/examples/common.sh"
+NGPUS=${NGPUS:-$(count_gpus)}
+WORK_DIR=${WORK_DIR:-$REPO/runs/gpt2}
+
+if (( NGPUS > 0 )); then
+    NPROC=${NPROC:-$NGPUS}
+    TP=${TP:-$(( NPROC >= 2 ? 2 : 1 ))}
+    PP=${PP:-$(( NPROC >= 4 ? 2 : 1 ))}
+    NUM_LAYERS=${NUM_LAYERS:-24}; HIDDEN=${HIDDEN:-1024}; HEADS=${HEADS:-16}; SEQ_LEN=${SEQ_LEN:-1024}
+    MICRO_BATCH=${MICRO_BATCH:-4}; GAS=${GAS:-16}; TRAIN_ITERS=${TRAIN_ITERS:-20000}
+    LR=${LR:-1.5e-4}; MIN_LR=${MIN_LR:-1e-5}; VOCAB_SIZE=${VOCAB_SIZE:-8192}
+    PRECISION=${PRECISION---fp16}; ACTIVATION_CHECKPOINT=${ACTIVATION_CHECKPOINT---checkpoint-activations}
+    LOG_INTERVAL=${LOG_INTERVAL:-10}; EVAL_INTERVAL=${EVAL_INTERVAL:-1000}; EVAL_ITERS=${EVAL_ITERS:-10}
+    SAVE_INTERVAL=${SAVE_INTERVAL:-1000}; NUM_WORKERS=${NUM_WORKERS:-2}
+else
+    NPROC=${NPROC:-8}
+    TP=${TP:-2}
+    PP=${PP:-2}
+    NUM_LAYERS=${NUM_LAYERS:-4}; HIDDEN=${HIDDEN:-64}; HEADS=${HEADS:-4}; SEQ_LEN=${SEQ_LEN:-64}
+    MICRO_BATCH=${MICRO_BATCH:-4}; GAS=${GAS:-2}; TRAIN_ITERS=${TRAIN_ITERS:-200}
+    LR=${LR:-2e-3}; MIN_LR=${MIN_LR:-2e-4}; VOCAB_SIZE=${VOCAB_SIZE:-2048}
+    PRECISION=${PRECISION:-}; ACTIVATION_CHECKPOINT=${ACTIVATION_CHECKPOINT:-}
+    LOG_INTERVAL=${LOG_INTERVAL:-10}; EVAL_INTERVAL=${EVAL_INTERVAL:-100}; EVAL_ITERS=${EVAL_ITERS:-2}
+    SAVE_INTERVAL=${SAVE_INTERVAL:-100}; NUM_WORKERS=${NUM_WORKERS:-0}
+    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
+fi
+WARMUP_ITERS=${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 ))}
+DS_CONFIG=${DS_CONFIG:-$REPO/examples/ds_config_gpt2.json}
+SAVE=${SAVE:-$WORK_DIR/checkpoints}
+LOAD=${LOAD:-$SAVE}
+SEED=${SEED:-1234}
+SPLIT=${SPLIT:-949,50,1}
+LAUNCHER=${LAUNCHER:-$([[ -n "${HOSTFILE:-}" ]] && echo deepspeed || echo torchrun)}
+HOSTFILE=${HOSTFILE:-}
+MASTER_PORT=${MASTER_PORT:-29500}
+
+if [[ -z "${DATA_PATH:-}" ]]; then
+    build_default_data "$WORK_DIR/data" bpe "$VOCAB_SIZE"
+    DATA_PATH=$WORK_DIR/data/stdlib_docs_text_document
+    VOCAB_FILE=$WORK_DIR/data/tokenizer/vocab.json
+    MERGE_FILE=$WORK_DIR/data/tokenizer/merges.txt
+fi
+: "${VOCAB_FILE:?set VOCAB_FILE (and MERGE_FILE) for DATA_PATH=$DATA_PATH}"
+: "${MERGE_FILE:?set MERGE_FILE for DATA_PATH=$DATA_PATH}"
+
+TRAIN_ARGS=(
+    --tensor-model-parallel-size "$TP" --pipe-parallel-size "$PP" --zero-stage 1
+    --num-layers "$NUM_LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS"
+    --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
+    --micro-batch-size "$MICRO_BATCH" --gas "$GAS" --train-iters "$TRAIN_ITERS"
+    --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP_ITERS"
+    --weight-decay 0.01 --clip-grad 1.0
+    --data-path "$DATA_PATH" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --split "$SPLIT"
+    --tokenizer-type GPT2BPETokenizer --num-workers "$NUM_WORKERS" --seed "$SEED"
+    --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
+    --save "$SAVE" --load "$LOAD" --save-interval "$SAVE_INTERVAL"
+    --deepspeed --deepspeed_config "$DS_CONFIG"
+)
+if [[ -n "$PRECISION" ]]; then TRAIN_ARGS+=("$PRECISION"); fi
+if [[ -n "$ACTIVATION_CHECKPOINT" ]]; then TRAIN_ARGS+=("$ACTIVATION_CHECKPOINT"); fi
+
+echo "GPT-2: tp=$TP, pp=$PP, $TRAIN_ITERS iterations, checkpoints in $SAVE"
+launch pretrain_gpt2.py "${TRAIN_ARGS[@]}" "$@"

@@ -1,0 +1,139 @@
+"""Megatron-compatible command line: the parser only.
+
+`parse_args()` parses, merges the DeepSpeed JSON config and derives and validates every value in one place,
+`megatron.arg_resolution.resolve_args` (global batch = micro x gas x dp, kv channels, warm-up, ...).
+Options that the DeepSpeed config can also set (batch sizes, ZeRO stage, precision, clipping, loss scale)
+default to None here, so that "not given" can be told apart from "given": see `megatron.ds_config`.
+Old Megatron / CPM-Pretrain spellings are accepted as aliases (--model-parallel-size, --batch-size,
+--kv-hidden-size, --ff-hidden-size, --enc-seq-length, --dec-seq-length, --warmup).
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Callable, Dict, Optional, Sequence
+
+import deepspeed
+
+from megatron.arg_resolution import resolve_args
+
+ExtraArgsProvider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--num-layers", type=int, default=None, help="transformer layers (T5: encoder and decoder each)")
+    g.add_argument("--hidden-size", type=int, default=None)
+    g.add_argument("--ffn-hidden-size", "--ff-hidden-size", type=int, default=None, help="default 4 * hidden")
+    g.add_argument("--num-attention-heads", type=int, default=None)
+    g.add_argument("--kv-channels", "--kv-hidden-size", type=int, default=None, help="default hidden / heads")
+    g.add_argument("--seq-length", type=int, default=None, help="GPT sequence length")
+    g.add_argument("--encoder-seq-length", "--enc-seq-length", type=int, default=None, help="T5, default seq-length")
+    g.add_argument("--decoder-seq-length", "--dec-seq-length", type=int, default=None, help="T5, default seq-length")
+    g.add_argument("--max-position-embeddings", type=int, default=None, help="default: the longest sequence")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128,
+                   help="pad the vocabulary to a multiple of this times the tensor-parallel size")
+    g.add_argument("--hidden-dropout", type=float, default=0.1)
+    g.add_argument("--attention-dropout", type=float, default=0.1)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--layernorm-epsilon", type=float, default=None, help="GPT-2 1e-5, T5 1e-6")
+    g.add_argument("--checkpoint-activations", action="store_true", help="recompute layer activations in backward")
+    g.add_argument("--checkpoint-num-layers", type=int, default=1, help="layers per recomputed chunk")
+
+
+def _parallel_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallelism")
+    g.add_argument("--tensor-model-parallel-size", "--model-parallel-size", dest="tensor_model_parallel_size",
+                   type=int, default=1)
+    g.add_argument("--pipe-parallel-size", "--pipeline-model-parallel-size", dest="pipe_parallel_size",
+                   type=int, default=1, help="pipeline stages; 0 and 1 both mean no pipeline")
+    g.add_argument("--zero-stage", type=int, default=None, help="ZeRO stage 0 or 1 (overrides the JSON config)")
+    g.add_argument("--partition-method", type=str, default=None,
+                   help="how the Pipe model splits its layers: uniform, parameters or type:REGEX (model default)")
+    g.add_argument("--local_rank", "--local-rank", type=int, default=None,
+                   help="set by the deepspeed launcher; LOCAL_RANK in the environment is what is used")
+
+
+def _batch_and_optim_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("batch")
+    g.add_argument("--micro-batch-size", "--batch-size", dest="micro_batch_size", type=int, default=None)
+    g.add_argument("--global-batch-size", type=int, default=None, help="micro x gas x dp")
+    g.add_argument("--gas", "--gradient-accumulation-steps", dest="gas", type=int, default=None)
+    g = p.add_argument_group("optimisation")
+    g.add_argument("--lr", type=float, default=1e-4)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-decay-style", choices=["linear", "cosine", "constant"], default="linear")
+    g.add_argument("--lr-warmup-iters", type=int, default=None)
+    g.add_argument("--lr-warmup-fraction", "--warmup", dest="lr_warmup_fraction", type=float, default=None)
+    g.add_argument("--lr-decay-iters", type=int, default=None, help="default train-iters")
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--clip-grad", type=float, default=None, help="gradient norm clip, 0 = off (default 1.0)")
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g = p.add_argument_group("precision")
+    g.add_argument("--fp16", action="store_true", default=None)
+    g.add_argument("--bf16", action="store_true", default=None)
+    g.add_argument("--loss-scale", type=float, default=None, help="static loss scale; default dynamic")
+    g.add_argument("--initial-loss-scale", type=float, default=None, help="power of two, default 2**32")
+    g.add_argument("--min-loss-scale", type=float, default=None, help="default 1")
+    g.add_argument("--loss-scale-window", type=int, default=None, help="default 1000")
+    g.add_argument("--hysteresis", type=int, default=None, help="default 2")
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--data-path", nargs="*", default=None, help="PREFIX, or WEIGHT PREFIX WEIGHT PREFIX ...")
+    g.add_argument("--split", type=str, default="969,30,1", help="train,valid,test proportions")
+    g.add_argument("--tokenizer-type", type=str, default=None)
+    g.add_argument("--vocab-file", type=str, default=None)
+    g.add_argument("--merge-file", type=str, default=None)
+    g.add_argument("--tokenizer-model", type=str, default=None, help="SentencePiece model")
+    g.add_argument("--vocab-extra-ids", type=int, default=0, help="T5 sentinel tokens")
+    g.add_argument("--reset-position-ids", action="store_true")
+    g.add_argument("--reset-attention-mask", action="store_true")
+    g.add_argument("--eod-mask-loss", action="store_true")
+    g.add_argument("--mask-prob", type=float, default=0.15, help="T5 span-corruption probability")
+    g.add_argument("--num-workers", type=int, default=2, help="data loader worker processes")
+
+
+def _run_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("training run")
+    g.add_argument("--train-iters", type=int, default=None)
+    g.add_argument("--exit-interval", type=int, default=None,
+                   help="stop (after saving, with --save) when the iteration is a multiple of this")
+    g.add_argument("--eval-interval", type=int, default=1000)
+    g.add_argument("--eval-iters", type=int, default=100, help="0 = no evaluation")
+    g.add_argument("--log-interval", type=int, default=100)
+    g.add_argument("--tensorboard-dir", type=str, default=None)
+    g.add_argument("--seed", type=int, default=1234)
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--save", type=str, default=None)
+    g.add_argument("--load", type=str, default=None)
+    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--no-load-optim", action="store_true", help="load model weights only")
+    g.add_argument("--no-load-rng", action="store_true", help="do not restore the random number generators")
+
+
+def build_parser(extra_args_provider: Optional[ExtraArgsProvider] = None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Megatron-TDS pretraining", allow_abbrev=False)
+    for add in (_model_args, _parallel_args, _batch_and_optim_args, _data_args, _run_args):
+        add(p)
+    if extra_args_provider is not None:
+        p = extra_args_provider(p)
+    return deepspeed.add_config_arguments(p)
+
+
+def parse_args(argv: Optional[Sequence[str]] = None, extra_args_provider: Optional[ExtraArgsProvider] = None,
+               defaults: Optional[Dict[str, object]] = None,
+               world_size: Optional[int] = None) -> argparse.Namespace:
+    """Parse `argv` (default sys.argv), fill entry-point `defaults` for options left unset, resolve and validate.
+
+    `world_size` defaults to the launcher's WORLD_SIZE (1 without a launcher). The result carries the derived
+    values (`data_parallel_size`, `gas`, `global_batch_size`, `lr_warmup_iters`, ...) and `ds_config`, the
+    dict DeepSpeed receives.
+    """
+    args = build_parser(extra_args_provider).parse_args(argv)
+    for key, value in (defaults or {}).items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    return resolve_args(args, world_size)

@@ -1,0 +1,118 @@
+"""The DeepSpeed config and the command line never silently disagree.
+
+Settings that both can hold are listed once in `SHARED`: (argument, JSON path). Before the arguments are
+resolved, `merge_json_into_args` copies JSON values into arguments left unset and raises on a value given in
+both places that differs (naming both). After resolution, `build_ds_config` writes every resolved value back
+into a copy of the JSON dict, which is what DeepSpeed receives. So `--zero-stage 1` reaches DeepSpeed even
+with a JSON file that has no `zero_optimization` section (the bug of the original CPM-Pretrain).
+
+Units: the JSON `fp16.loss_scale` 0 means dynamic (argument None); `fp16.initial_scale_power` p is the
+argument `--initial-loss-scale` 2**p.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+from typing import Any, Dict, Optional, Tuple
+
+SHARED: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("micro_batch_size", ("train_micro_batch_size_per_gpu",)),
+    ("gas", ("gradient_accumulation_steps",)),
+    ("global_batch_size", ("train_batch_size",)),
+    ("zero_stage", ("zero_optimization", "stage")),
+    ("fp16", ("fp16", "enabled")),
+    ("bf16", ("bf16", "enabled")),
+    ("clip_grad", ("gradient_clipping",)),
+    ("loss_scale", ("fp16", "loss_scale")),
+    ("initial_loss_scale", ("fp16", "initial_scale_power")),
+    ("loss_scale_window", ("fp16", "loss_scale_window")),
+    ("hysteresis", ("fp16", "hysteresis")),
+    ("min_loss_scale", ("fp16", "min_loss_scale")),
+)
+FLAG = {name: "--" + name.replace("_", "-") for name, _ in SHARED}
+FORBIDDEN_SECTIONS = ("optimizer", "scheduler")
+
+
+class ConfigConflictError(ValueError):
+    pass
+
+
+def load_json(path: Optional[str]) -> Dict[str, Any]:
+    if path is None:
+        return {}
+    with open(path) as f:
+        cfg = json.load(f)
+    if "bfloat16" in cfg:  # DeepSpeed's older spelling
+        cfg.setdefault("bf16", cfg.pop("bfloat16"))
+    for section in FORBIDDEN_SECTIONS:
+        if section in cfg:
+            raise ConfigConflictError(f"{path}: remove the '{section}' section; the optimizer and learning-rate "
+                                      f"schedule are built from --lr, --min-lr, --lr-decay-style, --weight-decay, ...")
+    return cfg
+
+
+def _lookup(cfg: Dict[str, Any], path: Tuple[str, ...]) -> Any:
+    node: Any = cfg
+    for key in path:
+        if not isinstance(node, dict) or key not in node:
+            return None
+        node = node[key]
+    return node
+
+
+def _json_to_arg(name: str, value: Any) -> Any:
+    if value is None or value == "auto":
+        return None
+    if name == "loss_scale":
+        return None if value == 0 else float(value)
+    if name == "initial_loss_scale":
+        return float(2 ** value)
+    if name in ("fp16", "bf16"):
+        return bool(value)
+    return value
+
+
+def merge_json_into_args(args: argparse.Namespace, cfg: Dict[str, Any], path: str = "ds_config") -> None:
+    """Fill unset arguments from `cfg`; raise ConfigConflictError where both are set and differ."""
+    for name, json_path in SHARED:
+        from_json = _json_to_arg(name, _lookup(cfg, json_path))
+        from_cli = getattr(args, name)
+        if from_json is None:
+            continue
+        if from_cli is None:
+            setattr(args, name, from_json)
+        elif from_cli != from_json:
+            raise ConfigConflictError(
+                f"{FLAG[name]} {from_cli} conflicts with {'.'.join(json_path)} = {_lookup(cfg, json_path)} "
+                f"in {path}; remove one of them or make them agree")
+
+
+def initial_scale_power(initial_loss_scale: float) -> int:
+    power = math.log2(initial_loss_scale)
+    if initial_loss_scale <= 0 or power != int(power):
+        raise ValueError(f"--initial-loss-scale must be a power of two (DeepSpeed stores its exponent), "
+                         f"got {initial_loss_scale}")
+    return int(power)
+
+
+def build_ds_config(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """The dict DeepSpeed receives: `cfg` with every shared value replaced by the resolved argument."""
+    out = copy.deepcopy(cfg)
+    out["train_batch_size"] = args.global_batch_size
+    out["train_micro_batch_size_per_gpu"] = args.micro_batch_size
+    out["gradient_accumulation_steps"] = args.gas
+    out["gradient_clipping"] = args.clip_grad
+    out.setdefault("zero_optimization", {})["stage"] = args.zero_stage
+    out.setdefault("zero_allow_untested_optimizer", True)
+    out.setdefault("steps_per_print", 2 ** 31 - 1)  # megatron.training logs instead
+    out.setdefault("wall_clock_breakdown", False)
+    fp16 = out.setdefault("fp16", {})
+    fp16["enabled"] = bool(args.fp16)
+    if args.fp16:
+        fp16.update(loss_scale=args.loss_scale or 0, initial_scale_power=initial_scale_power(args.initial_loss_scale),
+                    loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
+                    min_loss_scale=args.min_loss_scale)
+    out.setdefault("bf16", {})["enabled"] = bool(args.bf16)
+    return out

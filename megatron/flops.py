@@ -1,0 +1,62 @@
+"""Model FLOPs per training iteration (matrix multiplications only; one multiply-add = 2 FLOPs).
+
+Legend: B = samples per iteration (global batch), s = sequence length, h = hidden size, d = heads x kv_channels
+(attention width), f = ffn hidden size, L = layers, V = padded vocabulary.
+
+Forward FLOPs of one transformer layer over B sequences of length s (self-attention):
+    QKV projections 6Bshd + scores QK^T 2Bs^2d + weighted values 2Bs^2d + output projection 2Bsdh + MLP 4Bshf
+A T5 decoder layer adds cross-attention over the encoder length s_e: Q 2Bshd, KV 4Bs_e hd, QK^T and values
+4Bs s_e d, output projection 2Bsdh. The logits add 2BshV.
+
+Training = forward + backward (2x forward) = 3x forward; activation recomputation runs the layers' forward
+once more, 4x for the layers (the logits are not recomputed):
+    total = (3 or 4) * F_layers + 3 * F_logits
+With d = h, f = 4h and recompute this is exactly Megatron's 96 B s L h^2 (1 + s/(6h) + V/(16 L h))
+(Narayanan et al. 2021); without recompute the layer part is 72 B s L h^2 (1 + s/(6h)), the logits 6 B s h V.
+Per device: TFLOP/s = total / (iteration seconds x world size) / 1e12. With --checkpoint-activations the
+recomputation is counted (hardware FLOPs, the convention of Megatron's published TFLOP/s figures).
+"""
+from __future__ import annotations
+
+
+def self_attention_layer_flops(b: int, s: int, h: int, d: int, f: int) -> float:
+    """Forward FLOPs of a self-attention + MLP layer (formula in the module docstring)."""
+    return 6 * b * s * h * d + 4 * b * s * s * d + 2 * b * s * d * h + 4 * b * s * h * f
+
+
+def cross_attention_flops(b: int, s_dec: int, s_enc: int, h: int, d: int) -> float:
+    return 2 * b * s_dec * h * d + 4 * b * s_enc * h * d + 4 * b * s_dec * s_enc * d + 2 * b * s_dec * d * h
+
+
+def gpt_flops_per_iteration(b: int, s: int, num_layers: int, h: int, d: int, f: int, vocab: int,
+                            recompute: bool) -> float:
+    layers = num_layers * self_attention_layer_flops(b, s, h, d, f)
+    logits = 2 * b * s * h * vocab
+    return (4 if recompute else 3) * layers + 3 * logits
+
+
+def t5_flops_per_iteration(b: int, s_enc: int, s_dec: int, num_layers: int, h: int, d: int, f: int, vocab: int,
+                           recompute: bool) -> float:
+    """`num_layers` encoder layers + `num_layers` decoder layers (self + cross attention + MLP)."""
+    encoder = num_layers * self_attention_layer_flops(b, s_enc, h, d, f)
+    decoder = num_layers * (self_attention_layer_flops(b, s_dec, h, d, f) + cross_attention_flops(b, s_dec, s_enc,
+                                                                                                   h, d))
+    logits = 2 * b * s_dec * h * vocab
+    return (4 if recompute else 3) * (encoder + decoder) + 3 * logits
+
+
+def flops_per_iteration(args) -> float:
+    """Dispatch on `args.model_type` ('gpt' or 't5'), set by the entry point."""
+    common = dict(num_layers=args.num_layers, h=args.hidden_size, d=args.num_attention_heads * args.kv_channels,
+                  f=args.ffn_hidden_size, vocab=args.padded_vocab_size, recompute=args.checkpoint_activations)
+    if args.model_type == "t5":
+        return t5_flops_per_iteration(args.global_batch_size, args.encoder_seq_length, args.decoder_seq_length,
+                                      **common)
+    return gpt_flops_per_iteration(args.global_batch_size, args.seq_length, **common)
+
+
+def tokens_per_sample(args) -> int:
+    """GPT: s; T5: encoder + decoder length."""
+    if args.model_type == "t5":
+        return args.encoder_seq_length + args.decoder_seq_length
+    return args.seq_length

@@ -1,0 +1,89 @@
+"""One training iteration and the loop around it (logging, evaluation, checkpoints).
+
+An iteration consumes one global batch = gas micro-batches on every data-parallel replica:
+    pipeline (pp > 1):  engine.train_batch(data_iter) runs the TDS schedule over the gas micro-batches
+    otherwise:          gas x (loss = loss_fn(engine(*inputs), labels); engine.backward(loss); engine.step())
+                        (DeepSpeed divides by gas and applies the update at the accumulation boundary)
+The reported loss is the mean over micro-batches and data-parallel replicas, in both cases.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, List, Optional
+
+from megatron.batches import Batch, LossFn, forward_micro_batches
+from megatron.checkpointing import save_checkpoint
+from megatron.evaluation import evaluate_and_print
+from megatron.flops import flops_per_iteration, tokens_per_sample
+from megatron.logging_utils import IntervalStats, TensorBoard, format_log_line, interval_metrics, print_rank_last
+from tds import device as tds_device
+
+
+@dataclass
+class TrainState:
+    iteration: int
+    consumed_train_samples: int
+    losses: List[float] = field(default_factory=list)  # per iteration, from the first one of this run
+    grad_norms: List[Optional[float]] = field(default_factory=list)  # before clipping, per iteration
+    saved_iteration: int = -1
+
+
+def train_step(engine, data_iter: Iterator[Batch], loss_fn: LossFn, args: argparse.Namespace) -> float:
+    if args.pipe_parallel_size > 1:
+        return float(engine.train_batch(data_iter=data_iter))
+    return forward_micro_batches(engine, data_iter, loss_fn, args.gas, train=True)
+
+
+def _grad_norm(engine) -> Optional[float]:
+    norm = engine.get_global_grad_norm()
+    return None if norm is None else float(norm)
+
+
+def _loss_scale(engine, args: argparse.Namespace) -> Optional[float]:
+    return float(engine.optimizer.loss_scale) if args.fp16 else None
+
+
+def _log_interval(engine, args, state: TrainState, stats: IntervalStats, lr: float, tb: TensorBoard) -> None:
+    metrics = interval_metrics(stats, args.global_batch_size * tokens_per_sample(args), flops_per_iteration(args),
+                               args.world_size)
+    scale = _loss_scale(engine, args)
+    print_rank_last(format_log_line(state.iteration, args.train_iters, state.consumed_train_samples, lr, metrics,
+                                    scale, engine.skipped_steps, tds_device.max_memory_allocated()))
+    extra = dict(lr=lr, consumed_samples=state.consumed_train_samples)
+    if scale is not None:
+        extra["loss_scale"] = scale
+    tb.scalars({**metrics, **extra}, state.iteration)
+
+
+def train(engine, args: argparse.Namespace, state: TrainState, train_iter: Iterator[Batch], loss_fn: LossFn,
+          make_valid_iter: Optional[Callable[[], Iterator[Batch]]], tb: TensorBoard) -> TrainState:
+    """Iterate from state.iteration + 1 to --train-iters (or the next multiple of --exit-interval);
+    log, evaluate and save on their intervals."""
+    stats = IntervalStats()
+    engine.train()
+    while state.iteration < args.train_iters:
+        lr = engine.lr_scheduler.get_lr()
+        start = time.perf_counter()
+        loss = train_step(engine, train_iter, loss_fn, args)
+        tds_device.synchronize()
+        state.iteration += 1
+        state.consumed_train_samples += args.global_batch_size
+        state.losses.append(loss)
+        state.grad_norms.append(_grad_norm(engine))
+        stats.add(loss, state.grad_norms[-1], time.perf_counter() - start)
+        if state.iteration % args.log_interval == 0:
+            _log_interval(engine, args, state, stats, lr, tb)
+            stats = IntervalStats()
+        if make_valid_iter is not None and args.eval_iters > 0 and state.iteration % args.eval_interval == 0:
+            evaluate_and_print(engine, args, make_valid_iter(), loss_fn, f"iteration {state.iteration}", tb,
+                               state.iteration, "valid")
+        exiting = args.exit_interval is not None and state.iteration % args.exit_interval == 0
+        if args.save and (exiting or (args.save_interval and state.iteration % args.save_interval == 0)):
+            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples)
+            state.saved_iteration = state.iteration
+        if exiting:
+            print_rank_last(f"exiting at iteration {state.iteration} (--exit-interval {args.exit_interval})")
+            break
+    return state

@@ -1,0 +1,32 @@
+"""A small tokenized corpus (stdlib docstrings -> BPE tokenizer -> .bin/.idx), built once per session."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def build_data(out_dir: str, max_mb: float = 0.3, vocab_size: int = 512) -> dict:
+    """Run the same three tools as examples/ds_pretrain_gpt2.sh; returns the paths pretrain needs."""
+    corpus, tok = os.path.join(out_dir, "corpus.jsonl"), os.path.join(out_dir, "tok")
+    prefix = os.path.join(out_dir, "docs")
+    py = sys.executable
+    steps = [
+        [py, "examples/make_default_corpus.py", "--output", corpus, "--max-mb", str(max_mb)],
+        [py, "tools/train_tokenizer.py", "--input", corpus, "--type", "bpe", "--vocab-size", str(vocab_size),
+         "--output-dir", tok],
+        [py, "tools/preprocess_data.py", "--input", corpus, "--tokenizer-type", "GPT2BPETokenizer",
+         "--vocab-file", os.path.join(tok, "vocab.json"), "--merge-file", os.path.join(tok, "merges.txt"),
+         "--append-eod", "--output-prefix", prefix, "--workers", "1"],
+    ]
+    for cmd in steps:
+        subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return dict(data_prefix=prefix + "_text_document", vocab=os.path.join(tok, "vocab.json"),
+                merges=os.path.join(tok, "merges.txt"))
+
+
+@pytest.fixture(scope="session")
+def gpt_data(tmp_path_factory) -> dict:
+    return build_data(str(tmp_path_factory.mktemp("gpt_data")))

@@ -1,0 +1,82 @@
+"""The golden-loss runs: GPT-2 and T5, 20 iterations, fp32, dropout off, ZeRO-1, global batch 8, gradient
+clipping at 0.3 (active: the norms are ~0.6), on the committed corpus and tokenizer in tests/golden/data
+(so the data does not depend on the Python version or the tokenizers library). The (1, 1, 1) losses are stored in tests/golden/{gpt2,t5}_losses.json.
+
+Regenerate (after an intended numerical change, with the reason in the commit message):
+
+    .venv/bin/python -m tests.training.golden_cases
+"""
+import json
+import os
+import subprocess
+import sys
+from typing import List, Tuple
+
+from tests.dist import run_distributed
+from tests.training.runner import train_state
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GOLDEN = os.path.join(ROOT, "tests", "golden")
+DATA = os.path.join(GOLDEN, "data")
+ITERS = 20
+
+
+def preprocess(out_dir: str) -> str:
+    """Tokenize the committed corpus with the committed tokenizer; returns the dataset prefix."""
+    prefix = os.path.join(out_dir, "golden")
+    subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", os.path.join(DATA, "corpus.jsonl"),
+                    "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", os.path.join(DATA, "vocab.json"),
+                    "--merge-file", os.path.join(DATA, "merges.txt"), "--append-eod", "--output-prefix", prefix,
+                    "--workers", "1"], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    return prefix + "_text_document"
+
+
+def argv(model: str, data_prefix: str, tp: int, pp: int) -> List[str]:
+    shape = (["--seq-length", "32"] if model == "gpt2" else
+             ["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--vocab-extra-ids", "8"])
+    return ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", *shape,
+            "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(ITERS),
+            "--lr", "1e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--clip-grad", "0.3",
+            "--zero-stage", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
+            "--tokenizer-type", "GPT2BPETokenizer", "--data-path", data_prefix,
+            "--vocab-file", os.path.join(DATA, "vocab.json"), "--merge-file", os.path.join(DATA, "merges.txt"),
+            "--num-workers", "0", "--log-interval", "10", "--eval-interval", "10", "--eval-iters", "1",
+            "--split", "90,8,2", "--make-vocab-size-divisible-by", "8",
+            "--tensor-model-parallel-size", str(tp), "--pipe-parallel-size", str(pp)]
+
+
+def rank_run(model: str, args: List[str], world_size: int) -> Tuple[List[float], List[float]]:
+    if model == "gpt2":
+        from pretrain_gpt2 import DEFAULTS, HOOKS
+    else:
+        from pretrain_t5 import DEFAULTS, HOOKS
+    state = train_state(args, world_size, HOOKS, DEFAULTS)
+    return state.losses, state.grad_norms
+
+
+def run(model: str, data_prefix: str, tp: int, pp: int, dp: int) -> Tuple[List[float], List[float]]:
+    """(per-iteration losses, grad norms before clipping) of the last rank."""
+    world = tp * pp * dp
+    return run_distributed(rank_run, world, model, argv(model, data_prefix, tp, pp), world, timeout=300)[-1]
+
+
+def golden_path(model: str) -> str:
+    return os.path.join(GOLDEN, f"{model}_losses.json")
+
+
+def main() -> None:
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        prefix = preprocess(tmp)
+        for model in ("gpt2", "t5"):
+            losses, _ = run(model, prefix, 1, 1, 1)
+            record = dict(layout="(tp, pp, dp) = (1, 1, 1)", iterations=ITERS, losses=losses,
+                          regenerate=".venv/bin/python -m tests.training.golden_cases",
+                          args=argv(model, "<tmp>/golden_text_document", 1, 1))
+            with open(golden_path(model), "w") as f:
+                json.dump(record, f, indent=1)
+            print(f"wrote {golden_path(model)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""The per-interval log line and the TensorBoard dependency error."""
+import importlib.util
+
+import pytest
+
+from megatron.logging_utils import IntervalStats, TensorBoard, format_log_line, interval_metrics
+
+
+def test_log_line_fields():
+    stats = IntervalStats()
+    stats.add(2.0, 1.5, 0.5)
+    stats.add(4.0, None, 1.5)
+    m = interval_metrics(stats, tokens_per_iteration=1000, flops_per_iteration=4e12, world_size=2)
+    assert m["loss"] == 3.0 and m["grad_norm"] == 1.5 and m["ms_per_iter"] == 1000.0
+    assert m["tokens_per_s"] == 1000.0 and m["tflops_per_device"] == 2.0
+    line = format_log_line(20, 100, 160, 1e-4, m, loss_scale=65536.0, skipped=1, peak_bytes=2 ** 30)
+    for part in ("iteration 20/100", "consumed samples 160", "lr 1.0000e-04", "loss 3.000000", "grad norm 1.5000",
+                 "loss scale 65536", "skipped 1", "1000.0 ms/iter", "1000 tokens/s", "2.0000 TFLOP/s/device",
+                 "peak mem 1.00 GB"):
+        assert part in line, (part, line)
+    assert "loss scale" not in format_log_line(1, 1, 8, 0.1, m, None, 0, 0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is not None, reason="tensorboard is installed")
+def test_tensorboard_missing_is_a_clear_error(tmp_path):
+    with pytest.raises(RuntimeError, match="needs the 'tensorboard' package"):
+        TensorBoard(str(tmp_path))
+    TensorBoard(None).scalars({"loss": 1.0}, 1)  # no directory: a no-op

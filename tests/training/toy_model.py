@@ -1,0 +1,92 @@
+"""A tiny language model (embedding -> residual tanh blocks with dropout -> linear head), plain and Pipe,
+for exercising the training driver without the real GPT-2: same data path, loss and batch layout.
+
+Module k is built under torch.manual_seed(seed + k), so both variants start from the same weights.
+Shapes: b = micro-batch, s = sequence, h = hidden, V = padded vocabulary.
+"""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tds
+from megatron import mpu
+from megatron.data.masks import get_ltor_masks_and_position_ids
+from megatron.training import ModelHooks
+from pretrain_gpt2 import train_valid_test_datasets_provider
+
+
+def _seeded(seed: int, build):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
+
+
+class ToyEmbed(nn.Module):
+    def __init__(self, vocab: int, h: int, seed: int):
+        super().__init__()
+        self.emb = _seeded(seed, lambda: nn.Embedding(vocab, h))
+
+    def forward(self, inputs):
+        tokens = inputs[0] if isinstance(inputs, tuple) else inputs  # (b, s)
+        return self.emb(tokens)  # (b, s, h)
+
+
+class ToyBlock(nn.Module):
+    def __init__(self, h: int, dropout: float, seed: int):
+        super().__init__()
+        self.linear = _seeded(seed, lambda: nn.Linear(h, h))
+        self.dropout = dropout
+
+    def forward(self, x):  # (b, s, h)
+        return x + F.dropout(torch.tanh(self.linear(x)), self.dropout, self.training)
+
+
+class ToyHead(nn.Module):
+    def __init__(self, h: int, vocab: int, seed: int):
+        super().__init__()
+        self.out = _seeded(seed, lambda: nn.Linear(h, vocab))
+
+    def forward(self, x):
+        return self.out(x)  # (b, s, V)
+
+
+def toy_loss(logits, labels):
+    labels, loss_mask = labels  # (b, s), (b, s)
+    ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
+    return (ce * loss_mask.reshape(-1)).sum() / loss_mask.sum()
+
+
+def _specs(args):
+    V, h, seed = args.padded_vocab_size, args.hidden_size, args.seed
+    return ([tds.pipe.LayerSpec(ToyEmbed, V, h, seed)]
+            + [tds.pipe.LayerSpec(ToyBlock, h, args.hidden_dropout, seed + 1 + i) for i in range(args.num_layers)]
+            + [tds.pipe.LayerSpec(ToyHead, h, V, seed + 1 + args.num_layers)])
+
+
+class ToyModel(nn.Module):
+    def __init__(self, args):
+        super().__init__()
+        self.layers = nn.ModuleList(spec.build() for spec in _specs(args))
+
+    def forward(self, tokens):
+        x = tokens
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def toy_model_provider(args):
+    if args.pipe_parallel_size == 1:
+        return ToyModel(args)
+    return tds.pipe.PipelineModule(_specs(args), topology=mpu.get_topology(), loss_fn=toy_loss,
+                                   partition_method="uniform", input_grad=[True], input_type=["float"])
+
+
+def toy_get_batch(raw, args, tokenizer):
+    data = mpu.broadcast_data(["text"], raw, torch.int64)["text"]  # (b, s + 1)
+    tokens, labels = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    _, loss_mask, _ = get_ltor_masks_and_position_ids(tokens, tokenizer.eod, False, False, args.eod_mask_loss)
+    return (tokens,), (labels, loss_mask)
+
+
+TOY_HOOKS = ModelHooks(toy_model_provider, train_valid_test_datasets_provider, toy_get_batch, toy_loss)
