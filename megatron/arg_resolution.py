@@ -94,6 +94,9 @@ def _resolve_precision(args: argparse.Namespace) -> None:
         if getattr(args, key) is None:
             setattr(args, key, value)
     initial_scale_power(args.initial_loss_scale)
+    _need(not (args.fp16 and args.zero_stage == 0),
+          "--fp16 with --zero-stage 0 is refused: DeepSpeed 0.19's FP16_UnfusedOptimizer unscales gradients that "
+          "engine.backward never scaled (they come out divided by the loss scale); use --zero-stage 1")
     args.clip_grad = 1.0 if args.clip_grad is None else args.clip_grad
     _need(args.clip_grad >= 0, f"--clip-grad must be >= 0, got {args.clip_grad}")
 

@@ -11,7 +11,6 @@ import argparse
 import random
 from typing import Any, Dict
 
-import deepspeed
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -23,9 +22,6 @@ from tds import device as tds_device
 def initialize_megatron(args: argparse.Namespace) -> mpu.ParallelState:
     """Initialise torch.distributed from the launcher's environment, build the groups, seed everything."""
     tds_device.init_distributed()
-    # Also when torch.distributed was initialised by the caller (a test harness): DeepSpeed's comm layer
-    # adopts the existing process group.
-    deepspeed.init_distributed(dist_backend=tds_device.backend(), auto_mpi_discovery=False)
     world = dist.get_world_size()
     if world != args.world_size:
         raise ValueError(f"the arguments were resolved for world size {args.world_size} but torch.distributed "

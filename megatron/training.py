@@ -86,7 +86,8 @@ def initialize_and_build(args: argparse.Namespace, hooks: ModelHooks):
     print_rank_0(f"vocabulary {tokenizer.vocab_size} tokens, padded to {args.padded_vocab_size}; "
                  f"(tp, pp, dp) = ({args.tensor_model_parallel_size}, {args.pipe_parallel_size}, "
                  f"{args.data_parallel_size}); global batch {args.global_batch_size} = micro {args.micro_batch_size}"
-                 f" x gas {args.gas} x dp {args.data_parallel_size}; ZeRO stage {args.zero_stage}")
+                 f" x gas {args.gas} x dp {args.data_parallel_size}; ZeRO stage {args.zero_stage}"
+                 f" (DeepSpeed runs stage {args.ds_config['zero_optimization']['stage']})")
     return setup_engine(args, hooks), tokenizer
 
 

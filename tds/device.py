@@ -62,7 +62,7 @@ def manual_seed(seed: int) -> None:
     if is_cuda():
         torch.cuda.manual_seed(seed)
     else:
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)  # torch.manual_seed also walks every device: slower
 
 
 def max_memory_allocated() -> int:
@@ -74,22 +74,27 @@ def max_memory_allocated() -> int:
 
 
 def init_distributed(timeout_s: float = 1800.0) -> None:
-    """Initialise torch.distributed from the launcher's environment (deepspeed or torchrun).
+    """Initialise torch.distributed from the launcher's environment (deepspeed or torchrun) and DeepSpeed's
+    comm layer on top of it; a process group created earlier (e.g. by a test harness) is adopted.
 
     Both launchers set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; a plain
-    `python script.py` runs as a world of one.
+    `python script.py` runs as a world of one. On CPU, DeepSpeed would JIT-compile a shared-memory
+    all-reduce op that only its inference path uses; a rank killed during that compile leaves a lock file
+    that hangs every later start, so it is not built (set TDS_BUILD_SHM_OP=1 to build it).
     """
     import datetime
 
-    import torch.distributed as dist
-    if dist.is_initialized():
-        return
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", "0")
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29500")
-    set_device()
     import deepspeed
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"),
+                           ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29500")):
+            os.environ.setdefault(key, value)
+        set_device()
+    if not is_cuda() and os.environ.get("TDS_BUILD_SHM_OP") != "1":
+        import sys
+
+        import deepspeed.comm.torch  # noqa: F401 - deepspeed.comm re-exports `torch`: use sys.modules
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend=backend(), auto_mpi_discovery=False,
                                timeout=datetime.timedelta(seconds=timeout_s))

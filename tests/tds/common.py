@@ -110,14 +110,6 @@ def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def init_ds() -> None:
-    """DeepSpeed's comm layer over the harness's already-initialised gloo group.
-
-    DeepSpeed's CPU backend JIT-builds a shared-memory all-reduce op (used only by inference_all_reduce) on
-    first use; a rank killed mid-build leaves a lock file that blocks every later run, so tests skip it.
-    """
-    import sys
-
-    import deepspeed
-    import deepspeed.comm.torch  # noqa: F401 - deepspeed.comm re-exports `torch`, so go through sys.modules
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    """DeepSpeed's comm layer over the harness's already-initialised gloo group."""
+    from tds import device
+    device.init_distributed()

@@ -26,3 +26,15 @@ def test_tensorboard_missing_is_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="needs the 'tensorboard' package"):
         TensorBoard(str(tmp_path))
     TensorBoard(None).scalars({"loss": 1.0}, 1)  # no directory: a no-op
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None, reason="tensorboard is not installed")
+def test_tensorboard_scalars_are_written(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    board = TensorBoard(str(tmp_path))
+    for step, loss in ((1, 2.5), (2, 2.0)):
+        board.scalars({"loss": loss, "lr": 1e-3}, step)
+    board.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 2.5), (2, 2.0)]

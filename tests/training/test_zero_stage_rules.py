@@ -1,0 +1,23 @@
+"""ZeRO stage rules: stage 1 at dp=1 runs as stage 0 (nothing to partition); fp16 with stage 0 is refused."""
+import pytest
+
+from megatron.arguments import parse_args
+
+BASE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
+        "--max-position-embeddings", "16", "--micro-batch-size", "2", "--train-iters", "4", "--lr", "1e-3"]
+
+
+def _resolve(extra, world_size):
+    return parse_args(BASE + extra, world_size=world_size)
+
+
+@pytest.mark.parametrize("world_size,fp16,expected", [(1, False, 0), (2, False, 1), (1, True, 1)])
+def test_stage_deepspeed_receives(world_size, fp16, expected):
+    args = _resolve(["--zero-stage", "1"] + (["--fp16"] if fp16 else []), world_size)
+    assert args.zero_stage == 1
+    assert args.ds_config["zero_optimization"]["stage"] == expected
+
+
+def test_fp16_with_stage_0_refused():
+    with pytest.raises(ValueError, match=r"--fp16 with --zero-stage 0 is refused"):
+        _resolve(["--zero-stage", "0", "--fp16"], 2)
