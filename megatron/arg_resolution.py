@@ -33,6 +33,12 @@ def _resolve_parallel(args: argparse.Namespace, world_size: int) -> None:
           f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
           f"--pipe-parallel-size {pp} = {tp * pp}")
     args.data_parallel_size = world_size // (tp * pp)
+    method = args.partition_method
+    if method is not None and method.replace(",", "").isdigit():
+        bounds = [int(b) for b in method.split(",")]
+        _need(len(bounds) == pp + 1, f"--partition-method {method} gives {len(bounds)} boundaries but "
+              f"--pipe-parallel-size {pp} needs {pp + 1}")
+        args.partition_method = bounds
     args.zero_stage = 1 if args.zero_stage is None else args.zero_stage
     _need(args.zero_stage in (0, 1), f"--zero-stage {args.zero_stage} is not supported: use 0 or 1 "
           "(ZeRO-2/3 partition gradients, which pipeline parallelism cannot accumulate across micro-batches)")

@@ -48,7 +48,8 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
                    type=int, default=1, help="pipeline stages; 0 and 1 both mean no pipeline")
     g.add_argument("--zero-stage", type=int, default=None, help="ZeRO stage 0 or 1 (overrides the JSON config)")
     g.add_argument("--partition-method", type=str, default=None,
-                   help="how the Pipe model splits its layers: uniform, parameters or type:REGEX (model default)")
+                   help="how the Pipe model splits its layers: type:REGEX (default type:TransformerLayer), parameters, "
+                        "uniform, or explicit layer boundaries such as 0,5,11 (pp + 1 numbers)")
     g.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="set by the deepspeed launcher; LOCAL_RANK in the environment is what is used")
 

@@ -54,7 +54,19 @@ def setup_engine(args: argparse.Namespace, hooks: ModelHooks):
                             args.lr_decay_style)
     engine, _, _, _ = tds.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                      config=args.ds_config, mpu=mpu)
+    _keep_fp32_grad_norm(engine)
     return engine
+
+
+def _keep_fp32_grad_norm(engine) -> None:
+    """DeepSpeed's fp32 path without ZeRO (stage 0) clips gradients but drops their norm; keep it so the log
+    and get_global_grad_norm() report it as they do under ZeRO-1."""
+    from deepspeed.runtime.utils import clip_grad_norm_
+
+    def clip_and_record():
+        engine._global_grad_norm = float(clip_grad_norm_(parameters=engine.module.parameters(),
+                                                         max_norm=engine.gradient_clipping(), mpu=engine.mpu))
+    engine.clip_fp32_gradients = clip_and_record
 
 
 def _reads_data() -> bool:

@@ -1,4 +1,4 @@
-"""ZeRO stage rules: stage 1 at dp=1 runs as stage 0 (nothing to partition); fp16 with stage 0 is refused."""
+"""ZeRO stage rules (stage 1 at dp=1 runs as stage 0; fp16 with stage 0 is refused) and explicit partitions."""
 import pytest
 
 from megatron.arguments import parse_args
@@ -21,3 +21,11 @@ def test_stage_deepspeed_receives(world_size, fp16, expected):
 def test_fp16_with_stage_0_refused():
     with pytest.raises(ValueError, match=r"--fp16 with --zero-stage 0 is refused"):
         _resolve(["--zero-stage", "0", "--fp16"], 2)
+
+
+def test_explicit_partition_boundaries():
+    args = _resolve(["--pipe-parallel-size", "2", "--partition-method", "0,3,6"], 2)
+    assert args.partition_method == [0, 3, 6]
+    with pytest.raises(ValueError, match=r"--partition-method 0,6 gives 2 boundaries but --pipe-parallel-size 4 needs 5"):
+        _resolve(["--pipe-parallel-size", "4", "--partition-method", "0,6"], 4)
+    assert _resolve(["--partition-method", "parameters"], 1).partition_method == "parameters"
