@@ -1,0 +1,114 @@
+"""Benchmark tools/preprocess_data.py: throughput with 1 and 2 workers on the same corpus, in one run.
+
+Protocol:
+1. corpus: the Python standard library's own sources (code, comments, docstrings), split into documents
+   at double blank lines, shuffled with a fixed seed, written as jsonl until ``--size-mb`` MB (offline);
+2. tokenizer: byte-level BPE trained by tools/train_tokenizer.py on the first ``--train-mb`` MB;
+3. warm-up: one preprocessing run on a 1 MB slice (imports, page cache);
+4. measured: ``--repeats`` full runs per worker count, the fastest kept; docs/s, tokens/s and MB/s of input
+   as the tool counts them (pool start-up included); ratios are against the first worker count, and the
+   outputs of all runs must be byte-identical. The load average is printed before and after: on a shared
+   machine other jobs skew the ratio.
+
+    python bench/preprocess_data.py --size-mb 30 --workers 1 2 --repeats 2
+"""
+import argparse
+import filecmp
+import json
+import os
+import random
+import sys
+import sysconfig
+import tempfile
+from typing import List
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
+
+from tools import preprocess_data, train_tokenizer  # noqa: E402
+
+
+def stdlib_documents() -> List[str]:
+    """Chunks of the stdlib's .py files, split at double blank lines (one top-level block each)."""
+    root = sysconfig.get_paths()["stdlib"]
+    docs = []
+    for directory, subdirs, files in os.walk(root):
+        subdirs[:] = sorted(d for d in subdirs if d not in ("site-packages", "__pycache__"))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                with open(os.path.join(directory, name), encoding="utf-8", errors="replace") as f:
+                    docs.extend(chunk.strip("\n") for chunk in f.read().split("\n\n\n") if chunk.strip())
+    return docs
+
+
+def write_corpus(path: str, size_mb: float, seed: int = 0) -> int:
+    """jsonl of shuffled stdlib documents (repeated if needed) up to size_mb; returns the document count."""
+    docs = stdlib_documents()
+    rng = random.Random(seed)
+    target, written, count = size_mb * 1e6, 0, 0
+    with open(path, "w", encoding="utf-8") as f:
+        while written < target:
+            rng.shuffle(docs)
+            for doc in docs:
+                line = json.dumps({"text": doc}) + "\n"
+                f.write(line)
+                written += len(line.encode("utf-8"))
+                count += 1
+                if written >= target:
+                    break
+    return count
+
+
+def head(src: str, dst: str, size_mb: float) -> str:
+    with open(src, encoding="utf-8") as fin, open(dst, "w", encoding="utf-8") as fout:
+        written = 0
+        for line in fin:
+            fout.write(line)
+            written += len(line)
+            if written >= size_mb * 1e6:
+                break
+    return dst
+
+
+def run(corpus: str, prefix: str, vocab: str, merges: str, workers: int) -> preprocess_data.Stats:
+    return preprocess_data.main([
+        "--input", corpus, "--output-prefix", prefix, "--append-eod", "--workers", str(workers),
+        "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges,
+        "--log-interval", "1000000"])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size-mb", type=float, default=30.0)
+    p.add_argument("--train-mb", type=float, default=5.0)
+    p.add_argument("--vocab-size", type=int, default=8000)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--repeats", type=int, default=1)
+    args = p.parse_args()
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        corpus = os.path.join(tmp, "corpus.jsonl")
+        n_docs = write_corpus(corpus, args.size_mb)
+        print(f"corpus: {n_docs} documents, {os.path.getsize(corpus) / 1e6:.1f} MB (Python stdlib sources)")
+        train_text = train_tokenizer.iter_texts(head(corpus, os.path.join(tmp, "train.jsonl"), args.train_mb))
+        vocab, merges = train_tokenizer.train_bpe(train_text, args.vocab_size, os.path.join(tmp, "bpe"))
+        warmup = head(corpus, os.path.join(tmp, "warmup.jsonl"), 1.0)
+        run(warmup, os.path.join(tmp, "warmup"), vocab, merges, max(args.workers))
+        results = {}
+        for workers in args.workers:
+            runs = [run(corpus, os.path.join(tmp, f"w{workers}"), vocab, merges, workers) for _ in range(args.repeats)]
+            results[workers] = min(runs, key=lambda stats: stats.seconds)
+        outputs = [os.path.join(tmp, f"w{w}_text_document.bin") for w in args.workers]
+        identical = all(filecmp.cmp(outputs[0], other, shallow=False) for other in outputs[1:])
+        base = results[args.workers[0]]
+        print(f"\nBPE vocab {args.vocab_size}, {base.tokens} tokens, outputs identical across runs: {identical}")
+        print(f"{'workers':>7} {'docs/s':>10} {'tokens/s':>12} {'MB/s':>8} {'ratio':>6}")
+        for workers, stats in results.items():
+            s = stats.seconds
+            print(f"{workers:>7} {stats.docs / s:>10.0f} {stats.tokens / s:>12.0f} {stats.n_bytes / s / 1e6:>8.2f} "
+                  f"{base.seconds / s:>6.2f}")
+        print(f"cpu cores: {os.cpu_count()}, 1-min load average before/after: {load_before:.1f}/"
+              f"{os.getloadavg()[0]:.1f}")
+
+
+if __name__ == "__main__":
+    main()

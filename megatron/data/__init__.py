@@ -1,0 +1,1 @@
+"""Data pipeline: mmap indexed datasets and the datasets built on them."""

@@ -1,0 +1,398 @@
+"""Tokenize a corpus into Megatron mmap datasets ``{output_prefix}_{key}_document.{bin,idx}``.
+
+Input formats (``--text-format``, default ``auto``: ``jsonl`` for .jsonl/.json files, ``lines`` otherwise):
+  jsonl       one JSON object per line; one output dataset per ``--json-keys`` key
+  lines       one document per line
+  paragraphs  documents separated by blank lines (their internal newlines are kept)
+For the two text formats the single ``--json-keys`` name (default ``text``) only names the output.
+Blank lines in jsonl are empty documents.
+
+Each document becomes one item (plus ``eod`` with ``--append-eod``); documents with no tokens are skipped
+and counted. The input is streamed: at most ``workers * chunksize * 4`` documents are in flight, so memory
+stays bounded for inputs larger than RAM. Outputs are written under temporary names in the output
+directory and renamed at the end; on any error the temporaries are removed and nothing is left behind.
+
+Example::
+
+    python tools/preprocess_data.py --input corpus.jsonl --output-prefix data/my-gpt2 \\
+        --tokenizer-type GPT2BPETokenizer --vocab-file vocab.json --merge-file merges.txt \\
+        --append-eod --workers 2
+"""
+import argparse
+import json
+import multiprocessing
+import multiprocessing.pool
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
+
+import numpy as np  # noqa: E402
+
+from megatron.data import indexed_dataset  # noqa: E402
+from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer  # noqa: E402
+
+TEXT_FORMATS = ("auto", "jsonl", "lines", "paragraphs")
+CHUNKSIZE = 25  # documents per task sent to a worker (Megatron's imap chunksize)
+MAX_REPORTED_BAD_LINES = 5
+
+
+class InputError(Exception):
+    """Bad input or arguments; the tool prints the one-line message and exits with status 1."""
+
+
+class Terminated(BaseException):
+    """SIGTERM/SIGINT in the main process, raised as an exception so that temporary outputs are removed."""
+
+
+class StopSignals:
+    """Turns SIGTERM/SIGINT into ``Terminated`` at safe points: the first signal only sets a flag, which
+    ``check()`` (called between documents) raises, so no exception lands inside multiprocessing's internals;
+    a second signal raises at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.signum = None
+        self._previous = {}
+
+    def __enter__(self) -> "StopSignals":
+        self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            raise Terminated(f"terminated by signal {signum}")
+        self.signum = signum
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Terminated(f"terminated by signal {self.signum}")
+
+
+def _pool_worker_init(encoder: "Encoder") -> None:
+    """Workers leave SIGINT to the main process and die quietly on Pool.terminate()'s SIGTERM."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    encoder.initializer()
+
+
+class BadRecord(Exception):
+    """One input line that cannot be turned into a document."""
+
+
+def resolve_format(path: str, text_format: str) -> str:
+    if text_format != "auto":
+        return text_format
+    return "jsonl" if path.endswith((".jsonl", ".json")) else "lines"
+
+
+def iter_records(path: str, text_format: str) -> Iterator[Tuple[int, bytes]]:
+    """(first line number, raw bytes) of each document, read lazily."""
+    with open(path, "rb") as f:
+        if text_format != "paragraphs":
+            yield from enumerate(f, start=1)
+            return
+        lines, start = [], 0
+        for line_no, line in enumerate(f, start=1):
+            if line.strip():
+                start = start or line_no
+                lines.append(line)
+            elif lines:
+                yield start, b"".join(lines)
+                lines, start = [], 0
+        if lines:
+            yield start, b"".join(lines)
+
+
+def parse_record(raw: bytes, line_no: int, path: str, text_format: str, keys: List[str]) -> Dict[str, str]:
+    """Texts of one document by key; raises BadRecord naming the file and line."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BadRecord(f"{path}:{line_no}: invalid UTF-8 at byte {e.start}") from None
+    if text_format != "jsonl":
+        return {keys[0]: text.rstrip("\r\n")}
+    if not text.strip():  # a blank line (e.g. at the end of the file) is an empty document
+        return {key: "" for key in keys}
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise BadRecord(f"{path}:{line_no}: malformed JSON at column {e.colno}: {e.msg}") from None
+    if not isinstance(obj, dict):
+        raise BadRecord(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
+    texts = {}
+    for key in keys:
+        if key not in obj:
+            raise BadRecord(f"{path}:{line_no}: no key {key!r} (keys: {', '.join(sorted(obj))}); see --json-keys")
+        if not isinstance(obj[key], str):
+            raise BadRecord(f"{path}:{line_no}: key {key!r} holds {type(obj[key]).__name__}, expected a string")
+        texts[key] = obj[key]
+    if "\\ud" in text or "\\uD" in text:  # a JSON escape may decode to a lone surrogate, which has no UTF-8
+        _check_surrogates(texts, line_no, path)
+    return texts
+
+
+def _check_surrogates(texts: Dict[str, str], line_no: int, path: str) -> None:
+    for key, value in texts.items():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise BadRecord(f"{path}:{line_no}: key {key!r} holds an unpaired surrogate "
+                            f"\\u{ord(value[e.start]):04x}") from None
+
+
+@dataclass
+class Encoded:
+    line_no: int
+    n_bytes: int
+    error: Optional[str] = None
+    ids: Dict[str, Optional[np.ndarray]] = field(default_factory=dict)  # None: the document has no tokens
+
+
+class Encoder:
+    """Picklable per-process tokenizing function; ``initializer`` builds the tokenizer in each worker."""
+    tokenizer = None
+
+    def __init__(self, args: argparse.Namespace, text_format: str, dtype):
+        self.args, self.text_format, self.dtype = args, text_format, dtype
+
+    def initializer(self) -> None:
+        a = self.args
+        Encoder.tokenizer = build_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file, a.tokenizer_model,
+                                            a.vocab_extra_ids)
+
+    def encode(self, record: Tuple[int, bytes]) -> Encoded:
+        line_no, raw = record
+        result = Encoded(line_no, len(raw))
+        try:
+            texts = parse_record(raw, line_no, self.args.input, self.text_format, self.args.json_keys)
+        except BadRecord as e:
+            result.error = str(e)
+            return result
+        for key, text in texts.items():
+            ids = Encoder.tokenizer.tokenize(text)
+            if ids and self.args.append_eod:
+                ids.append(Encoder.tokenizer.eod)
+            result.ids[key] = np.asarray(ids, dtype=self.dtype) if ids else None
+        return result
+
+
+class BoundedFeeder:
+    """Wraps an iterable so that at most ``limit`` items are taken but not yet ``done()``.
+
+    Pool.imap's task thread otherwise reads the whole input ahead of the workers. ``stop()`` unblocks
+    and ends the iteration so that Pool.terminate() can join that thread.
+    """
+
+    def __init__(self, items: Iterable, limit: int):
+        self._items, self._limit = items, limit
+        self._slots = threading.Semaphore(limit)
+        self._stopped = False
+
+    def __iter__(self):
+        for item in self._items:
+            self._slots.acquire()
+            if self._stopped:
+                return
+            yield item
+
+    def done(self) -> None:
+        self._slots.release()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._slots.release(self._limit)
+
+
+@dataclass
+class Stats:
+    docs: int = 0
+    tokens: int = 0
+    empty: int = 0
+    bad: int = 0
+    n_bytes: int = 0
+    seconds: float = 0.0
+
+    def rates(self) -> str:
+        s = max(self.seconds, 1e-9)
+        return (f"{self.docs / s:.0f} docs/s, {self.tokens / s:.0f} tokens/s, "
+                f"{self.n_bytes / s / 1e6:.2f} MB/s")
+
+
+class Outputs:
+    """One builder per key, writing to temporary names that ``commit`` renames."""
+
+    def __init__(self, prefix: str, keys: List[str], dtype):
+        self.final = {key: f"{prefix}_{key}_document" for key in keys}
+        self.temp = {key: f"{path}.tmp{os.getpid()}" for key, path in self.final.items()}
+        self.builders = {}
+        for key, temp in self.temp.items():
+            self.builders[key] = indexed_dataset.MMapIndexedDatasetBuilder(temp + ".bin", dtype=dtype)
+
+    def add(self, key: str, ids: np.ndarray) -> None:
+        self.builders[key].add_item(ids)
+        self.builders[key].end_document()
+
+    def commit(self) -> None:
+        for key, builder in self.builders.items():
+            builder.finalize(self.temp[key] + ".idx")
+        for key, temp in self.temp.items():
+            os.replace(temp + ".bin", self.final[key] + ".bin")
+            os.replace(temp + ".idx", self.final[key] + ".idx")
+
+    def discard(self) -> None:
+        for key, builder in self.builders.items():
+            builder.abort()
+            for suffix in (".bin", ".idx"):
+                if os.path.exists(self.temp[key] + suffix):
+                    os.remove(self.temp[key] + suffix)
+
+
+def _consume(results: Iterable[Encoded], outputs: Outputs, stats: Stats, args, on_result, start: float,
+             stop: StopSignals) -> None:
+    """Write results in input order; ``on_result`` frees a feeder slot; rates count from ``start``."""
+    for result in results:
+        stop.check()
+        on_result()
+        stats.n_bytes += result.n_bytes
+        if result.error is not None:
+            if not args.skip_bad_lines:
+                raise InputError(result.error + "; use --skip-bad-lines to skip such lines")
+            stats.bad += 1
+            if stats.bad <= MAX_REPORTED_BAD_LINES:
+                print(f"skipping bad line: {result.error}", file=sys.stderr)
+            continue
+        stats.docs += 1
+        for key, ids in result.ids.items():
+            if ids is None:
+                stats.empty += 1
+                continue
+            outputs.add(key, ids)
+            stats.tokens += len(ids)
+        if stats.docs % args.log_interval == 0:
+            stats.seconds = time.perf_counter() - start
+            print(f"Processed {stats.docs} documents ({stats.rates()}).", file=sys.stderr, flush=True)
+    stats.seconds = time.perf_counter() - start
+
+
+def _run(args, text_format: str, encoder: Encoder, outputs: Outputs, stop: StopSignals) -> Stats:
+    stats, start = Stats(), time.perf_counter()
+    records = iter_records(args.input, text_format)
+    if args.workers == 1:
+        encoder.initializer()
+        _consume(map(encoder.encode, records), outputs, stats, args, lambda: None, start, stop)
+        return stats
+    feeder = BoundedFeeder(records, limit=args.workers * CHUNKSIZE * 4)
+    pool = multiprocessing.Pool(args.workers, initializer=_pool_worker_init, initargs=(encoder,))
+    results = pool.imap(encoder.encode, feeder, CHUNKSIZE)
+    try:
+        _consume(results, outputs, stats, args, feeder.done, start, stop)
+    finally:
+        feeder.stop()
+        _shutdown(pool, results)
+    return stats
+
+
+def _shutdown(pool: multiprocessing.pool.Pool, results: Iterator) -> None:
+    """Let the tasks in flight finish (at most the feeder's limit), then close and join the pool.
+
+    Pool.terminate() is kept for a second interrupt: it takes the task queue's reader lock, which an idle
+    worker may hold, and has been seen to hang on a loaded machine.
+    """
+    try:
+        while True:
+            try:
+                next(results)
+            except StopIteration:
+                break
+            except Exception:  # a task that failed in a worker: the error being handled already stops the run
+                continue
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+def _check_args(args) -> None:
+    if not os.path.isfile(args.input):
+        raise InputError(f"input file {args.input!r} not found")
+    if args.workers < 1 or args.log_interval < 1:
+        raise InputError(f"--workers ({args.workers}) and --log-interval ({args.log_interval}) must be >= 1")
+    text_format = resolve_format(args.input, args.text_format)
+    if text_format != "jsonl" and len(args.json_keys) != 1:
+        raise InputError(f"--text-format {text_format} has one text per document; got --json-keys {args.json_keys}")
+
+
+def preprocess(args: argparse.Namespace, stop: Optional[StopSignals] = None) -> Stats:
+    """Run the tool on parsed arguments; raises InputError for bad input, Terminated when ``stop`` saw a signal."""
+    _check_args(args)
+    text_format = resolve_format(args.input, args.text_format)
+    try:
+        tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.tokenizer_model,
+                                    args.vocab_extra_ids)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot build the tokenizer: {e}") from None
+    dtype = indexed_dataset.best_fitting_dtype(tokenizer.vocab_size)
+    out_dir = os.path.dirname(os.path.abspath(args.output_prefix))
+    os.makedirs(out_dir, exist_ok=True)
+    outputs = Outputs(args.output_prefix, args.json_keys, dtype)
+    try:
+        stats = _run(args, text_format, Encoder(args, text_format, dtype), outputs, stop or StopSignals())
+        outputs.commit()
+    except BaseException:
+        outputs.discard()
+        raise
+    print(f"Done: {stats.docs} documents, {stats.tokens} tokens, {stats.empty} empty skipped, "
+          f"{stats.bad} bad lines skipped, {stats.n_bytes / 1e6:.1f} MB in {stats.seconds:.1f} s "
+          f"({stats.rates()}) -> {', '.join(outputs.final.values())}", file=sys.stderr, flush=True)
+    return stats
+
+
+def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    g = p.add_argument_group("input data")
+    g.add_argument("--input", required=True, help="jsonl, or text with one document per line / paragraph")
+    g.add_argument("--text-format", choices=TEXT_FORMATS, default="auto")
+    g.add_argument("--json-keys", nargs="+", default=["text"], help="keys to extract from each JSON object")
+    g.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of failing")
+    g = p.add_argument_group("tokenizer")
+    g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
+    g.add_argument("--vocab-file", default=None)
+    g.add_argument("--merge-file", default=None)
+    g.add_argument("--tokenizer-model", default=None, help="SentencePiece model file")
+    g.add_argument("--vocab-extra-ids", type=int, default=0)
+    g.add_argument("--append-eod", action="store_true", help="append the end-of-document token to each document")
+    g = p.add_argument_group("output data")
+    g.add_argument("--output-prefix", required=True)
+    g.add_argument("--dataset-impl", choices=["mmap"], default="mmap", help="only mmap (kept for compatibility)")
+    g = p.add_argument_group("runtime")
+    g.add_argument("--workers", type=int, default=1, help="tokenizing processes")
+    g.add_argument("--log-interval", type=int, default=100000, help="documents between progress lines")
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> Stats:
+    args = get_args(argv)
+    try:
+        with StopSignals() as stop:
+            return preprocess(args, stop)
+    except InputError as e:
+        sys.exit(f"preprocess_data.py: error: {e}")
+    except Terminated as e:
+        sys.exit(f"preprocess_data.py: error: {e}; no output written")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Train a tokenizer on a jsonl or text corpus, offline.
+
+``--type bpe``: byte-level BPE with the ``tokenizers`` library -> ``vocab.json`` + ``merges.txt``, with
+``<|endoftext|>`` as the special token (id 0) and all 256 byte symbols; loadable by ``GPT2BPETokenizer``.
+
+``--type sentencepiece``: unigram SentencePiece -> ``spm.model`` (+ ``spm.vocab``), T5 ids
+(pad=0, eos=1, unk=2, no bos). Lossless settings: identity normalization, whitespace kept, byte fallback
+for characters outside the vocabulary. Documents are fed line by line (newlines become byte pieces).
+
+Example::
+
+    python tools/train_tokenizer.py --input corpus.jsonl --type bpe --vocab-size 32000 --output-dir tok/
+"""
+import argparse
+import os
+import sys
+from typing import Iterator, List, Optional, Tuple
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
+
+from tools.preprocess_data import (TEXT_FORMATS, BadRecord, InputError, iter_records, parse_record,  # noqa: E402
+                                   resolve_format)
+
+EOD_TOKEN = "<|endoftext|>"
+SPM_MODEL_NAME = "spm"
+
+
+def iter_texts(path: str, json_key: str = "text", text_format: str = "auto") -> Iterator[str]:
+    """Document texts of a corpus; raises InputError for a missing file or at the first malformed line."""
+    if not os.path.isfile(path):
+        raise InputError(f"input file {path!r} not found")
+    text_format = resolve_format(path, text_format)
+
+    def texts():
+        for line_no, raw in iter_records(path, text_format):
+            try:
+                yield parse_record(raw, line_no, path, text_format, [json_key])[json_key]
+            except BadRecord as e:
+                raise InputError(str(e)) from None
+    return texts()
+
+
+class GuardedTexts:
+    """Iterates texts for a native trainer, which would wrap or swallow Python errors: the first InputError
+    ends the iteration and ``check()`` re-raises it after training."""
+
+    def __init__(self, texts: Iterator[str]):
+        self._texts, self.error = texts, None
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            yield from self._texts
+        except InputError as e:
+            self.error = e
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def train_bpe(texts: Iterator[str], vocab_size: int, output_dir: str) -> Tuple[str, str]:
+    """Byte-level BPE; returns (vocab.json, merges.txt) paths."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    if vocab_size < 257:
+        raise InputError(f"--vocab-size {vocab_size} too small for byte-level BPE: need >= 257 "
+                         f"(256 bytes + {EOD_TOKEN})")
+    tokenizer = ByteLevelBPETokenizer(add_prefix_space=False)
+    guarded = GuardedTexts(texts)
+    tokenizer.train_from_iterator(guarded, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOD_TOKEN],
+                                  show_progress=False)
+    guarded.check()
+    os.makedirs(output_dir, exist_ok=True)
+    vocab_file, merge_file = tokenizer.save_model(output_dir)
+    return vocab_file, merge_file
+
+
+def _lines(texts: Iterator[str]) -> Iterator[str]:
+    for text in texts:
+        for line in text.split("\n"):
+            if line.strip():
+                yield line
+
+
+def train_sentencepiece(texts: Iterator[str], vocab_size: int, output_dir: str) -> str:
+    """T5-style unigram SentencePiece; returns the .model path."""
+    import sentencepiece
+
+    os.makedirs(output_dir, exist_ok=True)
+    prefix = os.path.join(output_dir, SPM_MODEL_NAME)
+    guarded = GuardedTexts(texts)
+    try:
+        sentencepiece.SentencePieceTrainer.train(
+            sentence_iterator=_lines(guarded), model_prefix=prefix, vocab_size=vocab_size, model_type="unigram",
+            pad_id=0, eos_id=1, unk_id=2, bos_id=-1, byte_fallback=True, normalization_rule_name="identity",
+            remove_extra_whitespaces=False, hard_vocab_limit=False, character_coverage=0.9995,
+            minloglevel=2, num_threads=os.cpu_count() or 1)
+    except RuntimeError as e:
+        guarded.check()
+        raise InputError(f"sentencepiece training failed: {str(e).splitlines()[0]}") from None
+    if guarded.error is not None:
+        for suffix in (".model", ".vocab"):
+            os.remove(prefix + suffix)
+    guarded.check()
+    return prefix + ".model"
+
+
+def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--input", required=True, help="jsonl, or text with one document per line / paragraph")
+    p.add_argument("--json-key", default="text")
+    p.add_argument("--text-format", choices=TEXT_FORMATS, default="auto")
+    p.add_argument("--type", choices=["bpe", "sentencepiece"], required=True)
+    p.add_argument("--vocab-size", type=int, required=True)
+    p.add_argument("--output-dir", required=True)
+    return p.parse_args(argv)
+
+
+def main(argv: Optional[List[str]] = None) -> List[str]:
+    args = get_args(argv)
+    try:
+        texts = iter_texts(args.input, args.json_key, args.text_format)
+        if args.type == "bpe":
+            paths = list(train_bpe(texts, args.vocab_size, args.output_dir))
+        else:
+            paths = [train_sentencepiece(texts, args.vocab_size, args.output_dir)]
+    except InputError as e:
+        sys.exit(f"train_tokenizer.py: error: {e}")
+    print(f"wrote {', '.join(paths)}", file=sys.stderr)
+    return paths
+
+
+if __name__ == "__main__":
+    main()
