@@ -354,7 +354,7 @@ def preprocess(args: argparse.Namespace, stop: Optional[StopSignals] = None) -> 
     except BaseException:
         outputs.discard()
         raise
-    print(f"Done: {stats.docs} documents, {stats.tokens} tokens, {stats.empty} empty skipped, "
+    print(f"Done: {stats.docs} documents read, {stats.tokens} tokens written, {stats.empty} empty skipped, "
           f"{stats.bad} bad lines skipped, {stats.n_bytes / 1e6:.1f} MB in {stats.seconds:.1f} s "
           f"({stats.rates()}) -> {', '.join(outputs.final.values())}", file=sys.stderr, flush=True)
     return stats
