@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import warnings
 from typing import Any, Dict
 
 import numpy as np
@@ -21,6 +22,8 @@ from tds import device as tds_device
 
 def initialize_megatron(args: argparse.Namespace) -> mpu.ParallelState:
     """Initialise torch.distributed from the launcher's environment, build the groups, seed everything."""
+    # DeepSpeed 0.19's ZeRO-1 calls an all-gather that torch 2.13 marks deprecated, once per step and rank.
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
     tds_device.init_distributed()
     world = dist.get_world_size()
     if world != args.world_size:

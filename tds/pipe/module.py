@@ -116,6 +116,16 @@ class PipelineModule(_DSPipelineModule):
     def _precompute_checkpointable_values(self):
         pass  # forward() below needs no precomputed eligibility
 
+    @torch.no_grad()
+    def _synchronize_tied_weights(self):
+        """Broadcast tied weights from their lowest rank, in sorted key order on every rank, outside autograd
+        (DeepSpeed broadcasts parameters in grad mode, which records the collective into the graph)."""
+        for key in sorted(self.tied_comms):
+            comm = self.tied_comms[key]
+            for attr_name in comm['weight_attr']:
+                torch.distributed.broadcast(self._recursive_getattr(comm['module'], attr_name),
+                                            src=min(comm['ranks']), group=comm['group'])
+
     def set_checkpoint_interval(self, interval: int) -> None:
         if interval < 0:
             raise ValueError(f"activation checkpoint interval must be >= 0, got {interval}")
