@@ -1,10 +1,54 @@
 # shellcheck shell=bash
-# Shared by ds_pretrain_gpt2.sh and ds_pretrain_t5.sh (sourced, not run): default data and the launcher.
+# Shared by ds_pretrain_gpt2.sh and ds_pretrain_t5.sh (sourced, not run): layout and run defaults, common
+# arguments, default data and the launcher.
 # Expects REPO and PYTHON to be set by the caller.
 
 # Number of CUDA devices torch sees on this node (0 on a CPU-only machine).
 count_gpus() {
     "$PYTHON" -c 'import torch; print(torch.cuda.device_count())'
+}
+
+# parallel_defaults: NPROC, TP, PP unless set. With GPUs: every GPU of this node, tp=2 from 2 GPUs and
+#   pp=2 from 4. Without: 8 CPU processes at tp=2, pp=2 (gloo, one thread each).
+parallel_defaults() {
+    if (( NGPUS > 0 )); then
+        NPROC=${NPROC:-$NGPUS}
+        TP=${TP:-$(( NPROC >= 2 ? 2 : 1 ))}
+        PP=${PP:-$(( NPROC >= 4 ? 2 : 1 ))}
+    else
+        NPROC=${NPROC:-8}; TP=${TP:-2}; PP=${PP:-2}
+        export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
+    fi
+}
+
+# run_settings: warm-up, checkpoints, seed, split and launcher defaults (after TRAIN_ITERS and WORK_DIR).
+run_settings() {
+    WARMUP_ITERS=${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 ))}
+    SAVE=${SAVE:-$WORK_DIR/checkpoints}
+    LOAD=${LOAD:-$SAVE}
+    SEED=${SEED:-1234}
+    SPLIT=${SPLIT:-949,50,1}
+    LAUNCHER=${LAUNCHER:-$([[ -n "${HOSTFILE:-}" ]] && echo deepspeed || echo torchrun)}
+    HOSTFILE=${HOSTFILE:-}
+    MASTER_PORT=${MASTER_PORT:-29500}
+}
+
+# common_train_args: the pretrain_*.py arguments both models take, into the array TRAIN_ARGS; the caller
+#   appends its model shape and tokenizer arguments.
+common_train_args() {
+    TRAIN_ARGS=(
+        --tensor-model-parallel-size "$TP" --pipe-parallel-size "$PP" --zero-stage 1
+        --num-layers "$NUM_LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS"
+        --micro-batch-size "$MICRO_BATCH" --gas "$GAS" --train-iters "$TRAIN_ITERS"
+        --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP_ITERS"
+        --weight-decay 0.01 --clip-grad 1.0
+        --data-path "$DATA_PATH" --split "$SPLIT" --num-workers "$NUM_WORKERS" --seed "$SEED"
+        --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
+        --save "$SAVE" --load "$LOAD" --save-interval "$SAVE_INTERVAL"
+        --deepspeed --deepspeed_config "$DS_CONFIG"
+    )
+    if [[ -n "$PRECISION" ]]; then TRAIN_ARGS+=("$PRECISION"); fi
+    if [[ -n "$ACTIVATION_CHECKPOINT" ]]; then TRAIN_ARGS+=("$ACTIVATION_CHECKPOINT"); fi
 }
 
 # build_default_data DIR TOKENIZER_KIND VOCAB_SIZE

@@ -23,10 +23,8 @@ source "$REPO/examples/common.sh"
 NGPUS=${NGPUS:-$(count_gpus)}
 WORK_DIR=${WORK_DIR:-$REPO/runs/gpt2}
 
+parallel_defaults
 if (( NGPUS > 0 )); then
-    NPROC=${NPROC:-$NGPUS}
-    TP=${TP:-$(( NPROC >= 2 ? 2 : 1 ))}
-    PP=${PP:-$(( NPROC >= 4 ? 2 : 1 ))}
     NUM_LAYERS=${NUM_LAYERS:-24}; HIDDEN=${HIDDEN:-1024}; HEADS=${HEADS:-16}; SEQ_LEN=${SEQ_LEN:-1024}
     MICRO_BATCH=${MICRO_BATCH:-4}; GAS=${GAS:-16}; TRAIN_ITERS=${TRAIN_ITERS:-20000}
     LR=${LR:-1.5e-4}; MIN_LR=${MIN_LR:-1e-5}; VOCAB_SIZE=${VOCAB_SIZE:-8192}
@@ -34,26 +32,15 @@ if (( NGPUS > 0 )); then
     LOG_INTERVAL=${LOG_INTERVAL:-10}; EVAL_INTERVAL=${EVAL_INTERVAL:-1000}; EVAL_ITERS=${EVAL_ITERS:-10}
     SAVE_INTERVAL=${SAVE_INTERVAL:-1000}; NUM_WORKERS=${NUM_WORKERS:-2}
 else
-    NPROC=${NPROC:-8}
-    TP=${TP:-2}
-    PP=${PP:-2}
     NUM_LAYERS=${NUM_LAYERS:-4}; HIDDEN=${HIDDEN:-64}; HEADS=${HEADS:-4}; SEQ_LEN=${SEQ_LEN:-64}
     MICRO_BATCH=${MICRO_BATCH:-4}; GAS=${GAS:-2}; TRAIN_ITERS=${TRAIN_ITERS:-200}
     LR=${LR:-2e-3}; MIN_LR=${MIN_LR:-2e-4}; VOCAB_SIZE=${VOCAB_SIZE:-2048}
     PRECISION=${PRECISION:-}; ACTIVATION_CHECKPOINT=${ACTIVATION_CHECKPOINT:-}
     LOG_INTERVAL=${LOG_INTERVAL:-10}; EVAL_INTERVAL=${EVAL_INTERVAL:-100}; EVAL_ITERS=${EVAL_ITERS:-2}
     SAVE_INTERVAL=${SAVE_INTERVAL:-100}; NUM_WORKERS=${NUM_WORKERS:-0}
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
 fi
-WARMUP_ITERS=${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 ))}
+run_settings
 DS_CONFIG=${DS_CONFIG:-$REPO/examples/ds_config_gpt2.json}
-SAVE=${SAVE:-$WORK_DIR/checkpoints}
-LOAD=${LOAD:-$SAVE}
-SEED=${SEED:-1234}
-SPLIT=${SPLIT:-949,50,1}
-LAUNCHER=${LAUNCHER:-$([[ -n "${HOSTFILE:-}" ]] && echo deepspeed || echo torchrun)}
-HOSTFILE=${HOSTFILE:-}
-MASTER_PORT=${MASTER_PORT:-29500}
 
 if [[ -z "${DATA_PATH:-}" ]]; then
     build_default_data "$WORK_DIR/data" bpe "$VOCAB_SIZE"
@@ -64,21 +51,11 @@ fi
 : "${VOCAB_FILE:?set VOCAB_FILE (and MERGE_FILE) for DATA_PATH=$DATA_PATH}"
 : "${MERGE_FILE:?set MERGE_FILE for DATA_PATH=$DATA_PATH}"
 
-TRAIN_ARGS=(
-    --tensor-model-parallel-size "$TP" --pipe-parallel-size "$PP" --zero-stage 1
-    --num-layers "$NUM_LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS"
+common_train_args
+TRAIN_ARGS+=(
     --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
-    --micro-batch-size "$MICRO_BATCH" --gas "$GAS" --train-iters "$TRAIN_ITERS"
-    --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP_ITERS"
-    --weight-decay 0.01 --clip-grad 1.0
-    --data-path "$DATA_PATH" --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE" --split "$SPLIT"
-    --tokenizer-type GPT2BPETokenizer --num-workers "$NUM_WORKERS" --seed "$SEED"
-    --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
-    --save "$SAVE" --load "$LOAD" --save-interval "$SAVE_INTERVAL"
-    --deepspeed --deepspeed_config "$DS_CONFIG"
+    --tokenizer-type GPT2BPETokenizer --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE"
 )
-if [[ -n "$PRECISION" ]]; then TRAIN_ARGS+=("$PRECISION"); fi
-if [[ -n "$ACTIVATION_CHECKPOINT" ]]; then TRAIN_ARGS+=("$ACTIVATION_CHECKPOINT"); fi
 
 echo "GPT-2: tp=$TP, pp=$PP, $TRAIN_ITERS iterations, checkpoints in $SAVE"
 launch pretrain_gpt2.py "${TRAIN_ARGS[@]}" "$@"

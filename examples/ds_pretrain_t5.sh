@@ -19,10 +19,8 @@ source "$REPO/examples/common.sh"
 NGPUS=${NGPUS:-$(count_gpus)}
 WORK_DIR=${WORK_DIR:-$REPO/runs/t5}
 
+parallel_defaults
 if (( NGPUS > 0 )); then
-    NPROC=${NPROC:-$NGPUS}
-    TP=${TP:-$(( NPROC >= 2 ? 2 : 1 ))}
-    PP=${PP:-$(( NPROC >= 4 ? 2 : 1 ))}
     NUM_LAYERS=${NUM_LAYERS:-12}; HIDDEN=${HIDDEN:-768}; HEADS=${HEADS:-12}; FFN=${FFN:-3072}
     ENC_LEN=${ENC_LEN:-512}; DEC_LEN=${DEC_LEN:-128}
     MICRO_BATCH=${MICRO_BATCH:-8}; GAS=${GAS:-8}; TRAIN_ITERS=${TRAIN_ITERS:-20000}
@@ -31,9 +29,6 @@ if (( NGPUS > 0 )); then
     LOG_INTERVAL=${LOG_INTERVAL:-10}; EVAL_INTERVAL=${EVAL_INTERVAL:-1000}; EVAL_ITERS=${EVAL_ITERS:-10}
     SAVE_INTERVAL=${SAVE_INTERVAL:-1000}; NUM_WORKERS=${NUM_WORKERS:-2}
 else
-    NPROC=${NPROC:-8}
-    TP=${TP:-2}
-    PP=${PP:-2}
     NUM_LAYERS=${NUM_LAYERS:-2}; HIDDEN=${HIDDEN:-64}; HEADS=${HEADS:-4}; FFN=${FFN:-256}
     ENC_LEN=${ENC_LEN:-64}; DEC_LEN=${DEC_LEN:-32}
     MICRO_BATCH=${MICRO_BATCH:-4}; GAS=${GAS:-2}; TRAIN_ITERS=${TRAIN_ITERS:-200}
@@ -41,19 +36,11 @@ else
     PRECISION=${PRECISION:-}; ACTIVATION_CHECKPOINT=${ACTIVATION_CHECKPOINT:-}
     LOG_INTERVAL=${LOG_INTERVAL:-10}; EVAL_INTERVAL=${EVAL_INTERVAL:-100}; EVAL_ITERS=${EVAL_ITERS:-2}
     SAVE_INTERVAL=${SAVE_INTERVAL:-100}; NUM_WORKERS=${NUM_WORKERS:-0}
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}
 fi
-WARMUP_ITERS=${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 ))}
+run_settings
 VOCAB_EXTRA_IDS=${VOCAB_EXTRA_IDS:-100}
 MASK_PROB=${MASK_PROB:-0.15}
 DS_CONFIG=${DS_CONFIG:-$REPO/examples/ds_config_t5.json}
-SAVE=${SAVE:-$WORK_DIR/checkpoints}
-LOAD=${LOAD:-$SAVE}
-SEED=${SEED:-1234}
-SPLIT=${SPLIT:-949,50,1}
-LAUNCHER=${LAUNCHER:-$([[ -n "${HOSTFILE:-}" ]] && echo deepspeed || echo torchrun)}
-HOSTFILE=${HOSTFILE:-}
-MASTER_PORT=${MASTER_PORT:-29500}
 
 if [[ -z "${DATA_PATH:-}" ]]; then
     build_default_data "$WORK_DIR/data" sentencepiece "$VOCAB_SIZE"
@@ -62,22 +49,12 @@ if [[ -z "${DATA_PATH:-}" ]]; then
 fi
 : "${TOKENIZER_MODEL:?set TOKENIZER_MODEL (a SentencePiece model) for DATA_PATH=$DATA_PATH}"
 
-TRAIN_ARGS=(
-    --tensor-model-parallel-size "$TP" --pipe-parallel-size "$PP" --zero-stage 1
-    --num-layers "$NUM_LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS" --ffn-hidden-size "$FFN"
-    --encoder-seq-length "$ENC_LEN" --decoder-seq-length "$DEC_LEN"
-    --micro-batch-size "$MICRO_BATCH" --gas "$GAS" --train-iters "$TRAIN_ITERS"
-    --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP_ITERS"
-    --weight-decay 0.01 --clip-grad 1.0
-    --data-path "$DATA_PATH" --tokenizer-type SentencePieceTokenizer --tokenizer-model "$TOKENIZER_MODEL"
-    --vocab-extra-ids "$VOCAB_EXTRA_IDS" --mask-prob "$MASK_PROB" --split "$SPLIT"
-    --num-workers "$NUM_WORKERS" --seed "$SEED"
-    --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
-    --save "$SAVE" --load "$LOAD" --save-interval "$SAVE_INTERVAL"
-    --deepspeed --deepspeed_config "$DS_CONFIG"
+common_train_args
+TRAIN_ARGS+=(
+    --ffn-hidden-size "$FFN" --encoder-seq-length "$ENC_LEN" --decoder-seq-length "$DEC_LEN"
+    --tokenizer-type SentencePieceTokenizer --tokenizer-model "$TOKENIZER_MODEL"
+    --vocab-extra-ids "$VOCAB_EXTRA_IDS" --mask-prob "$MASK_PROB"
 )
-if [[ -n "$PRECISION" ]]; then TRAIN_ARGS+=("$PRECISION"); fi
-if [[ -n "$ACTIVATION_CHECKPOINT" ]]; then TRAIN_ARGS+=("$ACTIVATION_CHECKPOINT"); fi
 
 echo "T5: tp=$TP, pp=$PP, $TRAIN_ITERS iterations, checkpoints in $SAVE"
 launch pretrain_t5.py "${TRAIN_ARGS[@]}" "$@"
