@@ -90,14 +90,18 @@ class T5Config(TransformerConfig):
     `seq_length` the encoder length, `decoder_seq_length` the decoder's (default: the same).
 
     feed_forward_proj: 'relu' (T5 v1.0) or 'gated-gelu' (v1.1: GELU-tanh(x W0) * (x W1)).
+    tie_word_embeddings: True (v1.0): the LM head is the word table, output scaled by d^-0.5 first;
+        False (v1.1): a separate vocab-parallel output weight and no scaling (HF T5's rule).
+    relative_attention_num_buckets / relative_attention_max_distance: T5's position buckets (HF names).
     initializer_factor scales the HF T5 initialisation (q: (d*d_kv)^-0.5, k/v/wi/bias: d^-0.5,
-    o: (heads*d_kv)^-0.5, wo: ff^-0.5, embedding: 1).
+    o: (heads*d_kv)^-0.5, wo: ff^-0.5, embedding and untied head: 1).
     """
     num_decoder_layers: Optional[int] = None
     decoder_seq_length: Optional[int] = None
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
     feed_forward_proj: str = "relu"
+    tie_word_embeddings: bool = True
     initializer_factor: float = 1.0
     layernorm_epsilon: float = 1e-6
 
@@ -112,3 +116,9 @@ class T5Config(TransformerConfig):
         if self.feed_forward_proj not in ("relu", "gated-gelu"):
             raise ValueError(f"T5Config.feed_forward_proj must be 'relu' or 'gated-gelu', "
                              f"got {self.feed_forward_proj!r}")
+        if self.num_decoder_layers < 1:
+            raise ValueError(f"T5Config.num_decoder_layers must be >= 1, got {self.num_decoder_layers}")
+        buckets, distance = self.relative_attention_num_buckets, self.relative_attention_max_distance
+        if buckets < 4 or distance <= buckets // 2:
+            raise ValueError(f"T5Config needs relative_attention_num_buckets >= 4 and relative_attention_max_distance"
+                             f" > num_buckets / 2, got {buckets} and {distance}")

@@ -8,12 +8,17 @@ V_r this rank's padded-vocabulary slice.
     e = drop(RMS_e(EncoderLayers(e0, enc_bias)))
     dec_bias = expand(decoder layer 1's table, causal) + mask(dec_mask)                   (b, n_r, sd, sd)
     d = drop(RMS_d(DecoderLayers(d0, dec_bias, e, mask(cross_mask))))
-    logits = (d * h^-0.5) E^T                                       tied head with T5's output scaling
+    logits = (d * h^-0.5) E^T                                       tied head (v1.0) with T5's output scaling
+    logits = d W^T                                                  untied head (v1.1): own W (V_pad, h),
+                                                                    vocab-parallel like E, no scaling (HF T5)
 
 Masks are bool, True = masked out: enc_mask (b, 1, se, se), dec_mask (b, 1, sd, sd) (causal included by the
 data pipeline), cross_mask (b, 1, sd, se).
 Module numbers: embedding 0, encoder layers 1..Le, encoder final norm Le+1, decoder layers
-Le+2..Le+Ld+1, decoder final norm Le+Ld+2.
+Le+2..Le+Ld+1, decoder final norm Le+Ld+2, untied LM head Le+Ld+3.
+
+State-dict names of the untied head: `lm_head.weight` (V_pad / tp, h) in T5Model, `weight` in T5ModelPipe's
+last layer file; it is split by vocabulary rows (partition_dim 0, stride 1) like the word table.
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ import torch
 from torch import nn
 
 from megatron import mpu
+from tds import device as tds_device
 from .attention import mask_to_bias, normal_init
 from .config import T5Config
 from .language_model import lm_logits, masked_lm_loss
@@ -54,6 +60,28 @@ class T5Embedding(nn.Module):
                          self.tp_group)
 
 
+class T5LMHead(nn.Module):
+    """Untied LM head (T5 v1.1): decoder output (b, sd, h) -> vocab-parallel logits (b, sd, V_r), no scaling.
+
+    `weight` is this rank's rows of a (V_pad, h) table drawn N(0, initializer_factor^2) (HF's lm_head init)
+    from the CPU generator under module number `module_number`, then cut as the word table is.
+    """
+
+    def __init__(self, config: T5Config, module_number: int, tp_group=None):
+        super().__init__()
+        group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
+        self.vocab_size, self.tp_group = config.vocab_size, group
+        with init_rng(config.seed, module_number):
+            master = torch.empty(config.padded_vocab_size(tp_size), config.hidden_size)
+            master.normal_(0.0, config.initializer_factor)
+        part = mpu.partition_master(master, 0, 1, tp_size)[tp_rank]
+        self.weight = nn.Parameter(part.to(device=tds_device.device(), dtype=config.params_dtype).contiguous())
+        mpu.set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return lm_logits(hidden, self.weight, self.vocab_size, self.tp_group)
+
+
 class T5FinalNorm(nn.Module):
     """Stack output: drop(RMS(x))."""
 
@@ -82,6 +110,11 @@ def decoder_layer_numbers(config: T5Config) -> range:
     return range(first, first + config.num_decoder_layers)
 
 
+def lm_head_number(config: T5Config) -> int:
+    """Module number of the untied LM head: after the decoder's final norm."""
+    return decoder_layer_numbers(config).stop + 1
+
+
 class T5Model(nn.Module):
     """forward(enc_tokens, dec_tokens, enc_mask, dec_mask, cross_mask) -> vocab-parallel logits (b, sd, V_r)."""
 
@@ -97,6 +130,7 @@ class T5Model(nn.Module):
         self.decoder_layers = nn.ModuleList(T5TransformerLayer(config, n, True, i == 0, g)
                                             for i, n in enumerate(decoder_layer_numbers(config)))
         self.decoder_final = T5FinalNorm(config, decoder_layer_numbers(config).stop)
+        self.lm_head = None if config.tie_word_embeddings else T5LMHead(config, lm_head_number(config), g)
 
     def forward(self, enc_tokens: torch.Tensor, dec_tokens: torch.Tensor, enc_mask: torch.Tensor,
                 dec_mask: torch.Tensor, cross_mask: torch.Tensor) -> torch.Tensor:
@@ -107,7 +141,7 @@ class T5Model(nn.Module):
         dec_bias = attention_bias(self.decoder_layers[0].position_bias.compact(*dec_mask.shape[-2:]), dec_mask)
         cross_bias = mask_to_bias(cross_mask, dec.dtype)
         dec = self.decoder_final(run_layers(self.decoder_layers, dec, n, dec_bias, enc, cross_bias))
-        return self.embedding.logits(dec)
+        return self.embedding.logits(dec) if self.lm_head is None else self.lm_head(dec)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """Masked mean of the vocab-parallel cross entropy (fp32 scalar)."""

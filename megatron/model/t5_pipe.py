@@ -6,6 +6,8 @@
     decoder layers    T5DecoderTransformerLayerPipe: T -> T with dec_h updated (cross-attends to enc_h)
     decoder final     T5DecoderFinalNormPipe: T -> drop(RMS(dec_h))
     last              TiedLayerSpec('embed')   -> vocab-parallel logits (h^-0.5 scaling, tied table)
+                      or, untied (T5 v1.1), LayerSpec(T5LMHead) -> logits (own weight, no scaling); the
+                      embedding is then a plain LayerSpec
 
 Tuple T crossing every stage boundary (boundaries may fall anywhere, inside or between the stacks):
 
@@ -46,8 +48,8 @@ from .attention import mask_to_bias
 from .config import T5Config
 from .language_model import LMLoss
 from .pipe_common import ReplayCheckpoint, pipe_topology
-from .t5_model import (T5Embedding, T5FinalNorm, attention_bias, decoder_layer_numbers,
-                       encoder_layer_numbers)
+from .t5_model import (T5Embedding, T5FinalNorm, T5LMHead, attention_bias, decoder_layer_numbers,
+                       encoder_layer_numbers, lm_head_number)
 from .transformer import T5TransformerLayer
 
 Boundary = Tuple[torch.Tensor, ...]  # the 7-tensor tuple T
@@ -103,15 +105,25 @@ class T5DecoderFinalNormPipe(T5FinalNorm):
         return super().forward(inputs[2])
 
 
-def t5_layer_specs(config: T5Config, tp_group=None) -> list:
+def _embedding_and_head_specs(config: T5Config, tp_group) -> tuple:
+    """(first spec, last spec): the tied word table twice, or (untied) the table and T5LMHead."""
+    if not config.tie_word_embeddings:
+        return (LayerSpec(T5EmbeddingPipe, config, tp_group),
+                LayerSpec(T5LMHead, config, lm_head_number(config), tp_group))
     embed = dict(tied_weight_attr="word_embeddings.weight")
+    return (TiedLayerSpec("embed", T5EmbeddingPipe, config, tp_group, **embed),
+            TiedLayerSpec("embed", T5EmbeddingPipe, config, tp_group, forward_fn=_lm_head, **embed))
+
+
+def t5_layer_specs(config: T5Config, tp_group=None) -> list:
     enc, dec = encoder_layer_numbers(config), decoder_layer_numbers(config)
-    return [TiedLayerSpec("embed", T5EmbeddingPipe, config, tp_group, **embed),
+    first, last = _embedding_and_head_specs(config, tp_group)
+    return [first,
             *(LayerSpec(T5EncoderTransformerLayerPipe, config, n, i == 0, tp_group) for i, n in enumerate(enc)),
             LayerSpec(T5EncoderFinalNormPipe, config, enc.stop),
             *(LayerSpec(T5DecoderTransformerLayerPipe, config, n, i == 0, tp_group) for i, n in enumerate(dec)),
             LayerSpec(T5DecoderFinalNormPipe, config, dec.stop),
-            TiedLayerSpec("embed", T5EmbeddingPipe, config, tp_group, forward_fn=_lm_head, **embed)]
+            last]
 
 
 class T5ModelPipe(ReplayCheckpoint, PipelineModule):

@@ -87,7 +87,7 @@ def plain_params(kind: str, model) -> dict:
         prefixes = [""] * (len(modules) - 1) + ["final_layernorm."]
     else:
         modules = [model.embedding, *model.encoder_layers, model.encoder_final, *model.decoder_layers,
-                   model.decoder_final]
+                   model.decoder_final, *([model.lm_head] if model.lm_head is not None else [])]
         prefixes = [""] * len(modules)
     return {f"{i}.{pre}{n}": p for i, (m, pre) in enumerate(zip(modules, prefixes)) for n, p in m.named_parameters()}
 

@@ -3,7 +3,8 @@ from scratch against the plain model's TP=1 weights to check the architecture, w
 
 GPT-2: QKV rows [Q; K; V] (HF c_attn transposed), scores / sqrt(d), causal softmax, GELU-tanh written
 out, pre-LayerNorm, tied head. T5: mesh-tensorflow's relative position bucket (scalar Python), RMS norm,
-no score scaling, K/V rows [K; V], gated-GELU or ReLU, final norms, head scaled by d_model^-0.5.
+no score scaling, K/V rows [K; V], gated-GELU or ReLU, final norms, tied head scaled by d_model^-0.5 or
+(v1.1) an untied `lm_head.weight` without scaling.
 """
 from __future__ import annotations
 
@@ -113,4 +114,6 @@ def t5_logits(sd: dict, cfg, enc_tokens, dec_tokens, enc_mask, dec_mask, cross_m
     dec = _t5_stack(sd, cfg, "decoder_layers", cfg.num_decoder_layers, emb[dec_tokens], dec_bias - BIG * dec_mask,
                     enc, -BIG * cross_mask)
     dec = _rms(dec, sd["decoder_final.final_layernorm.weight"], cfg.layernorm_epsilon)
+    if not cfg.tie_word_embeddings:  # v1.1: own output weight, no d_model^-0.5 scaling
+        return dec @ sd["lm_head.weight"][:cfg.vocab_size].t()
     return (dec * cfg.hidden_size ** -0.5) @ emb[:cfg.vocab_size].t()
