@@ -98,6 +98,10 @@ class Boundary:
         self.p2p.send(meta.pack(parts), peer, what)
         self._sent_layout = layout
 
+    def discard_posted(self) -> None:
+        """Forget the receive posted ahead (after a failed batch; gloo cannot cancel it)."""
+        self._next_first = None
+
     def _post_first(self, peer: int) -> tuple:
         buf = torch.empty(self._first_size(self._recv_layout), dtype=torch.uint8, device=self.device)
         return self.p2p.post_recv(buf, peer)
