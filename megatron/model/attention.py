@@ -8,11 +8,16 @@ scaled_dot_product_attention wants the opposite for bool masks (True = attend), 
 
     GPT-2: softmax(Q K^T / sqrt(d) + causal/attention mask) V       fused QKV (stride 3, [Q; K; V] rows)
     T5:    softmax(Q K^T + position bias + mask) V                  no 1/sqrt(d) (folded into T5's init)
+
+Inference only (megatron.inference.kv_cache): with `kv_cache`, this call's keys/values (b, n_r, q, d) are
+appended by `kv_cache.update(k, v)`, which returns every position so far (b, n_r, t, d), and the queries
+attend over those t keys (the mask / bias must then cover (q, t)). A cache with `frozen` set already holds
+cross-attention keys/values of the encoder output (`kv_cache.keys`, `kv_cache.values`): no projection.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -77,9 +82,13 @@ class GPT2SelfAttention(nn.Module):
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, 0,
                                                tp_split=True, tp_rank=tp_rank)
 
-    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor], kv_cache=None) -> torch.Tensor:
         qkv, _ = self.query_key_value(x)  # (b, s, 3 n_r d)
         q, k, v = (_split_heads(t, self.n_local) for t in qkv.chunk(3, dim=-1))  # (b, n_r, s, d) each
+        if kv_cache is not None:
+            if attention_mask is None:
+                raise ValueError("attention with a kv_cache needs an explicit attention_mask (b, 1, q, t)")
+            k, v = kv_cache.update(k, v)  # (b, n_r, t, d)
         mask = None if attention_mask is None else ~attention_mask
         drop = self.attention_dropout
         if drop.active:
@@ -126,12 +135,11 @@ class T5Attention(nn.Module):
                 config.relative_attention_max_distance, position_bias == "bidirectional", f * d ** -0.5,
                 tp_group=group, dtype=config.params_dtype)
 
-    def forward(self, x: torch.Tensor, attn_bias: torch.Tensor,
-                key_value_states: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_bias: torch.Tensor, key_value_states: Optional[torch.Tensor] = None,
+                kv_cache=None) -> torch.Tensor:
         """attn_bias: additive float (b or 1, n_r or 1, q, k): position bias plus `mask_to_bias(mask)`."""
         q = _split_heads(self.q(x)[0], self.n_local)  # (b, n_r, q, d)
-        kv, _ = self.kv(x if key_value_states is None else key_value_states)  # (b, k, 2 n_r d)
-        k, v = (_split_heads(t, self.n_local) for t in kv.chunk(2, dim=-1))
+        k, v = self._keys_values(x if key_value_states is None else key_value_states, kv_cache)
         bias = attn_bias.to(q.dtype)
         drop = self.attention_dropout
         if drop.active:
@@ -141,3 +149,11 @@ class T5Attention(nn.Module):
             ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
         out, _ = self.o(_merge_heads(ctx))
         return out
+
+    def _keys_values(self, source: torch.Tensor, kv_cache) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(b, k, h) -> keys, values (b, n_r, k, d); with a kv_cache, what it holds after this call."""
+        if kv_cache is not None and kv_cache.frozen:  # cross-attention: the encoder's, projected once
+            return kv_cache.keys, kv_cache.values
+        kv, _ = self.kv(source)  # (b, k, 2 n_r d)
+        k, v = (_split_heads(t, self.n_local) for t in kv.chunk(2, dim=-1))
+        return (k, v) if kv_cache is None else kv_cache.update(k, v)

@@ -64,6 +64,14 @@ class RelativePositionBias(nn.Module):
         buckets = relative_position_bucket(distance, self.bidirectional, self.num_buckets, self.max_distance)
         return self.weight[buckets].t()  # (n_r, q+k-1)
 
+    def bias(self, query_start: int, query_length: int, key_length: int) -> torch.Tensor:
+        """(1, n_r, q, k): bias of queries at positions query_start .. query_start+q-1 over keys 0 .. k-1
+        (incremental decoding; equals the last q rows of the full bias when query_start + q = k)."""
+        i = torch.arange(query_start, query_start + query_length, device=self.weight.device).unsqueeze(1)
+        j = torch.arange(key_length, device=self.weight.device).unsqueeze(0)
+        buckets = relative_position_bucket(j - i, self.bidirectional, self.num_buckets, self.max_distance)
+        return self.weight[buckets].permute(2, 0, 1).unsqueeze(0)  # (q, k, n_r) -> (1, n_r, q, k)
+
 
 def expand_compact_bias(compact: torch.Tensor, query_length: int, key_length: int) -> torch.Tensor:
     """(n_r, q+k-1) -> (1, n_r, q, k) with bias[h, i, j] = compact[h, j - i + q - 1]."""

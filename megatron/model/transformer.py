@@ -9,6 +9,9 @@ Shape legend: b batch, s / q / k sequence lengths, h hidden, n_r heads on this t
 
 A layer is module number `layer_number` of its model (`rng` docstring): it is built under that seed and
 its dropout sites are numbered inside it, so a layer is the same wherever it is built and run.
+
+`kv_cache` (inference only): a `megatron.inference.kv_cache.LayerCache`, whose `self_attention` (and, in a
+T5 decoder layer, `cross_attention`) cache goes to the attention of the same name (see `attention`).
 """
 from __future__ import annotations
 
@@ -40,8 +43,9 @@ class TransformerLayer(nn.Module):
         self.attention_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 1)
         self.mlp_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 2)
 
-    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        x = x + self.attention_output_dropout(self.self_attention(self.input_layernorm(x), attention_mask))
+    def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, kv_cache=None) -> torch.Tensor:
+        cache = None if kv_cache is None else kv_cache.self_attention
+        x = x + self.attention_output_dropout(self.self_attention(self.input_layernorm(x), attention_mask, cache))
         return x + self.mlp_output_dropout(self.mlp(self.post_attention_layernorm(x)))
 
 
@@ -75,12 +79,15 @@ class T5TransformerLayer(nn.Module):
         return self.self_attention.relative_attention_bias
 
     def forward(self, x: torch.Tensor, attn_bias: torch.Tensor, encoder_output: Optional[torch.Tensor] = None,
-                cross_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+                cross_bias: Optional[torch.Tensor] = None, kv_cache=None) -> torch.Tensor:
         """x (b, q, h); attn_bias (b or 1, n_r, q, q) additive; decoder: encoder_output (b, k, h) and
-        cross_bias (b or 1, 1, q, k) additive."""
-        x = x + self.self_attention_output_dropout(self.self_attention(self.self_attention_layernorm(x), attn_bias))
+        cross_bias (b or 1, 1, q, k) additive. With kv_cache, attn_bias covers (q, cached + q) keys."""
+        self_cache, cross_cache = (None, None) if kv_cache is None else (kv_cache.self_attention,
+                                                                         kv_cache.cross_attention)
+        y = self.self_attention(self.self_attention_layernorm(x), attn_bias, kv_cache=self_cache)
+        x = x + self.self_attention_output_dropout(y)
         if self.is_decoder:
-            y = self.cross_attention(self.cross_attention_layernorm(x), cross_bias, encoder_output)
+            y = self.cross_attention(self.cross_attention_layernorm(x), cross_bias, encoder_output, cross_cache)
             x = x + self.cross_attention_output_dropout(y)
         return x + self.mlp_output_dropout(self.mlp(self.mlp_layernorm(x)))
 
