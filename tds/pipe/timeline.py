@@ -8,9 +8,9 @@ process per batch, one thread per stage), `read_trace` reads them back and `bubb
     window  = [first compute start, last compute end] over all stages of the batch
     bubble  = 1 - (time the stage spent in F, B, W) / window        per stage
 
-(receives that wait, sends, loads, reductions and the optimizer step are not compute). With the engine's
-p2p this is the idle fraction (p-1)/(m+p-1) of 1F1B when the stages are balanced.
-`tools/plot_pipeline.py` draws a trace and prints these fractions.
+(receives that wait, sends, loads, reductions and the optimizer step are not compute). On simulated spans
+it equals the closed forms of `schedule_sim` (e.g. (p-1)/(m+p-1) for 1F1B); `tools/plot_pipeline.py` draws a
+trace and prints these fractions.
 """
 from __future__ import annotations
 

@@ -1,0 +1,154 @@
+"""Zero-bubble weight gradients: split a linear layer's backward into B (input gradient) and W (weights).
+
+For Y = X A^T + b with X (n, in), A (out, in), dY = dL/dY (n, out) (leading dims flattened into n):
+
+    B:  dX = dY A                        needed by the previous layer (and stage) at once
+    W:  dA = dY^T X,   db = sum_n dY     needed only by the optimizer step
+
+so W can wait (Qi et al. 2024, ZB-H1). A layer that calls `linear(x, weight, bias, store)` computes dX in its
+backward as usual; while `store.defer(key)` is active it queues a closure holding X and dY instead of
+returning dA and db, and `store.run(key)` computes them later. Between B and W a micro-batch holds only X and
+dY of each deferred linear; the rest of its autograd graph is freed by B. Parameters that do not go through
+`linear` (LayerNorm, embeddings) get their gradients in B.
+
+Exactness: W runs the kernels autograd runs for `F.linear` (`dY^T X`, `sum_n dY`) and hands the results to
+each parameter's own accumulator (`torch.autograd.backward` on the leaves), so with the W's of a parameter run
+in micro-batch order `.grad` is bitwise that of full backwards, and gradient hooks (DeepSpeed's) fire with
+the gradient. In B those hooks fire too, with `.grad` unchanged (torch calls them for the None a Function
+returns). A parameter that also gets gradients in B (a tied embedding) sums the same terms in another
+order (relative error ~1e-7 in fp32).
+
+Why not autograd's own pruning (`backward(inputs=[x], retain_graph=True)`, then `backward(inputs=params)`):
+the second pass must propagate dX through every layer again to reach the earlier layers' weights, and the
+whole graph stays alive until then; `python bench/weight_grad_split.py` measures both.
+
+Which layers defer: those with a `weight_grad_store` attribute (None: plain `F.linear`, no overhead), which
+`attach` sets from outside. The flag saying "defer now" is a plain attribute of the store, not a
+thread-local, because autograd runs CUDA backward functions on its own threads::
+
+    store = WeightGradStore()
+    attach(model, store)                  # every module with a `weight_grad_store` attribute
+    with store.defer(key=mb):             # B
+        torch.autograd.backward(outputs, grads)
+    store.run(mb)                         # W, later
+
+Shapes: x (..., in), weight (out, in), bias (out,), y (..., out).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Callable, Hashable, Iterator, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["WeightGradStore", "linear", "Linear", "attach"]
+
+GradFn = Callable[[], list[Optional[torch.Tensor]]]
+
+
+class WeightGradStore:
+    """Weight-gradient work queued during B, run per key (e.g. a (micro-batch, chunk) pair) by `run`."""
+
+    def __init__(self) -> None:
+        self._key: Optional[Hashable] = None
+        self._queues: dict[Hashable, list[tuple[list[torch.Tensor], GradFn]]] = {}
+
+    @property
+    def deferring(self) -> bool:
+        return self._key is not None
+
+    @contextmanager
+    def defer(self, key: Hashable) -> Iterator[None]:
+        """Queue the weight-gradient work of every backward run inside under `key`."""
+        if key is None or self._key is not None:
+            raise RuntimeError(f"WeightGradStore.defer({key!r}) inside defer({self._key!r}); use one key at a time")
+        self._key = key
+        try:
+            yield
+        finally:
+            self._key = None
+
+    def put(self, params: list[torch.Tensor], grads: GradFn) -> None:
+        """Queue `grads()`, which returns one gradient per parameter of `params` (None: no gradient)."""
+        self._queues.setdefault(self._key, []).append((params, grads))
+
+    def pending(self) -> list:
+        """Keys with queued work, in the order they were first deferred."""
+        return list(self._queues)
+
+    def run(self, key: Hashable) -> None:
+        """W of `key`: compute its queued gradients and accumulate them into the parameters' `.grad`."""
+        params, grads = [], []
+        for ps, fn in self._queues.pop(key, []):
+            for p, g in zip(ps, fn()):
+                if g is not None:
+                    params.append(p)
+                    grads.append(g)
+        if params:
+            torch.autograd.backward(params, grads)  # leaves: their AccumulateGrad nodes, hooks included
+
+    def clear(self) -> None:
+        """Drop all queued work (after a failed batch)."""
+        self._queues.clear()
+        self._key = None
+
+
+def _weight_grads(x: torch.Tensor, dy: torch.Tensor, need_weight: bool, need_bias: bool) -> GradFn:
+    def grads() -> list[Optional[torch.Tensor]]:
+        dy2 = dy.reshape(-1, dy.shape[-1])                                        # (n, out)
+        dw = dy2.t().mm(x.reshape(-1, x.shape[-1])) if need_weight else None      # (out, in)
+        return [dw, dy2.sum(0) if need_bias else None]                            # db: (out,)
+    return grads
+
+
+class _Linear(torch.autograd.Function):
+    """F.linear whose weight/bias gradients go to `store` while it defers."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, store):
+        ctx.save_for_backward(x, weight)
+        ctx.params = (weight, bias)  # the parameters themselves: saved tensors come back detached when
+        ctx.store = store            # activation checkpointing recomputes them
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, dy):  # dy (..., out)
+        x, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        dx = dy.reshape(-1, dy.shape[-1]).mm(weight).view(x.shape) if need_x else None  # (..., in)
+        if not (need_w or need_b):
+            return dx, None, None, None
+        grads = _weight_grads(x, dy, need_w, need_b)
+        if ctx.store.deferring:
+            ctx.store.put(list(ctx.params), grads)
+            return dx, None, None, None
+        dw, db = grads()
+        return dx, dw, db, None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
+           store: Optional[WeightGradStore] = None) -> torch.Tensor:
+    """F.linear(x, weight, bias); with a store, its weight and bias gradients can be deferred (module doc)."""
+    if store is None:
+        return F.linear(x, weight, bias)
+    return _Linear.apply(x, weight, bias, store)
+
+
+class Linear(nn.Linear):
+    """nn.Linear whose weight gradients can be deferred once `attach` gave it a store."""
+    weight_grad_store: Optional[WeightGradStore] = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
+        return linear(x, self.weight, self.bias, self.weight_grad_store)
+
+
+def attach(module: nn.Module, store: Optional[WeightGradStore]) -> int:
+    """Give `store` (None: detach) to every submodule with a `weight_grad_store` attribute; returns how many."""
+    n = 0
+    for m in module.modules():
+        if hasattr(m, "weight_grad_store"):
+            m.weight_grad_store = store
+            n += 1
+    return n
