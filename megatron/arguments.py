@@ -113,6 +113,9 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--no-load-optim", action="store_true", help="load model weights only")
     g.add_argument("--no-load-rng", action="store_true", help="do not restore the random number generators")
+    g.add_argument("--finetune", action="store_true",
+                   help="load only the model weights from --load (any tp/pp/dp): iteration 0, fresh optimizer and "
+                        "LR schedule, 0 consumed samples")
 
 
 def build_parser(extra_args_provider: Optional[ExtraArgsProvider] = None) -> argparse.ArgumentParser:

@@ -1,66 +1,47 @@
-"""Checkpoints: written through the engine, published atomically, checked against the arguments on load.
-
-Layout under --save (DeepSpeed's, one folder per tag):
-
-    <save>/iter_0000100/...                       engine files: model (per layer with a pipeline), ZeRO
-                                                  optimizer partitions, LR scheduler, client state
-    <save>/iter_0000100/megatron_args.json        the resolved arguments (read before any tensor is loaded)
-    <save>/latest                                 "iter_0000100": the checkpoint --load picks
+"""Saving and loading during training: through the engine, published atomically, checked on load.
 
 Order of a save: every rank writes its files -> barrier -> rank 0 replaces `latest` atomically (write a
 temporary file, fsync, os.replace) -> barrier. A process killed at any point before os.replace leaves
-`latest` naming the previous complete checkpoint.
+`latest` naming the previous complete checkpoint. Every layout writes the per-layer files: with pp = 1 the
+plain model's weights go through the name table into the files a Pipe model would write (`names.py`), so
+one format serves every layout and tool. DeepSpeed's zero_to_fp32.py is not copied into the save directory
+(it cannot read these checkpoints; `tools/convert_checkpoint.py to-fp32` does that job).
 
 Client state: iteration, consumed_train_samples and this rank's RNG states (python, numpy, torch, device,
 tensor-parallel tracker). DeepSpeed stores it once per (pipeline stage, tensor-parallel rank), written by
-data-parallel rank 0; data-parallel replicas share their RNG states (see `megatron.initialize`), so every
-rank gets its own streams back.
+data-parallel rank 0; data-parallel replicas share their RNG states (see `megatron.initialize`).
+
+Loading (`load_checkpoint`):
+    same layout            DeepSpeed's engine.load_checkpoint (weights, optimizer, LR scheduler, steps)
+    another (tp, pp, dp)   rank 0 reshapes into <save or load>/.reshaped-<tag> (the `reshape` tool's code),
+                           every rank loads that, rank 0 removes it; RNG streams are kept as seeded
+    --finetune, or a       weights only, at any layout (`load_weights_into`): iteration 0, fresh optimizer
+    weights-only ckpt      and LR schedule, 0 consumed samples
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-from typing import Any, Dict, Optional, Tuple
+import shutil
+from typing import Any, Dict, Iterator, Optional, Tuple
 
+import torch
 import torch.distributed as dist
 
 from megatron.initialize import rng_states, set_rng_states
 from megatron.logging_utils import print_rank_0
+from .consolidated import NO_OPTIMIZER, WEIGHTS_ONLY, layout_of, read_consolidated
+from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, layer_file, publish_latest,
+                    read_args, read_latest, write_args)
+from .names import ModelTable
+from .weights import load_weights_into, reshape_command
 
-LATEST = "latest"
-ARGS_FILE = "megatron_args.json"
-# Arguments that fix parameter shapes, their partitioning or the sample layout; a checkpoint must agree on all.
+# Arguments that fix parameter shapes or the sample layout; a resumed checkpoint must agree on all.
 SHAPE_FIELDS = ("model_type", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
-                "kv_channels", "padded_vocab_size", "max_position_embeddings", "seq_length", "encoder_seq_length",
-                "decoder_seq_length", "tensor_model_parallel_size", "pipe_parallel_size")
-
-
-class CheckpointMismatchError(ValueError):
-    pass
-
-
-def checkpoint_tag(iteration: int) -> str:
-    return f"iter_{iteration:07d}"
-
-
-def read_latest(load_dir: str) -> Optional[str]:
-    """The tag `latest` names, or None when `load_dir` has no published checkpoint."""
-    path = os.path.join(load_dir, LATEST)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        return f.read().strip()
-
-
-def publish_latest(save_dir: str, tag: str) -> None:
-    """Atomically point `latest` at `tag` (a reader sees the old or the new name, never a partial one)."""
-    tmp = os.path.join(save_dir, f".{LATEST}.tmp.{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(tag)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(save_dir, LATEST))
+                "kv_channels", "vocab_size", "max_position_embeddings", "seq_length", "encoder_seq_length",
+                "decoder_seq_length")
 
 
 def commit(save_dir: str, tag: str) -> None:
@@ -70,8 +51,53 @@ def commit(save_dir: str, tag: str) -> None:
     dist.barrier()
 
 
-def _json_args(args: argparse.Namespace) -> Dict[str, Any]:
+def json_args(args: argparse.Namespace) -> Dict[str, Any]:
     return json.loads(json.dumps(vars(args), default=str))
+
+
+def _plain_project_model(engine) -> bool:
+    """A GPT2Model / T5Model under DeepSpeed's engine (pp = 1): saved as per-layer files. Other models
+    keep DeepSpeed's own layout (the whole module in the mp_rank file)."""
+    from megatron.model import GPT2Model, T5Model
+    return isinstance(engine.module, (GPT2Model, T5Model))
+
+
+@contextlib.contextmanager
+def _plain_model_as_layer_files(engine, args: argparse.Namespace) -> Iterator[None]:
+    """pp = 1: during the save, the engine writes the per-layer files (data-parallel rank 0) instead of
+    putting the module into mp_rank_XX_model_states.pt; DeepSpeed's recovery script is not copied."""
+    from megatron import mpu
+
+    def module_state_dict(exclude_frozen_parameters: bool = False):
+        if mpu.get_data_parallel_rank() == 0:
+            table = ModelTable(json_args(args))
+            state = engine.module.state_dict()
+            tp_rank = mpu.get_tensor_model_parallel_rank()
+            for layer in range(len(table.specs)):
+                params = table.layer_params(layer)
+                if params:
+                    layer_state = {p.local: state[p.name].detach().clone() for p in params}
+                    engine.checkpoint_engine.save(layer_state, os.path.join(engine._curr_ckpt_path,
+                                                                            layer_file(layer, tp_rank)))
+        return None
+
+    overrides = dict(_copy_recovery_script=lambda save_path: None)
+    if _plain_project_model(engine):
+        overrides["module_state_dict"] = module_state_dict
+    with _instance_overrides(engine, overrides):
+        yield
+
+
+@contextlib.contextmanager
+def _instance_overrides(obj, attrs: Dict[str, Any]) -> Iterator[None]:
+    """Set instance attributes that shadow methods; removed again on every path."""
+    for name, value in attrs.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name in attrs:
+            obj.__dict__.pop(name, None)
 
 
 def save_checkpoint(engine, args: argparse.Namespace, iteration: int, consumed_train_samples: int) -> str:
@@ -79,10 +105,10 @@ def save_checkpoint(engine, args: argparse.Namespace, iteration: int, consumed_t
     tag = checkpoint_tag(iteration)
     print_rank_0(f"saving checkpoint at iteration {iteration} to {args.save}/{tag}")
     client_state = dict(iteration=iteration, consumed_train_samples=consumed_train_samples, rng_states=rng_states())
-    engine.save_checkpoint(args.save, tag=tag, client_state=client_state, save_latest=False)
+    with _plain_model_as_layer_files(engine, args):
+        engine.save_checkpoint(args.save, tag=tag, client_state=client_state, save_latest=False)
     if dist.get_rank() == 0:
-        with open(os.path.join(args.save, tag, ARGS_FILE), "w") as f:
-            json.dump(_json_args(args), f, indent=1, sort_keys=True)
+        write_args(os.path.join(args.save, tag), json_args(args))
     dist.barrier()  # every rank's files are complete
     commit(args.save, tag)
     print_rank_0(f"saved checkpoint {args.save}/{tag}")
@@ -90,38 +116,131 @@ def save_checkpoint(engine, args: argparse.Namespace, iteration: int, consumed_t
 
 
 def check_compatible(saved: Dict[str, Any], args: argparse.Namespace, where: str) -> None:
-    """Raise CheckpointMismatchError naming the first shape field that differs."""
+    """Raise CheckpointMismatchError naming the first model or sample-shape field that differs."""
     for field in SHAPE_FIELDS:
         mine = getattr(args, field, None)
         if field in saved and saved[field] != mine:
             raise CheckpointMismatchError(f"checkpoint {where} has {field} = {saved[field]} but the arguments give "
                                           f"{mine}; use the arguments it was trained with or a different --load")
-    if args.zero_stage > 0 and saved.get("data_parallel_size") != args.data_parallel_size and \
-            not args.no_load_optim:
-        raise CheckpointMismatchError(
-            f"checkpoint {where} has ZeRO optimizer partitions for data_parallel_size = "
-            f"{saved.get('data_parallel_size')} but this run has {args.data_parallel_size}; "
-            "resume with the same data-parallel size or pass --no-load-optim")
+
+
+def _same_layout(saved: Dict[str, Any], args: argparse.Namespace) -> bool:
+    mine = (args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size,
+            args.ds_config["zero_optimization"]["stage"], args.partition_method)
+    theirs = layout_of(saved) + (saved["ds_config"]["zero_optimization"]["stage"], saved.get("partition_method"))
+    return mine == theirs
 
 
 def load_checkpoint(engine, args: argparse.Namespace) -> Tuple[int, int]:
     """Load the checkpoint `latest` names under --load; returns (iteration, consumed_train_samples),
-    (0, 0) when there is none."""
+    (0, 0) when there is none or when only weights are loaded (--finetune, weights-only checkpoints)."""
     tag = read_latest(args.load)
     if tag is None:
-        print_rank_0(f"no checkpoint under --load {args.load} (no '{LATEST}' file): starting from scratch")
+        print_rank_0(f"no checkpoint under --load {args.load} (no 'latest' file): starting from scratch")
         return 0, 0
-    where = os.path.join(args.load, tag)
-    with open(os.path.join(where, ARGS_FILE)) as f:
-        check_compatible(json.load(f), args, where)
+    folder = checkpoint_folder(args.load, tag)
+    saved = read_args(folder)
+    if getattr(args, "finetune", False) or saved.get("checkpoint_content") == WEIGHTS_ONLY:
+        why = "--finetune" if getattr(args, "finetune", False) else "it holds weights only"
+        print_rank_0(f"loading the weights of {folder} ({why}): iteration 0, fresh optimizer and LR schedule")
+        load_weights_into(engine.module, folder, saved)
+        _refresh_master_weights(engine)
+        return 0, 0
+    check_compatible(saved, args, folder)
+    if _same_layout(saved, args):
+        return _load_same_layout(engine, args, args.load, tag, saved)
+    return _load_reshaped(engine, args, folder, tag, saved)
+
+
+def _refresh_master_weights(engine) -> None:
+    if hasattr(engine.optimizer, "refresh_fp32_params"):
+        engine.optimizer.refresh_fp32_params()
+
+
+def _load_same_layout(engine, args, load_dir: str, tag: str, saved: Dict[str, Any]) -> Tuple[int, int]:
+    where = os.path.join(load_dir, tag)
     print_rank_0(f"loading checkpoint {where} ...")
-    load_optim = not args.no_load_optim
-    path, client_state = engine.load_checkpoint(args.load, tag=tag, load_optimizer_states=load_optim,
-                                                load_lr_scheduler_states=load_optim)
+    load_optim = not args.no_load_optim and saved.get("checkpoint_content") != NO_OPTIMIZER
+    with _load_overrides(engine, where):
+        path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=load_optim,
+                                                    load_lr_scheduler_states=not args.no_load_optim)
     if path is None:
         raise FileNotFoundError(f"DeepSpeed could not load checkpoint {where}")
-    if not args.no_load_rng:
+    if not load_optim:
+        _refresh_master_weights(engine)
+    if args.no_load_rng:
+        pass
+    elif "rng_states" in client_state:
         set_rng_states(client_state["rng_states"])
+    else:
+        print_rank_0("the checkpoint has no RNG states for this layout: keeping the generators seeded from --seed")
     iteration, consumed = client_state["iteration"], client_state["consumed_train_samples"]
     print_rank_0(f"loaded checkpoint {where}: iteration {iteration}, {consumed} samples consumed")
     return iteration, consumed
+
+
+@contextlib.contextmanager
+def _load_overrides(engine, folder: str) -> Iterator[None]:
+    """pp = 1 reads the per-layer files (a checkpoint of the previous layout has the module in its mp_rank
+    file and loads as before); DeepSpeed 0.19's BF16_Optimizer (bf16, stage 0, pp > 1) is given the list its
+    loader indexes by dp rank, and its fp32 master weights are restored from the checkpoint."""
+    overrides: Dict[str, Any] = {}
+    if _plain_project_model(engine):
+        plain_load = engine.load_module_state_dict
+
+        def load_module_state_dict(checkpoint, strict=True, **kwargs):
+            if checkpoint.get("module") is not None:
+                return plain_load(checkpoint, strict, **kwargs)
+            load_weights_into(engine.module, folder, read_args(folder), strict=strict)
+        overrides["load_module_state_dict"] = load_module_state_dict
+    opt = engine.optimizer
+    if type(opt).__name__ == "BF16_Optimizer" and not engine.zero_optimization():
+        def bf16_load(state_dict, load_optimizer_states=True, **kwargs):
+            opt._load_legacy_checkpoint([state_dict], load_optimizer_states, load_from_fp32_weights=True)
+        with _instance_overrides(opt, {"load_state_dict": bf16_load}), _instance_overrides(engine, overrides):
+            yield
+        return
+    with _instance_overrides(engine, overrides):
+        yield
+
+
+def _load_reshaped(engine, args, folder: str, tag: str, saved: Dict[str, Any]) -> Tuple[int, int]:
+    """Rank 0 writes the checkpoint at this run's layout next to --save (else --load); all ranks load it."""
+    from .layouts import target_args
+    from .reshape import write_checkpoint
+    mine = (args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size)
+    base = args.save or args.load
+    work = os.path.join(base, f".reshaped-{tag}")
+    print_rank_0(f"checkpoint {folder} was saved at (tp, pp, dp) = {layout_of(saved)}, this run is {mine}: "
+                 f"reshaping it into {work} (what `{reshape_command(folder, saved, args)}` does)")
+    if dist.get_rank() == 0:
+        shutil.rmtree(work, ignore_errors=True)
+        new_args = target_args(saved, *mine)
+        new_args.update(partition_method=args.partition_method, zero_stage=args.zero_stage)
+        new_args["ds_config"] = args.ds_config
+        with_optim = not args.no_load_optim and saved.get("checkpoint_content") != NO_OPTIMIZER
+        write_checkpoint(read_consolidated(folder, with_optimizer=with_optim), work, tag, new_args, with_optim)
+    dist.barrier()
+    try:
+        return _load_same_layout(engine, args, work, tag, read_args(os.path.join(work, tag)))
+    finally:
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def read_checkpoint_args(load_dir: str, tag: Optional[str] = None) -> Dict[str, Any]:
+    """The saved resolved arguments of the checkpoint `latest` (or `tag`) names in `load_dir`; UserError
+    (CheckpointFileError) naming what is missing."""
+    return read_args(checkpoint_folder(load_dir, tag))
+
+
+def load_model_weights(model: torch.nn.Module, load_dir: str, tag: Optional[str] = None) -> Dict[str, Any]:
+    """Load the weights of any checkpoint of this project (saved at any tp, pp, dp) into a plain GPT2Model /
+    T5Model built at the current tensor-parallel size (`model.tp_group`); the vocabulary padding is adapted.
+    Returns the saved arguments. UserError naming the field on a shape mismatch."""
+    folder = checkpoint_folder(load_dir, tag)
+    saved = read_args(folder)
+    load_weights_into(model, folder, saved)
+    return saved
+

@@ -27,7 +27,7 @@ class SimulatedCrash(RuntimeError):
 def _crash_on_second_commit(argv, world_size):
     """Every rank dies after the files of the second checkpoint are written, before `latest` moves."""
     calls = []
-    real_commit = ck.commit
+    real_commit = ck.engine_io.commit
 
     def commit(save_dir, tag):
         calls.append(tag)
@@ -35,7 +35,7 @@ def _crash_on_second_commit(argv, world_size):
             raise SimulatedCrash(tag)
         real_commit(save_dir, tag)
 
-    ck.commit = commit
+    ck.engine_io.commit = commit
     try:
         train_losses(argv, world_size)
     except SimulatedCrash as crash:
@@ -65,7 +65,7 @@ def test_publish_latest_is_atomic(tmp_path, monkeypatch):
     def broken_replace(src, dst):
         raise SimulatedCrash("killed before the rename")
 
-    monkeypatch.setattr(ck.os, "replace", broken_replace)
+    monkeypatch.setattr(ck.files.os, "replace", broken_replace)
     with pytest.raises(SimulatedCrash):
         ck.publish_latest(str(tmp_path), "iter_0000002")
     assert ck.read_latest(str(tmp_path)) == "iter_0000001"

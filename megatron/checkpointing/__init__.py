@@ -1,0 +1,17 @@
+"""Checkpoints: one format for every (tp, pp, dp), saved and loaded by training, read and written by the tools.
+
+    files         names, `latest`, megatron_args.json, reading with one-line errors, atomic outputs
+    names         per-model name tables: canonical (plain model) names <-> pipeline layer files <-> Pipe module
+    tp            tensor-parallel split / merge by partition attributes, vocabulary re-padding
+    optim         DeepSpeed's optimizer layouts (ZeRO-1 flat partitions, stage-0 optimizers) <-> one form
+    consolidated  any checkpoint -> full tensors by canonical name       layouts  full tensors -> any layout
+    reshape       any (tp, pp, dp) -> any other                          weights  weights into any model
+    engine_io     save / load during training (reshape on load, --finetune)
+    hf            Hugging Face transformers export / import            inspect / to_fp32: the other tools
+
+`tools/convert_checkpoint.py` is a thin command line over these modules.
+"""
+from .engine_io import (SHAPE_FIELDS, check_compatible, commit, load_checkpoint, load_model_weights,  # noqa: F401
+                        read_checkpoint_args, save_checkpoint)
+from .files import (ARGS_FILE, LATEST, CheckpointFileError, CheckpointMismatchError, checkpoint_tag,  # noqa: F401
+                    publish_latest, read_latest)

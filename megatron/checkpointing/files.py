@@ -1,0 +1,175 @@
+"""Checkpoint files on disk: names, `latest`, the saved arguments, reading with one-line errors, atomic outputs.
+
+One folder per tag under the checkpoint directory (DeepSpeed's layout, for every (tp, pp, dp), pp = 1 included):
+
+    <dir>/latest                                     the tag `--load` picks, e.g. "iter_0000200"
+    <dir>/<tag>/megatron_args.json                   resolved arguments: model shape, layout, precision, tokenizer
+    <dir>/<tag>/layer_LL-model_TT-model_states.pt    weights of pipeline layer LL (global index), tp rank TT
+    <dir>/<tag>/mp_rank_MM_model_states.pt           engine state of model-parallel rank MM = pp_rank * tp + tp_rank:
+                                                     LR scheduler, steps, client state, stage-0 optimizer
+    <dir>/<tag>/[bf16_]zero_pp_rank_D_mp_rank_MM_optim_states.pt   optimizer partition of data-parallel rank D
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import shutil
+import sys
+import zipfile
+from typing import Any, Dict, Iterable, Iterator, Optional
+
+import torch
+
+from megatron.errors import UserError
+
+LATEST = "latest"
+ARGS_FILE = "megatron_args.json"
+
+
+class CheckpointMismatchError(UserError):
+    """The checkpoint does not fit the run (shape, layout); the message names the field and both values."""
+
+
+class CheckpointFileError(UserError):
+    """A checkpoint file or folder is missing, truncated or not a checkpoint of this project."""
+
+
+def checkpoint_tag(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def layer_file(layer: int, tp_rank: int) -> str:
+    return f"layer_{layer:02d}-model_{tp_rank:02d}-model_states.pt"
+
+
+def mp_rank_file(mp_rank: int) -> str:
+    return f"mp_rank_{mp_rank:02d}_model_states.pt"
+
+
+def zero_file(dp_rank: int, mp_rank: int, bf16: bool) -> str:
+    return f"{'bf16_' if bf16 else ''}zero_pp_rank_{dp_rank}_mp_rank_{mp_rank:02d}_optim_states.pt"
+
+
+def read_latest(load_dir: str) -> Optional[str]:
+    """The tag `latest` names, or None when `load_dir` has no published checkpoint."""
+    path = os.path.join(load_dir, LATEST)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        return f.read().strip()
+
+
+def publish_latest(save_dir: str, tag: str) -> None:
+    """Atomically point `latest` at `tag` (a reader sees the old or the new name, never a partial one)."""
+    tmp = os.path.join(save_dir, f".{LATEST}.tmp.{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(tag)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(save_dir, LATEST))
+
+
+def checkpoint_folder(load_dir: str, tag: Optional[str] = None) -> str:
+    """<load_dir>/<tag>, the tag defaulting to `latest`; CheckpointFileError naming what is missing.
+
+    `load_dir` may also be a tag folder itself (one holding megatron_args.json)."""
+    if tag is None and os.path.isfile(os.path.join(load_dir, ARGS_FILE)):
+        return load_dir
+    if not os.path.isdir(load_dir):
+        raise CheckpointFileError(f"checkpoint directory {load_dir} does not exist")
+    if tag is None:
+        tag = read_latest(load_dir)
+        if tag is None:
+            raise CheckpointFileError(f"{load_dir} has no '{LATEST}' file naming a checkpoint; pass a tag folder "
+                                      f"such as {load_dir}/iter_0000100 or a directory written with --save")
+        where = f"{os.path.join(load_dir, LATEST)} names {tag!r}, but"
+    else:
+        where = f"tag {tag!r}:"
+    folder = os.path.join(load_dir, tag)
+    if not os.path.isdir(folder):
+        raise CheckpointFileError(f"{where} folder {folder} does not exist; point {LATEST} at an existing tag")
+    return folder
+
+
+def read_args(folder: str) -> Dict[str, Any]:
+    """The resolved arguments saved with the checkpoint in `folder`."""
+    path = os.path.join(folder, ARGS_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointFileError(f"{path} is missing: {folder} was not written by this project's save "
+                                  f"(every checkpoint folder holds the {ARGS_FILE} of its run)")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as err:
+        raise CheckpointFileError(f"{path} is not valid JSON ({err}); the checkpoint is damaged") from None
+
+
+def write_args(folder: str, args: Dict[str, Any]) -> None:
+    with open(os.path.join(folder, ARGS_FILE), "w") as f:
+        json.dump(args, f, indent=1, sort_keys=True)
+
+
+def load_file(path: str, mmap: bool = True) -> Any:
+    """torch.load of a checkpoint file on CPU; CheckpointFileError naming the file if missing or truncated.
+
+    mmap=True maps the tensors' storage instead of reading it (only what is used is read)."""
+    if not os.path.isfile(path):
+        raise CheckpointFileError(f"checkpoint file {path} is missing; the checkpoint is incomplete (was the run "
+                                  f"killed while saving?) or was written at another layout than its "
+                                  f"{ARGS_FILE} says")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as err:
+        size = os.path.getsize(path)
+        raise CheckpointFileError(f"checkpoint file {path} ({size} bytes) cannot be read, it is truncated or "
+                                  f"damaged ({type(err).__name__}: {str(err).splitlines()[0][:120]})") from None
+
+
+@contextlib.contextmanager
+def atomic_folder(final: str) -> Iterator[str]:
+    """Yield a temporary sibling folder to write into; it becomes `final` only when the block completes.
+
+    Refuses to overwrite an existing `final`. On any error the temporary folder is removed."""
+    if os.path.exists(final):
+        raise UserError(f"output {final} already exists; choose a new directory (outputs are never overwritten)")
+    parent = os.path.dirname(os.path.abspath(final)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(final)}.tmp.{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        yield tmp
+        os.replace(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+SHOW_PROGRESS = {"on": False}  # the command-line tools turn it on; training loads stay quiet
+FEW_FILES = 8
+
+
+def show_progress(on: bool = True) -> None:
+    SHOW_PROGRESS["on"] = on
+
+
+def progress(items: Iterable, total: int, desc: str) -> Iterable:
+    """When enabled and more than a few files: a tqdm bar on a terminal, a counter line per 10% otherwise."""
+    if not SHOW_PROGRESS["on"] or total <= FEW_FILES:
+        return items
+    if sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+            return tqdm(items, total=total, desc=desc, unit="file", leave=False)
+        except ImportError:
+            pass
+    return _counter(items, total, desc)
+
+
+def _counter(items: Iterable, total: int, desc: str) -> Iterator:
+    step = max(1, total // 10)
+    for i, item in enumerate(items, 1):
+        yield item
+        if i % step == 0 or i == total:
+            print(f"{desc}: {i}/{total} files", file=sys.stderr, flush=True)

@@ -1,0 +1,210 @@
+"""Per-model name tables: every parameter's canonical name, partitioning and pipeline location.
+
+The canonical name of a parameter is its name in the plain model (`GPT2Model` / `T5Model`) state dict, and
+its canonical value is the full (tp = 1) tensor. A `ModelTable` built from a checkpoint's arguments maps it to
+
+    pipeline layer file    (layer, local): layer_{layer:02d}-model_{tp_rank:02d}-model_states.pt, key `local`
+    Pipe module, stage s   `{layer}.{local}`, or `tied_modules.{key}.{local}` for a TiedLayerSpec
+    tp partition           (partition_dim, stride) of the mpu layer (None: replicated on every tp rank)
+
+GPT-2 (L layers)                    pipeline layer          T5 (Le + Ld layers)           pipeline layer
+    embedding.*                     0 (tied 'embed')        embedding.*                   0 (tied 'embed' in v1.0)
+    layers.i.*                      1 + i                   encoder_layers.i.*            1 + i
+    final_layernorm.*               L + 1 (kept prefixed)   encoder_final.*               Le + 1
+    (LM head: the tied embedding)   L + 2, no file          decoder_layers.j.*            Le + 2 + j
+                                                            decoder_final.*               Le + Ld + 2
+                                                            lm_head.* (v1.1, untied)      Le + Ld + 3 (tied: no file)
+
+Partition attributes come from the model itself: a tiny model of the same structure (hidden = heads,
+kv_channels = 1, one vocabulary row per tp rank) is built and its parameters' `partition_dim` /
+`partition_stride` read, so a new layer type needs no table entry beyond its pipeline location.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from megatron.errors import UserError
+
+MODEL_TYPES = ("gpt", "t5")
+VOCAB_PARAMS = ("embedding.word_embeddings.weight", "lm_head.weight")
+# Model arguments added after the first checkpoints were written, with the value those checkpoints imply
+# (T5 v1.0: ReLU feed-forward, tied head, 32 buckets up to distance 128, decoder as deep as the encoder).
+LATER_ARGUMENTS = dict(decoder_num_layers=None, feed_forward_proj="relu", untie_embeddings_and_output_weights=False,
+                       relative_attention_num_buckets=32, relative_attention_max_distance=128)
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    name: str               # canonical (plain-model) name
+    dim: Optional[int]      # tp partition dim, None = replicated
+    stride: int
+    layer: int              # pipeline layer (LayerSpec index)
+    local: str              # name in the layer's module and file
+
+    @property
+    def vocab(self) -> bool:
+        """Rows are the padded vocabulary (re-padded when tp changes)."""
+        return self.name in VOCAB_PARAMS
+
+
+def model_config(args: Dict[str, Any]):
+    """GPT2Config / T5Config exactly as pretrain_gpt2.py / pretrain_t5.py build it from these arguments.
+
+    Arguments that a checkpoint predates take the value that reproduces the model it was trained as."""
+    kind = args.get("model_type")
+    ns = argparse.Namespace(**{**LATER_ARGUMENTS, **args, "checkpoint_activations": False})
+    # the pretraining scripts own the argument -> config mapping; they live at the repository root
+    if kind == "gpt":
+        from pretrain_gpt2 import gpt2_config
+        return gpt2_config(ns)
+    if kind == "t5":
+        from pretrain_t5 import t5_config
+        return t5_config(ns)
+    raise UserError(f"checkpoint model_type {kind!r} is not one this tool handles ({', '.join(MODEL_TYPES)})")
+
+
+def _probe_config(config):
+    """Same structure, tiny widths: partition attributes do not depend on sizes."""
+    heads = config.num_attention_heads
+    return dataclasses.replace(config, hidden_size=heads, kv_channels=1, ffn_hidden_size=heads, vocab_size=1,
+                               make_vocab_size_divisible_by=1, hidden_dropout=0.0, attention_dropout=0.0,
+                               checkpoint_num_layers=0)
+
+
+def _gpt2_location(config) -> List[Tuple[str, Any]]:
+    n = config.num_layers
+    return [(r"embedding\.(.+)", lambda m: (0, m[1])),
+            (r"layers\.(\d+)\.(.+)", lambda m: (1 + int(m[1]), m[2])),
+            (r"(final_layernorm\..+)", lambda m: (n + 1, m[1]))]
+
+
+def _t5_location(config) -> List[Tuple[str, Any]]:
+    le, ld = config.num_layers, config.num_decoder_layers
+    return [(r"embedding\.(.+)", lambda m: (0, m[1])),
+            (r"encoder_layers\.(\d+)\.(.+)", lambda m: (1 + int(m[1]), m[2])),
+            (r"encoder_final\.(.+)", lambda m: (le + 1, m[1])),
+            (r"decoder_layers\.(\d+)\.(.+)", lambda m: (le + 2 + int(m[1]), m[2])),
+            (r"decoder_final\.(.+)", lambda m: (le + ld + 2, m[1])),
+            (r"lm_head\.(.+)", lambda m: (le + ld + 3, m[1]))]
+
+
+def _locate(name: str, rules) -> Tuple[int, str]:
+    for pattern, where in rules:
+        m = re.fullmatch(pattern, name)
+        if m:
+            return where(m)
+    raise AssertionError(f"parameter {name} has no pipeline location in the name table")
+
+
+class ModelTable:
+    """Names, partitioning and pipeline placement of one model's parameters; see the module docstring."""
+
+    def __init__(self, args: Dict[str, Any]):
+        from megatron.model import GPT2Model, T5Model
+        self.args, self.kind = args, args.get("model_type")
+        self.config = model_config(args)
+        gpt = self.kind == "gpt"
+        probe = (GPT2Model if gpt else T5Model)(_probe_config(self.config))
+        rules = (_gpt2_location if gpt else _t5_location)(self.config)
+        self.params: List[ParamInfo] = []
+        for name, p in probe.named_parameters():
+            split = getattr(p, "tensor_model_parallel", False)
+            layer, local = _locate(name, rules)
+            self.params.append(ParamInfo(name, p.partition_dim if split else None,
+                                         getattr(p, "partition_stride", 1), layer, local))
+        self.by_name = {p.name: p for p in self.params}
+        self.by_location = {(p.layer, p.local): p for p in self.params}
+        self.specs = self._specs()
+
+    def _specs(self) -> list:
+        if self.kind == "gpt":
+            from megatron.model.gpt2_pipe import gpt2_layer_specs
+            return gpt2_layer_specs(self.config)
+        from megatron.model.t5_pipe import t5_layer_specs
+        return t5_layer_specs(self.config)
+
+    # --- pipeline stages ----------------------------------------------------------------------------------
+    def tied_key(self, layer: int) -> Optional[str]:
+        return getattr(self.specs[layer], "key", None)
+
+    def layer_params(self, layer: int) -> List[ParamInfo]:
+        """Parameters stored in pipeline layer `layer`'s file (none for a tied layer's second use)."""
+        key = self.tied_key(layer)
+        if key is not None and self._first_of_key(key) != layer:
+            return []
+        return [p for p in self.params if p.layer == layer]
+
+    def _first_of_key(self, key: str) -> int:
+        return next(i for i, s in enumerate(self.specs) if getattr(s, "key", None) == key)
+
+    def stage_bounds(self, pp: int, method=None, tp: int = 1,
+                     shapes: Optional[Dict[str, Sequence[int]]] = None) -> List[int]:
+        """Layer boundaries [b_0 = 0, ..., b_pp = number of layers] as the Pipe model computes them
+        (DeepSpeed's partitioning for 'type:REGEX', 'uniform', explicit boundaries, or 'parameters', which
+        needs the full `shapes`)."""
+        from deepspeed.runtime import utils as ds_utils
+        n = len(self.specs)
+        method = method or "type:TransformerLayer"
+        if pp == 1:
+            return [0, n]
+        if isinstance(method, (list, tuple)):
+            bounds = [int(b) for b in method]
+            if len(bounds) != pp + 1 or bounds[0] != 0 or bounds[-1] != n:
+                raise UserError(f"--partition-method boundaries {bounds} do not fit pp = {pp} and {n} pipeline "
+                                f"layers; give {pp + 1} boundaries from 0 to {n} or a method such as "
+                                f"type:TransformerLayer")
+            return bounds
+        if pp > n:
+            raise UserError(f"pp = {pp} is larger than the number of pipeline layers ({n}) of this model")
+        if method == "uniform":
+            return [int(b) for b in ds_utils.partition_uniform(n, pp)]
+        if method == "parameters":
+            weights = [self._local_numel(i, tp, shapes or {}) for i in range(n)]
+        elif method.startswith("type:"):
+            pattern = re.compile(method.split(":", 1)[1], re.IGNORECASE)
+            weights = [int(bool(pattern.search(s.typename.__name__))) for s in self.specs]
+        else:
+            raise UserError(f"--partition-method {method!r} is not one the checkpoint tools know")
+        return [int(b) for b in ds_utils.partition_balanced(weights, pp)]
+
+    def _local_numel(self, layer: int, tp: int, shapes: Dict[str, Sequence[int]]) -> int:
+        """Trainable elements a tp rank holds for pipeline layer `layer` (DeepSpeed's 'parameters' weight)."""
+        key = self.tied_key(layer)
+        if key is not None:
+            layer = self._first_of_key(key)
+        total = 0
+        for p in (q for q in self.params if q.layer == layer):
+            numel = 1
+            for s in shapes.get(p.name, (1,)):
+                numel *= s
+            total += numel // tp if p.dim is not None else numel
+        return total
+
+    def stage_param_names(self, bounds: Sequence[int], stage: int) -> List[Tuple[str, ParamInfo]]:
+        """(module name, info) of every parameter of pipeline stage `stage`, in the Pipe module's order:
+        tied modules first (in order of first use on the stage), then the stage's other layers in order."""
+        lo, hi = bounds[stage], bounds[stage + 1]
+        tied_keys, order = [], []
+        for layer in range(lo, hi):
+            key = self.tied_key(layer)
+            if key is not None and key not in tied_keys:
+                tied_keys.append(key)
+        for key in tied_keys:
+            first = self._first_of_key(key)
+            order += [(f"tied_modules.{key}.{p.local}", p) for p in self.params if p.layer == first]
+        for layer in range(lo, hi):
+            if self.tied_key(layer) is None:
+                order += [(f"{layer}.{p.local}", p) for p in self.params if p.layer == layer]
+        return order
+
+    def pipe_to_canonical(self, name: str) -> ParamInfo:
+        """Canonical info of a Pipe module parameter name (`tied_modules.embed.x` or `3.x`)."""
+        m = re.fullmatch(r"tied_modules\.([^.]+)\.(.+)", name)
+        if m:
+            return self.by_location[(self._first_of_key(m[1]), m[2])]
+        layer, local = name.split(".", 1)
+        return self.by_location[(int(layer), local)]

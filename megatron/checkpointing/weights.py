@@ -1,0 +1,90 @@
+"""Model weights of any checkpoint into a model built at any layout: the plain model at any tp, or this
+rank's stage of a Pipe model.
+
+For every parameter of the module: its canonical name (names.py), the full tensor merged from the saved tp
+ranks' layer files (only the files this module needs are read), vocabulary rows re-padded to the module's
+padded size, and this tp rank's part copied in. Shapes are checked field by field first, so a model built
+with other arguments gets one line naming the argument.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+
+from .consolidated import layout_of, read_weights
+from .files import CheckpointMismatchError
+from .names import ModelTable
+from .tp import resize_rows, split
+
+# Config fields that decide parameter shapes (GPT2Config / T5Config).
+SHAPE_CONFIG_FIELDS = ("num_layers", "num_decoder_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
+                       "kv_channels", "vocab_size", "max_position_embeddings", "relative_attention_num_buckets",
+                       "feed_forward_proj", "tie_word_embeddings")
+
+
+def module_tp(module: torch.nn.Module) -> Tuple[int, int]:
+    """(tp_rank, tp_size) of a plain model (its `tp_group`) or of a Pipe model's stage (its grid)."""
+    import torch.distributed as dist
+    grid = getattr(module, "_grid", None)
+    if grid is not None:
+        return grid.get_slice_parallel_rank(), grid.get_slice_parallel_world_size()
+    group = getattr(module, "tp_group", None)
+    if group is None or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def check_fields(table: ModelTable, module: torch.nn.Module, folder: str) -> None:
+    config = getattr(module, "config", None)
+    kind = type(config).__name__
+    if config is None:
+        return
+    if kind != type(table.config).__name__:
+        raise CheckpointMismatchError(f"checkpoint {folder} holds a {table.kind} model, the module is built from "
+                                      f"a {kind}; load it into the model type it was trained as")
+    for field in SHAPE_CONFIG_FIELDS:
+        saved, mine = getattr(table.config, field, None), getattr(config, field, None)
+        if saved != mine:
+            raise CheckpointMismatchError(f"checkpoint {folder} has {field} = {saved} but the model has {mine}; "
+                                          f"build the model from the checkpoint's arguments (read_checkpoint_args)")
+
+
+def _canonical(table: ModelTable, name: str):
+    if name in table.by_name:
+        return table.by_name[name]
+    return table.pipe_to_canonical(name)
+
+
+@torch.no_grad()
+def load_weights_into(module: torch.nn.Module, folder: str, saved: Dict[str, Any], strict: bool = True) -> None:
+    """Copy the checkpoint's weights into `module` (plain model or Pipe stage) at the module's own layout."""
+    table = ModelTable(saved)
+    check_fields(table, module, folder)
+    tp_rank, tp = module_tp(module)
+    params = [(name, p, _canonical(table, name)) for name, p in module.named_parameters()]
+    full = read_weights(folder, table, layout_of(saved)[0], {info.name for _, _, info in params})
+    for name, param, info in params:
+        if info.name not in full:
+            if strict:
+                raise CheckpointMismatchError(f"checkpoint {folder} has no weights for {name} ({info.name})")
+            continue
+        value = full[info.name]
+        if info.vocab:
+            value = resize_rows(value, param.size(0) * (tp if info.dim == 0 else 1))
+        part = split(value, info, tp)[tp_rank]
+        if part.shape != param.shape:
+            raise CheckpointMismatchError(f"checkpoint {folder}: {info.name} has shape {tuple(part.shape)} on tp rank "
+                                          f"{tp_rank} of {tp} but the model's {name} is {tuple(param.shape)}")
+        param.copy_(part)
+
+
+def reshape_command(folder: str, saved: Dict[str, Any], args: Optional[Any] = None) -> str:
+    """The converter command that writes `folder`'s checkpoint at the run's (tp, pp, dp)."""
+    load_dir = os.path.dirname(os.path.normpath(folder))
+    tp, pp, dp = ((args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size)
+                  if args is not None else layout_of(saved))
+    return (f"python tools/convert_checkpoint.py reshape --load {load_dir} --save {load_dir}_tp{tp}_pp{pp}_dp{dp} "
+            f"--tensor-model-parallel-size {tp} --pipe-parallel-size {pp} --data-parallel-size {dp}")
+

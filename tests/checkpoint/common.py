@@ -1,0 +1,81 @@
+"""Checkpoints made the way a user makes them: `pretrain()` of GPT-2 / T5 (default model code, tied weights)
+on the committed golden corpus, fp32, ZeRO-1, global batch 8, gradient clipping active.
+
+Dropout is 0 in the runs whose losses are compared across layouts: the dropout rule (megatron/model/rng.py)
+seeds attention and T5-ffn dropout with the tp rank and numbers micro-batches per data-parallel replica, so
+masks change when tp or dp change (they do not depend on pp, nor on any saved RNG state). A pp-only
+continuation with the default dropout is checked separately.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+from tests.dist import run_distributed
+from tests.training.golden_cases import DATA, rank_run
+
+# T5 gets 32 sentinels: vocabulary 512 + 32 = 544 pads to 544 at tp 1, 2 and 4 (divisor 8), so a chain of
+# reshapes through those tp sizes keeps every row; padding changes are tested on their own.
+T5_EXTRA_IDS = 32
+
+
+def argv(model: str, data_prefix: str, tp: int, pp: int, iters: int, extra: Sequence[str] = ()) -> List[str]:
+    shape = (["--seq-length", "32"] if model == "gpt2" else
+             ["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--vocab-extra-ids", str(T5_EXTRA_IDS)])
+    return ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", *shape,
+            "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(iters),
+            "--lr", "1e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--clip-grad", "0.3",
+            "--zero-stage", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
+            "--tokenizer-type", "GPT2BPETokenizer", "--data-path", data_prefix,
+            "--vocab-file", os.path.join(DATA, "vocab.json"), "--merge-file", os.path.join(DATA, "merges.txt"),
+            "--num-workers", "0", "--log-interval", "100", "--eval-interval", "1000", "--eval-iters", "0",
+            "--split", "90,8,2", "--make-vocab-size-divisible-by", "8",
+            "--tensor-model-parallel-size", str(tp), "--pipe-parallel-size", str(pp), *extra]
+
+
+def train(model: str, data_prefix: str, layout: Tuple[int, int, int], iters: int,
+          extra: Sequence[str] = ()) -> List[float]:
+    """Per-iteration losses of `pretrain()` at layout (tp, pp, dp) (last rank's view)."""
+    tp, pp, dp = layout
+    world = tp * pp * dp
+    args = argv(model, data_prefix, tp, pp, iters, extra)
+    return run_distributed(_losses, world, model, args, world, timeout=600)[-1]
+
+
+def _losses(model: str, args: List[str], world: int) -> List[float]:
+    return rank_run(model, args, world)[0]
+
+
+def load_all(folder: str) -> Dict[str, object]:
+    """Every file of a tag folder, loaded (json as dict)."""
+    import json
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        with open(path, "rb") as f:
+            out[name] = json.load(f) if name.endswith(".json") else torch.load(f, weights_only=False)
+    return out
+
+
+def differences(a, b, path: str = "") -> List[str]:
+    """Paths where two nested checkpoint structures differ; tensors must be bit-identical (dtype, shape, values)."""
+    if torch.is_tensor(a) or torch.is_tensor(b):
+        same = torch.is_tensor(a) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and \
+            torch.equal(a, b)
+        return [] if same else [path]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            return [f"{path}: keys {sorted(map(str, set(a) ^ set(b)))}"]
+        return [d for k in a for d in differences(a[k], b[k], f"{path}.{k}")]
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        if len(a) != len(b):
+            return [f"{path}: length {len(a)} != {len(b)}"]
+        return [d for i, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{i}]")]
+    if hasattr(a, "__dict__") and type(a).__module__.startswith("deepspeed"):
+        return [] if type(a) is type(b) and differences(vars(a), vars(b)) == [] else [path]
+    if hasattr(a, "shape") and hasattr(a, "dtype"):  # numpy arrays in RNG states
+        import numpy as np
+        return [] if np.array_equal(a, b) else [path]
+    return [] if a == b else [f"{path}: {a!r} != {b!r}"]
