@@ -6,10 +6,10 @@
 
 A trace is the Chrome trace JSON the engine writes (`"pipeline": {"timeline": "out.json"}`) or
 `tds.pipe.timeline.write_trace` writes; `--simulate` draws schedules timed by `tds.pipe.schedule_sim` instead
-(costs of one stage's layers; an interleaved chunk costs 1/v of them). One panel per recorded batch (or simulated schedule), one row per stage: F blue,
-B green (light when only the input gradient, ZB-H1), W dark green, sends/receives grey (a receive's bar is
-its wait), reductions orange, the optimizer step gold; white is idle; bars are labelled micro-batch[.chunk].
-For every panel it prints, per stage,
+(`--costs` of one stage's layers; an interleaved chunk costs 1/v of them). One panel per recorded batch (or
+simulated schedule), one row per stage: F blue, B green (light when only the input gradient, ZB-H1), W dark
+green, sends/receives grey (a receive's bar is its wait), reductions orange, the optimizer step gold; white is
+idle; bars are labelled micro-batch[.chunk]. For every panel it prints, per stage,
 bubble = 1 - compute time / window, window = first compute start to last compute end over all stages
 (`tds.pipe.timeline.bubble_fractions`). Without -o it only prints (no matplotlib needed).
 """
@@ -35,7 +35,7 @@ LABELS = {"forward": "F", "backward": "B", "backward_input": "B (input grad)", "
           "send_activations": "send", "recv_activations": "recv (wait)", "reduce_grads": "reduce",
           "optimizer_step": "step"}
 
-Panel = tuple[str, list[Span], str]  # (title, spans, time unit: "s" for traces, "unit" simulated)
+Panel = tuple[str, list[Span], str]  # (title, spans, time unit: "s" measured, "cost" simulated)
 
 
 def panels_from_traces(paths: list[str], batch: Optional[int]) -> list[Panel]:
@@ -45,14 +45,15 @@ def panels_from_traces(paths: list[str], batch: Optional[int]) -> list[Panel]:
         if not os.path.isfile(path):
             raise UserError(f"trace file {path} not found; record one with the engine's pipeline.timeline option")
         try:
-            spans, _ = read_trace(path)
+            spans, meta = read_trace(path)
         except ValueError as e:
             raise UserError(str(e)) from e
         batches = sorted({s.batch for s in spans})
         if batch is not None and batch not in batches:
             raise UserError(f"{path} holds batches {batches}, not --batch {batch}; pick one of them")
         for b in batches if batch is None else [batch]:
-            panels.append((f"{os.path.basename(path)}, batch {b}", [s for s in spans if s.batch == b], "s"))
+            unit = meta.get("time_unit", "s")  # simulated spans written to a trace: "cost"
+            panels.append((f"{os.path.basename(path)}, batch {b}", [s for s in spans if s.batch == b], unit))
     return panels
 
 
@@ -68,7 +69,7 @@ def panels_from_simulation(kinds: list[str], stages: int, micro_batches: int, vi
         lists = [train_schedule(kind, stages, s, micro_batches, v) for s in range(stages)]
         chunk = Costs(costs.forward / v, costs.backward_input / v, costs.backward_weight / v, costs.comm)
         title = f"{kind} (simulated: p={stages}, m={micro_batches}" + (f", v={v}" if v > 1 else "") + ")"
-        panels.append((title, simulate_timed(lists, chunk), "unit"))
+        panels.append((title, simulate_timed(lists, chunk), "cost"))
     return panels
 
 
@@ -115,17 +116,20 @@ def _draw_panel(ax, panel: Panel, fractions: dict[int, float]) -> None:
     t0 = min(s.start for s in spans)
     unit, factor = ("ms", 1e3) if unit == "s" else ("time (cost units)", 1.0)
     width = (max(s.end for s in spans) - t0) * factor
+    bars: dict[tuple[int, str], list] = {}  # (row, op) -> [(x, w)]: one collection each
     for s in spans:
         if s.end <= s.start:
             continue
         y = stages.index(s.stage)
         x, w = (s.start - t0) * factor, (s.end - s.start) * factor
-        ax.broken_barh([(x, w)], (y - 0.4, 0.8), facecolors=COLORS.get(s.op, "#888888"), edgecolor="white",
-                       linewidth=0.5)
+        bars.setdefault((y, s.op), []).append((x, w))
         if s.op in ("forward", "backward", "backward_input", "backward_weight") and w > width / 60:
             label = str(s.micro_batch) + (f".{s.chunk}" if s.chunk else "")
             ax.text(x + w / 2, y, label, ha="center", va="center", fontsize=7,
                     color="white" if s.op in ("forward", "backward_weight", "backward") else "black")
+    for (y, op), xranges in bars.items():
+        ax.broken_barh(xranges, (y - 0.4, 0.8), facecolors=COLORS.get(op, "#888888"), edgecolor="white",
+                       linewidth=0.5)
     ax.set_yticks(range(len(stages)), [f"stage {st}\nbubble {fractions[st]:.1%}" for st in stages], fontsize=8)
     ax.set_ylim(len(stages) - 0.5, -0.5)
     ax.set_xlim(0, max(ax.get_xlim()[1], width))

@@ -15,18 +15,21 @@ micro-batch i; a full backward is B and W together):
 - Interleaved 1F1B (Narayanan et al. 2021 §2.2.2; Megatron-LM's order): stage s holds v >= 2 model chunks;
   chunk c of stage s is virtual stage c*p + s, so activations leaving chunk c on stage p-1 enter chunk c+1
   on stage 0 (and gradients go the other way round the ring). The (micro-batch, chunk) units run in groups
-  of p micro-batches: chunk 0 of every micro-batch of the group, then chunk 1, ..., chunk v-1 (the last group
-  holds the remaining m mod p micro-batches); the k-th backward unit is the k-th forward unit's micro-batch
-  with chunk v-1-c. Warm-up 2(p-s-1) + (v-1)p forward units (at most v*m), then 1F1B over units, then the
-  remaining backward units. With per-chunk costs F/v, B/v the bubble fraction is (p-1)/(v*m+p-1); peak
-  in-flight units min(2(p-s-1) + (v-1)p + 1, v*m), i.e. ((v+1)p-1)/v micro-batches' activations on stage 0.
-  Needs p >= 2 and m a multiple of p (as Narayanan et al. and Megatron-LM; other m deadlock or cross
-  messages with this order, see test_schedule.py).
+  of p micro-batches: chunk 0 of every micro-batch of the group, then chunk 1, ..., chunk v-1; the k-th
+  backward unit is the k-th forward unit's micro-batch with chunk v-1-c. Warm-up 2(p-s-1) + (v-1)p forward
+  units (at most v*m), then 1F1B over units, then the remaining backward units. With per-chunk costs F/v,
+  B/v the bubble fraction is (p-1)/(v*m+p-1); peak in-flight units min(2(p-s-1) + (v-1)p + 1, v*m), i.e.
+  ((v+1)p-1)/v micro-batches' activations on stage 0.
+  Training needs p >= 2 and m a multiple of p (as Narayanan et al. and Megatron-LM: with a shorter last
+  group this order can deadlock or cross messages, see test_schedule.py); forward-only evaluation takes any m
+  (the last group holds the remaining m mod p micro-batches). Unlike Megatron, m = p needs no special case
+  (all forwards first): this order is deadlock-free there too and has the same bubble.
 - ZB-H1 (Qi et al. 2024, "Zero Bubble Pipeline Parallelism" §2.1): 1F1B with each backward split into B,
   at 1F1B's backward position (its gradient is sent upstream at once), and W, deferred: stage s runs the oldest
-  pending W right after a B whenever more than s W's are pending, and the rest after its last B. Idle time per
-  stage with costs T_F, T_B, T_W (T_W <= T_F, T_B) is (p-1)(T_F + T_B - T_W) instead of 1F1B's
-  (p-1)(T_F + T_B + T_W): with equal costs exactly one third. Peak in-flight micro-batches between F and B
+  pending W right after a B whenever more than s W's are pending, and the rest after its last B (the order of
+  the paper's Figure 3). Idle time per stage with costs T_F, T_B, T_W (T_W <= T_F, T_B; m >= p) is
+  (p-1)(T_F + T_B - T_W) instead of 1F1B's (p-1)(T_F + T_B + T_W): with equal costs exactly one third
+  (`schedule_sim.py` has the timed simulation and the m < p case). Peak in-flight micro-batches between F and B
   equal 1F1B's, min(p-s, m); between F and W (what W still holds: each linear's input and output gradient)
   min(p, m) on every stage.
 
@@ -245,3 +248,11 @@ def simulate(stage_lists: list[list[Instruction]]) -> list[tuple[int, Instructio
             blocked = {s: str(lst[pos[s]]) for s, lst in enumerate(stage_lists) if pos[s] < len(lst)}
             raise RuntimeError(f"deadlock: blocked instructions per stage {blocked}")
     return trace
+
+
+# DeepSpeed 0.19's schedule and instruction classes, as views of the lists above (ds_schedule.py), so that
+# `tds.pipe.schedule.TrainSchedule` etc. exist where code written for DeepSpeed looks for them.
+from .ds_schedule import *  # noqa: E402,F401,F403
+from .ds_schedule import __all__ as _ds_names  # noqa: E402
+
+__all__ += _ds_names

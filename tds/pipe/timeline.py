@@ -94,7 +94,10 @@ def _short(span: Span) -> str:
 
 
 def write_trace(path: str, spans: Iterable[Span], metadata: dict | None = None) -> None:
-    """Write spans (of any stages and batches) as Chrome trace JSON; the file appears complete or not at all."""
+    """Write spans (of any stages and batches) as Chrome trace JSON; the file appears complete or not at all.
+
+    `metadata` goes to "otherData" (e.g. {"schedule": "zb-h1"}; {"time_unit": "cost"} for simulated spans,
+    which tools/plot_pipeline.py then labels as cost units instead of ms)."""
     spans = sorted(spans, key=lambda s: (s.batch, s.stage, s.start))
     events = []
     for batch in sorted({s.batch for s in spans}):

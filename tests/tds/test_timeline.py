@@ -86,7 +86,7 @@ def test_plot_tool_on_simulated_1f1b_and_zb_h1(tmp_path, capsys):
     paths = []
     for kind in ("1f1b", "zb-h1"):
         paths.append(str(tmp_path / f"{kind}.json"))
-        write_trace(paths[-1], simulated(kind))
+        write_trace(paths[-1], simulated(kind), {"time_unit": "cost"})
     png = str(tmp_path / "timeline.png")
     returned = plot_pipeline.main([*paths, "-o", png])
     printed = printed_fractions(capsys.readouterr().out)

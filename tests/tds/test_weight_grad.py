@@ -117,7 +117,8 @@ def test_w_goes_through_autograd_accumulation_hooks_and_activation_checkpointing
     store = WeightGradStore()
     attach(model, store)
     seen = []
-    model[0].weight.register_post_accumulate_grad_hook(lambda p: seen.append(None if p.grad is None else p.grad.clone()))
+    hook = lambda p: seen.append(None if p.grad is None else p.grad.clone())  # noqa: E731
+    model[0].weight.register_post_accumulate_grad_hook(hook)
     data = batches()[:2]
     ref_grads, _ = reference(ref, data)
     for i, (x, dy) in enumerate(data):
@@ -172,3 +173,77 @@ def test_store_errors_and_clear():
     store.clear()
     store.run((0, 1))
     assert store.pending() == [] and w.grad is None
+
+
+# --- tensor parallelism: the phase-2 change to megatron/mpu/layers.py, shown on subclasses ------------------
+def _tp_layers():
+    """Column/RowParallelLinear whose F.linear call is weight_grad.linear: the few lines layers.py will take."""
+    from megatron import mpu
+
+    class Column(mpu.ColumnParallelLinear):
+        weight_grad_store = None
+
+        def forward(self, x):  # (b, s, h) -> (b, s, 4h/t)
+            out = linear(self._copy_to(x), self.weight, self.bias, self.weight_grad_store)
+            return out, None
+
+    class Row(mpu.RowParallelLinear):
+        weight_grad_store = None
+
+        def forward(self, x):  # (b, s, 4h/t) -> (b, s, h)
+            return self._reduce_from(linear(x, self.weight, None, self.weight_grad_store)) + self.bias, None
+
+    return mpu, Column, Row
+
+
+def _tp_mlp(mpu, column, row):
+    torch.manual_seed(5)
+    return column(H, 4 * H, gather_output=False), row(4 * H, H, input_is_parallel=True)
+
+
+def _tp_run(layers, data, store=None):
+    col, row = layers
+    for i, (x, dy) in enumerate(data):
+        x = x.clone().requires_grad_()
+        hidden = torch.nn.functional.gelu(col(x)[0])
+        if store is None:
+            row(hidden)[0].backward(dy)
+        else:
+            with store.defer(i):
+                row(hidden)[0].backward(dy)
+        yield x.grad
+
+
+def _tp_check():
+    import torch.distributed as dist
+    mpu, Column, Row = _tp_layers()
+    mpu.initialize_model_parallel(2)
+    data = batches()
+    ref = _tp_mlp(mpu, mpu.ColumnParallelLinear, mpu.RowParallelLinear)
+    ref_dx = list(_tp_run(ref, data))
+    model, store = _tp_mlp(mpu, Column, Row), WeightGradStore()
+    assert sum(attach(layer, store) for layer in model) == 2
+    dx = list(_tp_run(model, data, store))
+    calls = []
+    originals = {name: getattr(dist, name) for name in ("all_reduce", "all_gather", "broadcast")}
+    for name, fn in originals.items():
+        setattr(dist, name, lambda *a, _n=name, _f=fn, **k: (calls.append(_n), _f(*a, **k))[1])
+    try:
+        for i in range(MICRO):
+            store.run(i)
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+    same = all(torch.equal(a, b) for a, b in zip(dx, ref_dx))
+    for a, b in zip(model, ref):
+        same &= torch.equal(a.weight.grad, b.weight.grad) and torch.equal(a.bias.grad, b.bias.grad)
+    return same, calls
+
+
+@pytest.mark.slow
+def test_tensor_parallel_linears_defer_locally():
+    """tp = 2: the input gradients (with f's all-reduce) come in B, W needs no collective, and B+W equals
+    the unchanged layers' full backward bitwise on every rank."""
+    from tests.dist import run_distributed
+    for same, calls in run_distributed(_tp_check, 2, timeout=120):
+        assert same and calls == []
