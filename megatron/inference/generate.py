@@ -58,19 +58,21 @@ class Completion:
                     tokens_per_s=round(self.tokens_per_s, 2))
 
 
-def is_t5(model) -> bool:
-    return hasattr(model, "decoder_layers")
+def is_t5(config) -> bool:
+    """T5Config (encoder-decoder) rather than GPT2Config."""
+    return hasattr(config, "num_decoder_layers")
 
 
-def encode_prompts(model, tokenizer, prompts: Sequence[str]) -> List[List[int]]:
-    """Token ids of each prompt; UserError for one that leaves no room to generate."""
-    if is_t5(model):
+def encode_prompts(config, tokenizer, prompts: Sequence[str]) -> List[List[int]]:
+    """Token ids of each prompt for a model of this config; UserError for one that leaves no room to
+    generate (the tools call it before loading weights)."""
+    if is_t5(config):
         ids = [encode_t5(p, tokenizer) for p in prompts]
-        limit = model.config.seq_length
+        limit = config.seq_length
         what = f"the encoder takes at most {limit} (its encoder_seq_length)"
     else:
         ids = [encode_gpt2(p, tokenizer) for p in prompts]
-        limit = model.config.max_position_embeddings - 1
+        limit = config.max_position_embeddings - 1
         what = (f"the model has {limit + 1} positions (max_position_embeddings), so at most {limit} "
                 f"leave room to generate")
     for n, (p, row) in enumerate(zip(prompts, ids)):
@@ -79,15 +81,15 @@ def encode_prompts(model, tokenizer, prompts: Sequence[str]) -> List[List[int]]:
     return ids
 
 
-def _row_limits(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int) -> List[int]:
-    if is_t5(model):
-        return [min(max_new_tokens, model.config.decoder_seq_length)] * len(prompt_ids)
-    positions = model.config.max_position_embeddings
+def _row_limits(config, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int) -> List[int]:
+    if is_t5(config):
+        return [min(max_new_tokens, config.decoder_seq_length)] * len(prompt_ids)
+    positions = config.max_position_embeddings
     return [min(max_new_tokens, positions - len(row)) for row in prompt_ids]
 
 
-def _end_id(model, tokenizer) -> int:
-    return tokenizer.eos if is_t5(model) else tokenizer.eod
+def _end_id(config, tokenizer) -> int:
+    return tokenizer.eos if is_t5(config) else tokenizer.eod
 
 
 def _check_stop(c: Completion, tokenizer, stop: Sequence[str]) -> bool:
@@ -111,8 +113,8 @@ def generate_batch(model, tokenizer, batch: List[Completion], params: Generation
                    par: Parallel) -> None:
     """Fill in the completions of one batch (every tp rank of a replica calls it with the same batch)."""
     start = time.perf_counter()
-    end_id, vocab = _end_id(model, tokenizer), model.config.vocab_size
-    limits = _row_limits(model, [c.prompt_ids for c in batch], params.max_new_tokens)
+    end_id, vocab = _end_id(model.config, tokenizer), model.config.vocab_size
+    limits = _row_limits(model.config, [c.prompt_ids for c in batch], params.max_new_tokens)
     runner = make_runner(model, [c.prompt_ids for c in batch], max(limits), tokenizer.pad, params.use_cache)
     generators = row_generators(params.seed, [c.index for c in batch])
     done = [limit <= 0 for limit in limits]
@@ -153,7 +155,7 @@ def generate(model, tokenizer, prompts: Sequence[str], params: GenerationParams,
     if params.max_new_tokens < 1 or params.batch_size < 1:
         raise UserError(f"--max-new-tokens ({params.max_new_tokens}) and --batch-size ({params.batch_size}) "
                         f"must be >= 1")
-    ids = encode_prompts(model, tokenizer, prompts)
+    ids = encode_prompts(model.config, tokenizer, prompts)
     completions = [Completion(n, p, row) for n, (p, row) in enumerate(zip(prompts, ids))]
     mine = []
     for k, batch in enumerate(batches_of(completions, params.batch_size)):

@@ -54,7 +54,7 @@ def _reference_logits(model, kind: str, prompt: list, generated: list) -> torch.
 @pytest.mark.parametrize("kind", ["gpt2", "t5"])
 def test_cache_equals_recompute_and_model_forward(kind, spm_model):
     model, tokenizer, prompts = _model(kind, spm_model)
-    ids = encode_prompts(model, tokenizer, prompts)
+    ids = encode_prompts(model.config, tokenizer, prompts)
     assert len({len(r) for r in ids}) >= 3, "prompts of different lengths"
     cached, cached_logits = _greedy(make_runner(model, ids, STEPS, tokenizer.pad, use_cache=True), STEPS)
     full, full_logits = _greedy(make_runner(model, ids, STEPS, tokenizer.pad, use_cache=False), STEPS)
@@ -133,7 +133,7 @@ def test_bad_prompts(spm_model, tmp_path):
     model = common.gpt2_model(vocab_size=tokenizer.vocab_size)
     with pytest.raises(UserError, match=r"prompt 1 has 180 tokens but the model has 48 positions \(max_position"
                                          r"_embeddings\), so at most 47 leave room to generate; shorten it"):
-        encode_prompts(model, tokenizer, ["ok", " data" * 60])
+        encode_prompts(model.config, tokenizer, ["ok", " data" * 60])
     spm = common.spm_tokenizer(spm_model)
     ids = encode_t5("The <extra_id_0> sat <extra_id_9>", spm)
     assert spm.sentinel_ids[0] in ids and spm.sentinel_ids[9] in ids and ids[-1] == spm.eos
