@@ -20,11 +20,13 @@ STEPS = 16
 
 
 def _model(kind: str, spm_model: str):
+    """kind: gpt2, t5 (v1.0: relu, tied head) or t5v11 (gated GELU, untied head)."""
     if kind == "gpt2":
         tokenizer = common.bpe_tokenizer()
         return common.gpt2_model(vocab_size=tokenizer.vocab_size), tokenizer, common.PROMPTS
     tokenizer = common.spm_tokenizer(spm_model)
-    return common.t5_model(tokenizer.vocab_size), tokenizer, common.T5_PROMPTS
+    v11 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False) if kind == "t5v11" else {}
+    return common.t5_model(tokenizer.vocab_size, **v11), tokenizer, common.T5_PROMPTS
 
 
 @torch.no_grad()
@@ -51,7 +53,7 @@ def _reference_logits(model, kind: str, prompt: list, generated: list) -> torch.
     return model(enc, dec, torch.zeros(1, 1, se, se, dtype=torch.bool), causal, none)[0]
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "t5"])
+@pytest.mark.parametrize("kind", ["gpt2", "t5", "t5v11"])
 def test_cache_equals_recompute_and_model_forward(kind, spm_model):
     model, tokenizer, prompts = _model(kind, spm_model)
     ids = encode_prompts(model.config, tokenizer, prompts)
