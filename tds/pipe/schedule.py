@@ -132,21 +132,17 @@ def _order_interleaved(p: int, s: int, m: int, v: int) -> list[Unit]:
 
 
 def _order_zb_h1(p: int, s: int, m: int, v: int) -> list[Unit]:
-    warmup = min(p - s - 1, m)
-    order: list[Unit] = [(Op.FORWARD, i, 0) for i in range(warmup)]
+    """1F1B with B where the backward was; after a B, the oldest W if more than s are pending."""
+    order: list[Unit] = []
     pending: deque[int] = deque()  # micro-batches whose B ran and whose W did not
-
-    def backward(i: int) -> None:
+    for op, i, _ in _order_1f1b(p, s, m, v):
+        if op == Op.FORWARD:
+            order.append((op, i, 0))
+            continue
         order.append((Op.BACKWARD_INPUT, i, 0))
         pending.append(i)
         if len(pending) > s:
             order.append((Op.BACKWARD_WEIGHT, pending.popleft(), 0))
-
-    for i in range(m - warmup):
-        order.append((Op.FORWARD, warmup + i, 0))
-        backward(i)
-    for i in range(m - warmup, m):
-        backward(i)
     return order + [(Op.BACKWARD_WEIGHT, i, 0) for i in pending]
 
 
@@ -249,10 +245,3 @@ def simulate(stage_lists: list[list[Instruction]]) -> list[tuple[int, Instructio
             raise RuntimeError(f"deadlock: blocked instructions per stage {blocked}")
     return trace
 
-
-# DeepSpeed 0.19's schedule and instruction classes, as views of the lists above (ds_schedule.py), so that
-# `tds.pipe.schedule.TrainSchedule` etc. exist where code written for DeepSpeed looks for them.
-from .ds_schedule import *  # noqa: E402,F401,F403
-from .ds_schedule import __all__ as _ds_names  # noqa: E402
-
-__all__ += _ds_names
