@@ -7,7 +7,7 @@
     consolidated  any checkpoint -> full tensors by canonical name       layouts  full tensors -> any layout
     reshape       any (tp, pp, dp) -> any other                          weights  weights into any model
     engine_io     save / load during training (reshape on load, --finetune)
-    hf            Hugging Face transformers export / import            inspect / to_fp32: the other tools
+    hf*           Hugging Face transformers export / import     summary: inspect     fp32: to-fp32
 
 `tools/convert_checkpoint.py` is a thin command line over these modules.
 """

@@ -201,6 +201,19 @@ class ModelTable:
                 order += [(f"{layer}.{p.local}", p) for p in self.params if p.layer == layer]
         return order
 
+    def unused_copies(self, bounds: Sequence[int], stage: int) -> List[str]:
+        """Module names of a tied module's parameters that stage `stage` holds but never uses: the parts of a
+        tied module other than its tied weight, on a stage without the module's first use (GPT-2's
+        position table on the last stage). Their values and optimizer state are not carried by a reshape
+        (the written copy is the first stage's)."""
+        out = []
+        for name, p in self.stage_param_names(bounds, stage):
+            key = self.tied_key(p.layer)
+            if key is not None and not bounds[stage] <= p.layer < bounds[stage + 1]:
+                if p.local not in self.specs[p.layer].tied_weight_attr:
+                    out.append(name)
+        return out
+
     def pipe_to_canonical(self, name: str) -> ParamInfo:
         """Canonical info of a Pipe module parameter name (`tied_modules.embed.x` or `3.x`)."""
         m = re.fullmatch(r"tied_modules\.([^.]+)\.(.+)", name)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .consolidated import Consolidated, layout_of, read_consolidated
-from .files import atomic_folder, checkpoint_folder, publish_latest
+from megatron.errors import UserError
+from .files import atomic_folder, checkpoint_folder, publish_latest, read_args
 from .layouts import check_layout, source_layout_note, target_args, write_layout
 from .names import ModelTable
 
@@ -40,9 +41,12 @@ def reshape(load_dir: str, save_dir: str, tp: int, pp: int, dp: Optional[int] = 
     `save_dir`; dp defaults to the saved one. Returns what was done."""
     start = time.perf_counter()
     folder = checkpoint_folder(load_dir, tag)
+    saved = read_args(folder)
+    new_args = target_args(saved, tp, pp, layout_of(saved)[2] if dp is None else dp)
+    check_layout(ModelTable(new_args), new_args, tp, pp)  # before reading anything large
+    if os.path.exists(save_dir):
+        raise UserError(f"--save {save_dir} already exists; choose a new directory (outputs are never overwritten)")
     ck = read_consolidated(folder, with_optimizer=not no_optimizer)
-    new_args = target_args(ck.args, tp, pp, layout_of(ck.args)[2] if dp is None else dp)
-    check_layout(ModelTable(new_args), new_args, tp, pp)
     name = os.path.basename(os.path.normpath(folder))
     write_checkpoint(ck, save_dir, name, new_args, with_optimizer=not no_optimizer)
     return ReshapeReport(layout_of(ck.args), layout_of(new_args), name, source_layout_note(ck, new_args),

@@ -79,3 +79,26 @@ def differences(a, b, path: str = "") -> List[str]:
         import numpy as np
         return [] if np.array_equal(a, b) else [path]
     return [] if a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def mask_unused_copies(files: Dict[str, object], args: Dict) -> None:
+    """Zero, in place, the flat optimizer ranges of parameters a stage holds but never uses
+    (`ModelTable.unused_copies`: GPT-2's position table on the last stage), which a reshape does not carry."""
+    from megatron.checkpointing.consolidated import layout_of
+    from megatron.checkpointing.names import ModelTable
+    table = ModelTable(args)
+    tp, pp, _ = layout_of(args)
+    bounds = table.stage_bounds(pp, args.get("partition_method"))
+    for name, content in files.items():
+        if "zero_pp_rank_" not in name:
+            continue
+        stage = int(name.split("mp_rank_")[1][:2]) // tp
+        unused = table.unused_copies(bounds, stage)
+        sd = content["optimizer_state_dict"]
+        for g, mapping in enumerate(sd["param_slice_mappings"]):
+            for param, frag in mapping.items():
+                if param in unused:
+                    flats = [sd["single_partition_of_fp32_groups"][g]] + \
+                        [sd["base_optimizer_state"]["state"][g][k] for k in ("exp_avg", "exp_avg_sq")]
+                    for flat in flats:
+                        flat.data[frag.start:frag.start + frag.numel] = 0

@@ -1,0 +1,84 @@
+"""inspect: what a checkpoint holds.
+
+It reads metadata only: megatron_args.json, the pickled headers of the layer files (tensor shapes;
+the tensor data is memory-mapped and never read) and the scalars of one engine file, so it takes about the
+same time on a multi-GB checkpoint as on a small one.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .consolidated import has_engine_state, has_optimizer, layout_of
+from .files import checkpoint_folder, layer_file, load_file, mp_rank_file, read_args
+from .names import ModelTable
+from .optim import optimizer_kind
+
+OPTIMIZER_LAYOUTS = {"zero": "ZeRO-1 flat fp32 partitions per dp rank", "client": "torch AdamW in mp_rank files",
+                     "unfused": "fp32 groups in mp_rank files", "bf16": "BF16_Optimizer flat fp32 (dp = 1)"}
+
+
+def _precision(args: Dict) -> str:
+    return "fp16" if args.get("fp16") else "bf16" if args.get("bf16") else "fp32"
+
+
+def _file_roles(folder: str, table: ModelTable, tp: int, pp: int) -> List[Tuple[str, str]]:
+    roles = []
+    for layer in range(len(table.specs)):
+        params = table.layer_params(layer)
+        if params:
+            prefix = os.path.commonprefix([p.name for p in params]).rstrip(".") or params[0].name
+            for t in range(tp):
+                roles.append((layer_file(layer, t), f"pipeline layer {layer}, tp rank {t}: {prefix}*"))
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("mp_rank_"):
+            mp = int(name.split("_")[2])
+            roles.append((name, f"stage {mp // tp}, tp rank {mp % tp}: engine, LR scheduler, client state, RNG"))
+        elif "zero_pp_rank_" in name:
+            dp, mp = int(name.split("zero_pp_rank_")[1].split("_")[0]), int(name.split("mp_rank_")[1][:2])
+            roles.append((name, f"optimizer partition of dp rank {dp}, stage {mp // tp}, tp rank {mp % tp}"))
+    return roles
+
+
+def full_shapes(folder: str, table: ModelTable, tp: int) -> Dict[str, torch.Size]:
+    """Every parameter's full (tp = 1) shape from the layer files' headers (data memory-mapped, not read)."""
+    shapes = {}
+    for layer in range(len(table.specs)):
+        params = table.layer_params(layer)
+        if not params:
+            continue
+        local = load_file(os.path.join(folder, layer_file(layer, 0)), mmap=True)
+        for p in params:
+            shape = list(local[p.local].shape)
+            if p.dim is not None:
+                shape[p.dim] *= tp
+            shapes[p.name] = torch.Size(shape)
+    return shapes
+
+
+def inspect_lines(load_dir: str, tag: Optional[str] = None) -> List[str]:
+    """The report `tools/convert_checkpoint.py inspect` prints."""
+    folder = checkpoint_folder(load_dir, tag)
+    args = read_args(folder)
+    table = ModelTable(args)
+    tp, pp, dp = layout_of(args)
+    engine = load_file(os.path.join(folder, mp_rank_file(0)), mmap=True) if has_engine_state(args) else {}
+    shapes = full_shapes(folder, table, tp)
+    size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    kind = optimizer_kind(args) if has_optimizer(args) else None
+    lines = [f"checkpoint       {folder} ({size / 1e6:.1f} MB in {len(os.listdir(folder))} files)",
+             f"model            {args['model_type']}: {args['num_layers']} layers, hidden {args['hidden_size']}, "
+             f"{args['num_attention_heads']} heads, ffn {args['ffn_hidden_size']}, vocabulary {args['vocab_size']} "
+             f"(padded {args['padded_vocab_size']})",
+             f"iteration        {engine.get('iteration', 0)}",
+             f"consumed samples {engine.get('consumed_train_samples', 0)}",
+             f"(tp, pp, dp)     ({tp}, {pp}, {dp})",
+             f"ZeRO stage       {args.get('zero_stage')} (DeepSpeed ran stage {args['ds_config']['zero_optimization']['stage']})",
+             f"precision        {_precision(args)}",
+             f"optimizer        {OPTIMIZER_LAYOUTS[kind] if kind else 'none (weights only)'}",
+             f"parameters       {sum(s.numel() for s in shapes.values()):,}", "", "parameter shapes (full, tp = 1):"]
+    lines += [f"  {name:60s} {tuple(shape)}" for name, shape in shapes.items()]
+    lines += ["", "files:"] + [f"  {name:50s} {role}" for name, role in _file_roles(folder, table, tp, pp)]
+    return lines
