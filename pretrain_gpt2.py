@@ -11,15 +11,17 @@ import sys
 import torch
 
 from megatron import mpu
+from megatron.arguments import ENTRY_DEFAULTS
 from megatron.data.gpt_dataset import build_train_valid_test_datasets
 from megatron.data.masks import get_ltor_masks_and_position_ids
+from megatron.errors import exit_on_user_error
 from megatron.model.config import GPT2Config
 from megatron.model.gpt2_model import GPT2Model
 from megatron.model.gpt2_pipe import GPT2ModelPipe
 from megatron.model.language_model import LMLoss
 from megatron.training import ModelHooks, run
 
-DEFAULTS = dict(model_type="gpt", tokenizer_type="GPT2BPETokenizer", layernorm_epsilon=1e-5)
+DEFAULTS = ENTRY_DEFAULTS["gpt"]
 
 
 def gpt2_config(args) -> GPT2Config:
@@ -59,4 +61,4 @@ def get_batch(raw, args, tokenizer):
 HOOKS = ModelHooks(model_provider, train_valid_test_datasets_provider, get_batch, LMLoss())
 
 if __name__ == "__main__":
-    run(sys.argv[1:], HOOKS, DEFAULTS)
+    exit_on_user_error(lambda: run(sys.argv[1:], HOOKS, DEFAULTS))

@@ -3,8 +3,13 @@
 # arguments, default data and the launcher.
 # Expects REPO and PYTHON to be set by the caller.
 
-# Number of CUDA devices torch sees on this node (0 on a CPU-only machine).
+# Number of CUDA devices torch sees on this node (0 on a CPU-only machine: without nvidia-smi or rocm-smi
+#   torch is not even imported, which keeps a mistake's report under a few seconds).
 count_gpus() {
+    if ! command -v nvidia-smi > /dev/null 2>&1 && ! command -v rocm-smi > /dev/null 2>&1; then
+        echo 0
+        return
+    fi
     "$PYTHON" -c 'import torch; print(torch.cuda.device_count())'
 }
 
@@ -33,16 +38,28 @@ run_settings() {
     MASTER_PORT=${MASTER_PORT:-29500}
 }
 
+# data_path_args: DATA_PATH into the array DATA_PATH_ARGS. One prefix (spaces allowed), or Megatron's
+#   blend "0.7 data/web_text_document 0.3 data/books_text_document" (when the first word is a number).
+data_path_args() {
+    local first=${DATA_PATH%% *}
+    if [[ $first =~ ^[0-9]*\.?[0-9]+([eE][-+]?[0-9]+)?$ && $DATA_PATH == *" "* ]]; then
+        read -r -a DATA_PATH_ARGS <<< "$DATA_PATH"
+    else
+        DATA_PATH_ARGS=("$DATA_PATH")
+    fi
+}
+
 # common_train_args: the pretrain_*.py arguments both models take, into the array TRAIN_ARGS; the caller
 #   appends its model shape and tokenizer arguments.
 common_train_args() {
+    data_path_args
     TRAIN_ARGS=(
         --tensor-model-parallel-size "$TP" --pipe-parallel-size "$PP" --zero-stage 1
         --num-layers "$NUM_LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS"
         --micro-batch-size "$MICRO_BATCH" --gas "$GAS" --train-iters "$TRAIN_ITERS"
         --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP_ITERS"
         --weight-decay 0.01 --clip-grad 1.0
-        --data-path "$DATA_PATH" --split "$SPLIT" --num-workers "$NUM_WORKERS" --seed "$SEED"
+        --data-path "${DATA_PATH_ARGS[@]}" --split "$SPLIT" --num-workers "$NUM_WORKERS" --seed "$SEED"
         --log-interval "$LOG_INTERVAL" --eval-interval "$EVAL_INTERVAL" --eval-iters "$EVAL_ITERS"
         --save "$SAVE" --load "$LOAD" --save-interval "$SAVE_INTERVAL"
         --deepspeed --deepspeed_config "$DS_CONFIG"
@@ -73,9 +90,42 @@ build_default_data() {
         --output-prefix "$dir/stdlib_docs" --workers 1
 }
 
+# world_size: the number of processes the launcher will start (the slots of HOSTFILE with the DeepSpeed
+#   launcher, else NPROC on this node).
+world_size() {
+    if [[ $LAUNCHER == deepspeed && -n "$HOSTFILE" ]]; then
+        awk '!/^[[:space:]]*#/ { for (i = 1; i <= NF; i++) if ($i ~ /^slots=/) { sub(/^slots=/, "", $i); n += $i } }
+             END { print n + 0 }' "$HOSTFILE"
+    else
+        echo "$NPROC"
+    fi
+}
+
+# preflight MODEL ARGS...: check the arguments and input files in one process, with the world size the
+#   launcher will create (python -m megatron.preflight, about a second); prints the mistake and exits 2.
+#   CHECK_ARGS=0 skips it.
+preflight() {
+    local model=$1
+    shift
+    if [[ ${CHECK_ARGS:-1} == 0 ]]; then
+        return
+    fi
+    (cd "$REPO" && "$PYTHON" -m megatron.preflight "$model" --world-size "$(world_size)" "$@") || exit $?
+}
+
+# hide_after FILE: copy stdin to stdout until FILE exists (a process has reported a user error), then drop
+#   the rest (the launcher's report of the failed processes and what the others print while stopping).
+hide_after() {
+    local line
+    while IFS= read -r line || [[ -n $line ]]; do
+        [[ -e $1 ]] || printf '%s\n' "$line"
+    done
+}
+
 # launch SCRIPT ARGS...
 #   LAUNCHER=torchrun (default; one node, NPROC processes) or deepspeed (HOSTFILE for several nodes,
-#   else NPROC local processes; MASTER_PORT).
+#   else NPROC local processes; MASTER_PORT). A user error seen by any process (megatron.errors) is printed
+#   once, as `error: ...`, after the launcher has stopped, and the script exits 2.
 launch() {
     local script=$1
     shift
@@ -87,10 +137,25 @@ launch() {
             cmd=(deepspeed --master_port "$MASTER_PORT")
             if [[ -n "$HOSTFILE" ]]; then cmd+=(--hostfile "$HOSTFILE"); else cmd+=(--num_gpus "$NPROC"); fi ;;
         *)
-            echo "LAUNCHER must be torchrun or deepspeed, got '$LAUNCHER'" >&2
+            echo "error: LAUNCHER must be torchrun or deepspeed, got '$LAUNCHER'" >&2
             return 2 ;;
     esac
     echo "launching: ${cmd[*]} $script ($NPROC processes per node)"
     cd "$REPO" || return
-    exec "${cmd[@]}" "$script" "$@"
+    local error_file status out_pid err_pid
+    error_file=$(mktemp -u "${TMPDIR:-/tmp}/megatron-error.XXXXXXXX")
+    exec 3> >(hide_after "$error_file")
+    out_pid=$!
+    exec 4> >(hide_after "$error_file" >&2)
+    err_pid=$!
+    status=0
+    MEGATRON_ERROR_FILE=$error_file "${cmd[@]}" "$script" "$@" >&3 2>&4 3>&- 4>&- || status=$?
+    exec 3>&- 4>&-
+    wait "$out_pid" "$err_pid" 2>/dev/null || true  # the filters have printed everything
+    if [[ -s $error_file ]]; then
+        echo "error: $(head -n 1 "$error_file")" >&2
+        rm -f "$error_file"
+        return 2
+    fi
+    return "$status"
 }

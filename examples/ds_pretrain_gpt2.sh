@@ -7,6 +7,7 @@
 #   TRAIN_ITERS=20 bash examples/ds_pretrain_gpt2.sh                      a short run
 #   TP=1 PP=4 NPROC=8 bash examples/ds_pretrain_gpt2.sh                   another layout
 #   DATA_PATH=data/my_text_document VOCAB_FILE=... MERGE_FILE=... bash ...   your own preprocessed data
+#   DATA_PATH="0.7 data/web_text_document 0.3 data/books_text_document" ...  a blend (Megatron's form)
 #   LAUNCHER=deepspeed HOSTFILE=hostfile bash ...                         several nodes ("host slots=N" lines)
 #
 # Without DATA_PATH the embedded default corpus is used: the docstrings of Python's standard library
@@ -14,6 +15,8 @@
 # and its .bin/.idx (tools/preprocess_data.py), all built once under WORK_DIR.
 # Without GPUs: a tiny GPT-2 on 8 CPU processes (tp=2, pp=2, dp=2, gloo, one thread each), 200 iterations,
 # a few minutes on 2 cores. With GPUs: every GPU of this node and a GPT-2 medium-sized model in fp16.
+# The arguments and input files are checked in one process before the launch (python -m megatron.preflight;
+# CHECK_ARGS=0 skips it): a mistake prints one `error: ...` line and the script exits 2.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -42,20 +45,23 @@ fi
 run_settings
 DS_CONFIG=${DS_CONFIG:-$REPO/examples/ds_config_gpt2.json}
 
+DEFAULT_DATA=
 if [[ -z "${DATA_PATH:-}" ]]; then
-    build_default_data "$WORK_DIR/data" bpe "$VOCAB_SIZE"
-    DATA_PATH=$WORK_DIR/data/stdlib_docs_text_document
-    VOCAB_FILE=$WORK_DIR/data/tokenizer/vocab.json
-    MERGE_FILE=$WORK_DIR/data/tokenizer/merges.txt
+    DEFAULT_DATA=$WORK_DIR/data
+    DATA_PATH=$DEFAULT_DATA/stdlib_docs_text_document
+    VOCAB_FILE=$DEFAULT_DATA/tokenizer/vocab.json
+    MERGE_FILE=$DEFAULT_DATA/tokenizer/merges.txt
 fi
-: "${VOCAB_FILE:?set VOCAB_FILE (and MERGE_FILE) for DATA_PATH=$DATA_PATH}"
-: "${MERGE_FILE:?set MERGE_FILE for DATA_PATH=$DATA_PATH}"
 
 common_train_args
-TRAIN_ARGS+=(
-    --seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN"
-    --tokenizer-type GPT2BPETokenizer --vocab-file "$VOCAB_FILE" --merge-file "$MERGE_FILE"
-)
+TRAIN_ARGS+=(--seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN" --tokenizer-type GPT2BPETokenizer)
+if [[ -n "${VOCAB_FILE:-}" ]]; then TRAIN_ARGS+=(--vocab-file "$VOCAB_FILE"); fi
+if [[ -n "${MERGE_FILE:-}" ]]; then TRAIN_ARGS+=(--merge-file "$MERGE_FILE"); fi
 
+if [[ -n "$DEFAULT_DATA" ]]; then
+    preflight gpt --args-only "${TRAIN_ARGS[@]}" "$@"
+    build_default_data "$DEFAULT_DATA" bpe "$VOCAB_SIZE"
+fi
+preflight gpt "${TRAIN_ARGS[@]}" "$@"
 echo "GPT-2: tp=$TP, pp=$PP, $TRAIN_ITERS iterations, checkpoints in $SAVE"
 launch pretrain_gpt2.py "${TRAIN_ARGS[@]}" "$@"

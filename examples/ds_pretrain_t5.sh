@@ -7,7 +7,9 @@
 #   TRAIN_ITERS=20 bash examples/ds_pretrain_t5.sh
 #   DATA_PATH=data/my_text_document TOKENIZER_MODEL=spm.model bash examples/ds_pretrain_t5.sh
 # DATA_PATH is GPT-style document data (tools/preprocess_data.py, SentencePiece tokenizer); spans are
-# corrupted at load time. --num-layers is the depth of the encoder and of the decoder each.
+# corrupted at load time. --num-layers is the depth of the encoder, and of the decoder unless
+# --decoder-num-layers is given. T5 v1.1: bash examples/ds_pretrain_t5.sh --feed-forward-proj gated-gelu \
+#   --untie-embeddings-and-output-weights
 # Without DATA_PATH: the stdlib-docstring corpus with a SentencePiece tokenizer trained on it (WORK_DIR).
 # Without GPUs: a tiny T5 on 8 CPU processes (tp=2, pp=2, dp=2, gloo); with GPUs: all of them, T5-base size.
 set -euo pipefail
@@ -42,19 +44,24 @@ VOCAB_EXTRA_IDS=${VOCAB_EXTRA_IDS:-100}
 MASK_PROB=${MASK_PROB:-0.15}
 DS_CONFIG=${DS_CONFIG:-$REPO/examples/ds_config_t5.json}
 
+DEFAULT_DATA=
 if [[ -z "${DATA_PATH:-}" ]]; then
-    build_default_data "$WORK_DIR/data" sentencepiece "$VOCAB_SIZE"
-    DATA_PATH=$WORK_DIR/data/stdlib_docs_text_document
-    TOKENIZER_MODEL=$WORK_DIR/data/tokenizer/spm.model
+    DEFAULT_DATA=$WORK_DIR/data
+    DATA_PATH=$DEFAULT_DATA/stdlib_docs_text_document
+    TOKENIZER_MODEL=$DEFAULT_DATA/tokenizer/spm.model
 fi
-: "${TOKENIZER_MODEL:?set TOKENIZER_MODEL (a SentencePiece model) for DATA_PATH=$DATA_PATH}"
 
 common_train_args
 TRAIN_ARGS+=(
     --ffn-hidden-size "$FFN" --encoder-seq-length "$ENC_LEN" --decoder-seq-length "$DEC_LEN"
-    --tokenizer-type SentencePieceTokenizer --tokenizer-model "$TOKENIZER_MODEL"
-    --vocab-extra-ids "$VOCAB_EXTRA_IDS" --mask-prob "$MASK_PROB"
+    --tokenizer-type SentencePieceTokenizer --vocab-extra-ids "$VOCAB_EXTRA_IDS" --mask-prob "$MASK_PROB"
 )
+if [[ -n "${TOKENIZER_MODEL:-}" ]]; then TRAIN_ARGS+=(--tokenizer-model "$TOKENIZER_MODEL"); fi
 
+if [[ -n "$DEFAULT_DATA" ]]; then
+    preflight t5 --args-only "${TRAIN_ARGS[@]}" "$@"
+    build_default_data "$DEFAULT_DATA" sentencepiece "$VOCAB_SIZE"
+fi
+preflight t5 "${TRAIN_ARGS[@]}" "$@"
 echo "T5: tp=$TP, pp=$PP, $TRAIN_ITERS iterations, checkpoints in $SAVE"
 launch pretrain_t5.py "${TRAIN_ARGS[@]}" "$@"

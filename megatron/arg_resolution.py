@@ -4,24 +4,45 @@
     global_batch_size = micro_batch_size * gas * dp        (give either --global-batch-size or --gas)
     kv_channels       = hidden_size / num_attention_heads  (default)
     ffn_hidden_size   = 4 * hidden_size                    (default)
-    lr_warmup_iters   = lr_warmup_fraction * lr_decay_iters (when the fraction is given)
+    train_iters       = --train-iters, or what --train-samples allows (`megatron.batch_schedule`)
+    LR schedule unit  = iterations, or samples with --train-samples (Megatron's rule): warm-up and decay
+                        then come from --lr-warmup-samples / --lr-decay-samples (default train-samples)
+    lr warm-up        = lr_warmup_fraction * decay length (when the fraction is given)
 
-Every error is one line naming the conflicting values.
+Every error is a one-line `megatron.errors.UserError` naming the conflicting values. Nothing here imports
+torch or DeepSpeed (see `megatron.preflight`).
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Optional
 
+from megatron.batch_schedule import BatchSchedule
 from megatron.ds_config import build_ds_config, initial_scale_power, load_json, merge_json_into_args
+from megatron.errors import UserError
 
 FP16_DEFAULTS = dict(initial_loss_scale=2.0 ** 32, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
+T5_DEFAULTS = dict(feed_forward_proj="relu", untie_embeddings_and_output_weights=False,
+                   relative_attention_num_buckets=32, relative_attention_max_distance=128)
+T5_ONLY = ("decoder_num_layers",) + tuple(T5_DEFAULTS)
+# Class names of the pipeline specs, for checking --partition-method type:REGEX before any model is built
+# (tests/training/test_arguments.py checks them against GPT2ModelPipe / T5ModelPipe).
+PIPE_SPEC_CLASSES = {
+    "gpt": ("GPT2EmbeddingPipe", "GPT2TransformerLayerPipe", "GPT2FinalLayerNormPipe"),
+    "t5": ("T5EmbeddingPipe", "T5EncoderTransformerLayerPipe", "T5EncoderFinalNormPipe",
+           "T5DecoderTransformerLayerPipe", "T5DecoderFinalNormPipe", "T5LMHead"),
+}
 
 
 def _need(cond: bool, message: str) -> None:
     if not cond:
-        raise ValueError(message)
+        raise UserError(message)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _resolve_parallel(args: argparse.Namespace, world_size: int) -> None:
@@ -33,12 +54,6 @@ def _resolve_parallel(args: argparse.Namespace, world_size: int) -> None:
           f"world size {world_size} is not divisible by --tensor-model-parallel-size {tp} x "
           f"--pipe-parallel-size {pp} = {tp * pp}")
     args.data_parallel_size = world_size // (tp * pp)
-    method = args.partition_method
-    if method is not None and method.replace(",", "").isdigit():
-        bounds = [int(b) for b in method.split(",")]
-        _need(len(bounds) == pp + 1, f"--partition-method {method} gives {len(bounds)} boundaries but "
-              f"--pipe-parallel-size {pp} needs {pp + 1}")
-        args.partition_method = bounds
     args.zero_stage = 1 if args.zero_stage is None else args.zero_stage
     _need(args.zero_stage in (0, 1), f"--zero-stage {args.zero_stage} is not supported: use 0 or 1 "
           "(ZeRO-2/3 partition gradients, which pipeline parallelism cannot accumulate across micro-batches)")
@@ -54,20 +69,53 @@ def _resolve_batch(args: argparse.Namespace) -> None:
         args.gas = 1 if args.gas is None else args.gas
         _need(args.gas >= 1, f"--gas must be >= 1, got {args.gas}")
         args.global_batch_size = mb * args.gas * dp
+    else:
+        gbs = args.global_batch_size
+        _need(gbs >= 1 and gbs % (mb * dp) == 0, f"--global-batch-size {gbs} is not divisible by "
+              f"--micro-batch-size {mb} x data-parallel size {dp} = {mb * dp}")
+        gas = gbs // (mb * dp)
+        _need(args.gas is None or args.gas == gas,
+              f"--global-batch-size {gbs} != --micro-batch-size {mb} x --gas {args.gas} x data-parallel size {dp} "
+              f"= {mb * (args.gas or 0) * dp}")
+        args.gas = gas
+
+
+def _resolve_rampup(args: argparse.Namespace) -> None:
+    if args.rampup_batch_size is None:
         return
-    gbs = args.global_batch_size
-    _need(gbs % (mb * dp) == 0, f"--global-batch-size {gbs} is not divisible by --micro-batch-size {mb} x "
-          f"data-parallel size {dp} = {mb * dp}")
-    gas = gbs // (mb * dp)
-    _need(args.gas is None or args.gas == gas,
-          f"--global-batch-size {gbs} != --micro-batch-size {mb} x --gas {args.gas} x data-parallel size {dp} "
-          f"= {mb * (args.gas or 0) * dp}")
-    args.gas = gas
+    start, increment, samples = args.rampup_batch_size
+    gbs, unit = args.global_batch_size, args.micro_batch_size * args.data_parallel_size
+    where = f"--rampup-batch-size {start} {increment} {samples}"
+    _need(increment >= 1 and samples >= 0, f"{where}: INCREMENT must be >= 1 and SAMPLES >= 0")
+    _need(1 <= start < gbs, f"{where}: START must be between 1 and --global-batch-size {gbs} (exclusive)")
+    _need((gbs - start) % increment == 0, f"{where}: --global-batch-size {gbs} - START = {gbs - start} is not "
+          f"a multiple of INCREMENT {increment}")
+    _need(start % unit == 0 and increment % unit == 0, f"{where}: START and INCREMENT must be multiples of "
+          f"--micro-batch-size {args.micro_batch_size} x data-parallel size {args.data_parallel_size} = {unit}")
+
+
+def _resolve_t5(args: argparse.Namespace) -> None:
+    model_type = getattr(args, "model_type", None)
+    if model_type == "gpt":
+        given = [_flag(name) for name in T5_ONLY if getattr(args, name) is not None]
+        _need(not given, f"{', '.join(given)}: T5 options; pretrain_gpt2.py does not take them")
+        return
+    for name, value in T5_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.decoder_num_layers is None:
+        args.decoder_num_layers = args.num_layers
+    _need(args.decoder_num_layers >= 1, f"--decoder-num-layers must be >= 1, got {args.decoder_num_layers}")
+    buckets, distance = args.relative_attention_num_buckets, args.relative_attention_max_distance
+    _need(buckets >= 4, f"--relative-attention-num-buckets must be >= 4, got {buckets}")
+    _need(distance > buckets // 2, f"--relative-attention-max-distance {distance} must exceed half of "
+          f"--relative-attention-num-buckets {buckets}")
 
 
 def _resolve_model(args: argparse.Namespace) -> None:
     for flag in ("num_layers", "hidden_size", "num_attention_heads"):
-        _need(getattr(args, flag) is not None, f"--{flag.replace('_', '-')} is required")
+        _need(getattr(args, flag) is not None, f"{_flag(flag)} is required")
+        _need(getattr(args, flag) >= 1, f"{_flag(flag)} must be >= 1, got {getattr(args, flag)}")
     h, heads, tp = args.hidden_size, args.num_attention_heads, args.tensor_model_parallel_size
     _need(heads % tp == 0, f"--num-attention-heads {heads} is not divisible by --tensor-model-parallel-size {tp}")
     if args.kv_channels is None:
@@ -86,10 +134,45 @@ def _resolve_model(args: argparse.Namespace) -> None:
     args.max_position_embeddings = args.max_position_embeddings or longest
     for flag in ("seq_length", "encoder_seq_length", "decoder_seq_length"):
         _need(getattr(args, flag) <= args.max_position_embeddings,
-              f"--{flag.replace('_', '-')} {getattr(args, flag)} > --max-position-embeddings "
-              f"{args.max_position_embeddings}")
+              f"{_flag(flag)} {getattr(args, flag)} > --max-position-embeddings {args.max_position_embeddings}")
     args.layernorm_epsilon = 1e-5 if args.layernorm_epsilon is None else args.layernorm_epsilon
     _need(args.checkpoint_num_layers >= 1, f"--checkpoint-num-layers must be >= 1, got {args.checkpoint_num_layers}")
+    _resolve_t5(args)
+
+
+def num_pipe_specs(args: argparse.Namespace) -> Optional[int]:
+    """Layer specs of the Pipe model (the last explicit --partition-method boundary), None if unknown."""
+    model_type = getattr(args, "model_type", None)
+    if model_type == "gpt":
+        return args.num_layers + 3  # embedding, layers, final norm, tied head
+    if model_type == "t5":
+        return args.num_layers + args.decoder_num_layers + 4  # embedding, encoder, norm, decoder, norm, head
+    return None
+
+
+def _resolve_partition(args: argparse.Namespace) -> None:
+    method, pp = args.partition_method, args.pipe_parallel_size
+    if method is None or method in ("parameters", "uniform"):
+        return
+    if method.startswith("type:"):
+        try:
+            pattern = re.compile(method[5:], re.IGNORECASE)
+        except re.error as err:
+            raise UserError(f"--partition-method {method}: not a regular expression ({err})") from None
+        names = PIPE_SPEC_CLASSES.get(getattr(args, "model_type", None))
+        _need(names is None or any(pattern.search(n) for n in names),
+              f"--partition-method {method} matches none of the layer classes {', '.join(names or ())}")
+        return
+    _need(method.replace(",", "").isdigit(), f"--partition-method {method!r} is not type:REGEX, parameters, "
+          f"uniform or comma-separated layer boundaries such as 0,5,11")
+    bounds = [int(b) for b in method.split(",")]
+    _need(len(bounds) == pp + 1, f"--partition-method {method} gives {len(bounds)} boundaries but "
+          f"--pipe-parallel-size {pp} needs {pp + 1}")
+    last = num_pipe_specs(args)
+    rising = bounds[0] == 0 and all(a <= b for a, b in zip(bounds, bounds[1:]))
+    _need(rising and last in (None, bounds[-1]), f"--partition-method {method}: boundaries must rise from 0 to "
+          f"{'the number of layer specs' if last is None else f'{last}, the number of layer specs of this model'}")
+    args.partition_method = bounds
 
 
 def _resolve_precision(args: argparse.Namespace) -> None:
@@ -107,20 +190,51 @@ def _resolve_precision(args: argparse.Namespace) -> None:
     _need(args.clip_grad >= 0, f"--clip-grad must be >= 0, got {args.clip_grad}")
 
 
-def _resolve_schedule(args: argparse.Namespace) -> None:
-    _need(args.train_iters is not None and args.train_iters >= 1, f"--train-iters must be >= 1, got "
-          f"{args.train_iters}")
-    args.lr_decay_iters = args.lr_decay_iters or args.train_iters
-    _need(args.lr_warmup_iters is None or args.lr_warmup_fraction is None,
-          f"--lr-warmup-iters {args.lr_warmup_iters} and --lr-warmup-fraction {args.lr_warmup_fraction} are both "
-          "set; give one")
+def _resolve_length(args: argparse.Namespace) -> None:
+    """train_iters from --train-iters or --train-samples (never both), and the matching LR schedule unit."""
+    samples = args.train_samples is not None
+    other = ["--train-iters", "--lr-decay-iters", "--lr-warmup-iters"] if samples else \
+        ["--lr-decay-samples", "--lr-warmup-samples", "--rampup-batch-size"]
+    values = [args.train_iters, args.lr_decay_iters, args.lr_warmup_iters] if samples else \
+        [args.lr_decay_samples, args.lr_warmup_samples, args.rampup_batch_size]
+    for flag, value in zip(other, values):
+        shown = " ".join(map(str, value)) if isinstance(value, (list, tuple)) else value
+        _need(value is None, f"{flag} {shown} cannot be combined with "
+              + ("--train-samples: training is sample-based, give the LR schedule in samples"
+                 if samples else "iteration-based training: give --train-samples instead of --train-iters"))
+    if not samples:
+        _need(args.train_iters is not None, "--train-iters (or --train-samples) is required")
+        _need(args.train_iters >= 1, f"--train-iters must be >= 1, got {args.train_iters}")
+        args.lr_schedule_unit = "iterations"
+        args.lr_decay_iters = args.lr_decay_iters or args.train_iters
+        args.lr_warmup_iters = _warmup(args, args.lr_warmup_iters, args.lr_decay_iters, "iters")
+        return
+    _resolve_rampup(args)
+    schedule = BatchSchedule(args.global_batch_size, args.micro_batch_size, args.data_parallel_size,
+                             args.rampup_batch_size)
+    args.train_iters = schedule.train_iters(args.train_samples)
+    _need(args.train_iters >= 1, f"--train-samples {args.train_samples} is less than one global batch "
+          f"({schedule.global_batch(0)})")
+    args.lr_schedule_unit = "samples"
+    args.lr_decay_samples = args.lr_decay_samples or args.train_samples
+    args.lr_warmup_samples = _warmup(args, args.lr_warmup_samples, args.lr_decay_samples, "samples")
+
+
+def _warmup(args: argparse.Namespace, warmup: Optional[int], decay: int, unit: str) -> int:
+    _need(warmup is None or args.lr_warmup_fraction is None, f"--lr-warmup-{unit} {warmup} and "
+          f"--lr-warmup-fraction {args.lr_warmup_fraction} are both set; give one")
+    _need(decay >= 1, f"--lr-decay-{unit} must be >= 1, got {decay}")
     if args.lr_warmup_fraction is not None:
         _need(0 <= args.lr_warmup_fraction <= 1, f"--lr-warmup-fraction must be in [0, 1], got "
               f"{args.lr_warmup_fraction}")
-        args.lr_warmup_iters = int(args.lr_warmup_fraction * args.lr_decay_iters)
-    args.lr_warmup_iters = args.lr_warmup_iters or 0
-    _need(args.lr_warmup_iters <= args.lr_decay_iters, f"--lr-warmup-iters {args.lr_warmup_iters} > "
-          f"--lr-decay-iters {args.lr_decay_iters}")
+        warmup = int(args.lr_warmup_fraction * decay)
+    warmup = warmup or 0
+    _need(0 <= warmup <= decay, f"--lr-warmup-{unit} {warmup} must be between 0 and --lr-decay-{unit} {decay}")
+    return warmup
+
+
+def _resolve_schedule(args: argparse.Namespace) -> None:
+    _resolve_length(args)
     _need(0 <= args.min_lr <= args.lr, f"--min-lr {args.min_lr} must be between 0 and --lr {args.lr}")
     _need(args.save_interval is None or args.save is not None,
           f"--save-interval {args.save_interval} needs --save DIR")
@@ -128,6 +242,7 @@ def _resolve_schedule(args: argparse.Namespace) -> None:
     _need(args.exit_interval is None or args.exit_interval >= 1,
           f"--exit-interval must be >= 1, got {args.exit_interval}")
     _need(args.eval_interval >= 1, f"--eval-interval must be >= 1, got {args.eval_interval}")
+    _need(args.eval_iters >= 0, f"--eval-iters must be >= 0, got {args.eval_iters}")
 
 
 def _resolve_data(args: argparse.Namespace) -> None:
@@ -135,11 +250,15 @@ def _resolve_data(args: argparse.Namespace) -> None:
     if len(paths) > 1:
         _need(len(paths) % 2 == 0, f"--data-path with several datasets takes WEIGHT PREFIX pairs, got {len(paths)} "
               f"values: {paths}")
+        weights = []
         for weight in paths[0::2]:
             try:
-                float(weight)
+                weights.append(float(weight))
             except ValueError:
-                raise ValueError(f"--data-path weight {weight!r} is not a number (expected WEIGHT PREFIX pairs)")
+                raise UserError(f"--data-path weight {weight!r} is not a number (expected WEIGHT PREFIX pairs)") \
+                    from None
+        _need(min(weights) >= 0 and sum(weights) > 0, f"--data-path weights {paths[0::2]} must be >= 0 with a "
+              "positive sum")
 
 
 def resolve_args(args: argparse.Namespace, world_size: Optional[int] = None) -> argparse.Namespace:
@@ -151,6 +270,7 @@ def resolve_args(args: argparse.Namespace, world_size: Optional[int] = None) -> 
     _resolve_parallel(args, world_size)
     _resolve_batch(args)
     _resolve_model(args)
+    _resolve_partition(args)
     _resolve_precision(args)
     _resolve_schedule(args)
     _resolve_data(args)

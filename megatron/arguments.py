@@ -6,22 +6,41 @@ Options that the DeepSpeed config can also set (batch sizes, ZeRO stage, precisi
 default to None here, so that "not given" can be told apart from "given": see `megatron.ds_config`.
 Old Megatron / CPM-Pretrain spellings are accepted as aliases (--model-parallel-size, --batch-size,
 --kv-hidden-size, --ff-hidden-size, --enc-seq-length, --dec-seq-length, --warmup).
+
+This module and the resolution import neither torch nor DeepSpeed (DeepSpeed's --deepspeed /
+--deepspeed_config flags are declared here as `deepspeed.add_config_arguments` does), so that
+`python -m megatron.preflight` checks a command line in one process in about a second. A mistake, an
+unknown flag included, is a one-line `megatron.errors.UserError`.
 """
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Dict, Optional, Sequence
-
-import deepspeed
+from typing import Callable, Dict, NoReturn, Optional, Sequence
 
 from megatron.arg_resolution import resolve_args
+from megatron.errors import UserError
 
 ExtraArgsProvider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
+
+# What each entry point fills in for options left unset (pretrain_gpt2.py, pretrain_t5.py).
+ENTRY_DEFAULTS: Dict[str, Dict[str, object]] = {
+    "gpt": dict(model_type="gpt", tokenizer_type="GPT2BPETokenizer", layernorm_epsilon=1e-5),
+    "t5": dict(model_type="t5", tokenizer_type="SentencePieceTokenizer", vocab_extra_ids=100,
+               layernorm_epsilon=1e-6),
+}
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes (unknown flag, bad value) are one-line UserErrors, not the usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} ({self.prog} --help lists the arguments)")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--num-layers", type=int, default=None, help="transformer layers (T5: encoder and decoder each)")
+    g.add_argument("--num-layers", type=int, default=None,
+                   help="transformer layers (T5: the encoder, and the decoder unless --decoder-num-layers)")
     g.add_argument("--hidden-size", type=int, default=None)
     g.add_argument("--ffn-hidden-size", "--ff-hidden-size", type=int, default=None, help="default 4 * hidden")
     g.add_argument("--num-attention-heads", type=int, default=None)
@@ -38,6 +57,18 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layernorm-epsilon", type=float, default=None, help="GPT-2 1e-5, T5 1e-6")
     g.add_argument("--checkpoint-activations", action="store_true", help="recompute layer activations in backward")
     g.add_argument("--checkpoint-num-layers", type=int, default=1, help="layers per recomputed chunk")
+    g = p.add_argument_group("T5 (v1.0 defaults; T5 v1.1: --feed-forward-proj gated-gelu "
+                             "--untie-embeddings-and-output-weights)")
+    g.add_argument("--decoder-num-layers", type=int, default=None, help="decoder depth, default --num-layers")
+    g.add_argument("--feed-forward-proj", choices=["relu", "gated-gelu"], default=None,
+                   help="T5 feed-forward (Hugging Face's feed_forward_proj): relu (v1.0, default) or gated-gelu "
+                        "(v1.1: GELU-tanh(x Wi0) * (x Wi1))")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=None,
+                   help="T5: a separate output layer instead of the word embeddings, without the d_model^-0.5 "
+                        "output scaling (v1.1, Hugging Face's tie_word_embeddings=False)")
+    g.add_argument("--relative-attention-num-buckets", type=int, default=None, help="T5 position buckets, default 32")
+    g.add_argument("--relative-attention-max-distance", type=int, default=None,
+                   help="T5 distance of the last bucket, default 128")
 
 
 def _parallel_args(p: argparse.ArgumentParser) -> None:
@@ -59,13 +90,21 @@ def _batch_and_optim_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--micro-batch-size", "--batch-size", dest="micro_batch_size", type=int, default=None)
     g.add_argument("--global-batch-size", type=int, default=None, help="micro x gas x dp")
     g.add_argument("--gas", "--gradient-accumulation-steps", dest="gas", type=int, default=None)
+    g.add_argument("--rampup-batch-size", nargs=3, type=int, default=None, metavar=("START", "INCREMENT", "SAMPLES"),
+                   help="grow the global batch from START by INCREMENT over SAMPLES training samples, up to "
+                        "--global-batch-size (Megatron's ramp-up; needs --train-samples)")
     g = p.add_argument_group("optimisation")
     g.add_argument("--lr", type=float, default=1e-4)
     g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-decay-style", choices=["linear", "cosine", "constant"], default="linear")
+    g.add_argument("--lr-decay-style", choices=["linear", "cosine", "constant", "inverse-square-root"],
+                   default="linear")
     g.add_argument("--lr-warmup-iters", type=int, default=None)
-    g.add_argument("--lr-warmup-fraction", "--warmup", dest="lr_warmup_fraction", type=float, default=None)
+    g.add_argument("--lr-warmup-fraction", "--warmup", dest="lr_warmup_fraction", type=float, default=None,
+                   help="warm-up as a fraction of the decay iterations (or samples)")
     g.add_argument("--lr-decay-iters", type=int, default=None, help="default train-iters")
+    g.add_argument("--lr-warmup-samples", type=int, default=None, help="warm-up in samples (with --train-samples)")
+    g.add_argument("--lr-decay-samples", type=int, default=None,
+                   help="decay over this many samples (with --train-samples; default train-samples)")
     g.add_argument("--weight-decay", type=float, default=0.01)
     g.add_argument("--clip-grad", type=float, default=None, help="gradient norm clip, 0 = off (default 1.0)")
     g.add_argument("--adam-beta1", type=float, default=0.9)
@@ -85,7 +124,8 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="*", default=None, help="PREFIX, or WEIGHT PREFIX WEIGHT PREFIX ...")
     g.add_argument("--split", type=str, default="969,30,1", help="train,valid,test proportions")
-    g.add_argument("--tokenizer-type", type=str, default=None)
+    g.add_argument("--tokenizer-type", choices=["GPT2BPETokenizer", "SentencePieceTokenizer"], default=None,
+                   help="default: GPT2BPETokenizer for GPT-2, SentencePieceTokenizer for T5")
     g.add_argument("--vocab-file", type=str, default=None)
     g.add_argument("--merge-file", type=str, default=None)
     g.add_argument("--tokenizer-model", type=str, default=None, help="SentencePiece model")
@@ -99,7 +139,9 @@ def _data_args(p: argparse.ArgumentParser) -> None:
 
 def _run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training run")
-    g.add_argument("--train-iters", type=int, default=None)
+    g.add_argument("--train-iters", type=int, default=None, help="iterations to train (or give --train-samples)")
+    g.add_argument("--train-samples", type=int, default=None,
+                   help="samples to train; the iterations follow from the (ramped) global batch")
     g.add_argument("--exit-interval", type=int, default=None,
                    help="stop (after saving, with --save) when the iteration is a multiple of this")
     g.add_argument("--eval-interval", type=int, default=1000)
@@ -107,6 +149,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-interval", type=int, default=100)
     g.add_argument("--tensorboard-dir", type=str, default=None)
     g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--deepspeed-verbose", action="store_true",
+                   help="keep DeepSpeed's start-up prints (topology, layer listing, INFO log) in the log")
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save", type=str, default=None)
     g.add_argument("--load", type=str, default=None)
@@ -118,25 +162,37 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "LR schedule, 0 consumed samples")
 
 
-def build_parser(extra_args_provider: Optional[ExtraArgsProvider] = None) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description="Megatron-TDS pretraining", allow_abbrev=False)
-    for add in (_model_args, _parallel_args, _batch_and_optim_args, _data_args, _run_args):
+def _deepspeed_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `deepspeed.add_config_arguments`, without importing DeepSpeed."""
+    g = p.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    g.add_argument("--deepspeed", action="store_true", help="enable DeepSpeed (accepted; always on)")
+    g.add_argument("--deepspeed_config", "--deepspeed-config", dest="deepspeed_config", type=str, default=None,
+                   help="DeepSpeed JSON configuration file")
+    g.add_argument("--deepscale", action="store_true", help="deprecated alias of --deepspeed")
+    g.add_argument("--deepscale_config", type=str, default=None, help="deprecated alias of --deepspeed_config")
+
+
+def build_parser(extra_args_provider: Optional[ExtraArgsProvider] = None, prog: Optional[str] = None
+                 ) -> argparse.ArgumentParser:
+    p = ArgumentParser(prog=prog, description="Megatron-TDS pretraining", allow_abbrev=False)
+    for add in (_model_args, _parallel_args, _batch_and_optim_args, _data_args, _run_args, _deepspeed_args):
         add(p)
     if extra_args_provider is not None:
         p = extra_args_provider(p)
-    return deepspeed.add_config_arguments(p)
+    return p
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, extra_args_provider: Optional[ExtraArgsProvider] = None,
-               defaults: Optional[Dict[str, object]] = None,
-               world_size: Optional[int] = None) -> argparse.Namespace:
+               defaults: Optional[Dict[str, object]] = None, world_size: Optional[int] = None,
+               prog: Optional[str] = None) -> argparse.Namespace:
     """Parse `argv` (default sys.argv), fill entry-point `defaults` for options left unset, resolve and validate.
 
     `world_size` defaults to the launcher's WORLD_SIZE (1 without a launcher). The result carries the derived
     values (`data_parallel_size`, `gas`, `global_batch_size`, `lr_warmup_iters`, ...) and `ds_config`, the
-    dict DeepSpeed receives.
+    dict DeepSpeed receives. Any mistake raises a one-line `UserError`.
     """
-    args = build_parser(extra_args_provider).parse_args(argv)
+    args = build_parser(extra_args_provider, prog).parse_args(argv)
+    args.deepspeed_config = args.deepspeed_config or args.deepscale_config
     for key, value in (defaults or {}).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)

@@ -44,10 +44,15 @@ def data_parallel_mean(value: torch.Tensor) -> float:
 
 
 def forward_micro_batches(engine, data_iter: Iterator[Batch], loss_fn: LossFn, gas: int, train: bool) -> float:
-    """Non-pipeline path: gas micro-batches, backward + step when training; mean loss over dp."""
+    """Non-pipeline path: gas micro-batches, backward + step when training; mean loss over dp.
+
+    The accumulation boundary is set explicitly (the last of the gas micro-batches): DeepSpeed's own rule,
+    (micro steps so far + 1) % gas == 0, is wrong once the number of micro-batches changes (batch ramp-up)."""
     losses = []
-    for _ in range(gas):
+    for i in range(gas):
         inputs, labels = next(data_iter)
+        if train:
+            engine.set_gradient_accumulation_boundary(i == gas - 1)
         loss = loss_fn(engine(*inputs), labels)
         if train:
             engine.backward(loss)

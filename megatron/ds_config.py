@@ -17,6 +17,8 @@ import json
 import math
 from typing import Any, Dict, Optional, Tuple
 
+from megatron.errors import UserError
+
 SHARED: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("micro_batch_size", ("train_micro_batch_size_per_gpu",)),
     ("gas", ("gradient_accumulation_steps",)),
@@ -35,15 +37,24 @@ FLAG = {name: "--" + name.replace("_", "-") for name, _ in SHARED}
 FORBIDDEN_SECTIONS = ("optimizer", "scheduler")
 
 
-class ConfigConflictError(ValueError):
-    pass
+class ConfigConflictError(UserError):
+    """The DeepSpeed JSON and the command line disagree, or the JSON cannot be used."""
 
 
 def load_json(path: Optional[str]) -> Dict[str, Any]:
+    """The DeepSpeed JSON config as a dict ({} without a path); a one-line error for a missing or bad file."""
     if path is None:
         return {}
-    with open(path) as f:
-        cfg = json.load(f)
+    try:
+        with open(path) as f:
+            cfg = json.load(f)
+    except OSError as err:
+        raise ConfigConflictError(f"--deepspeed_config {path}: cannot read it ({err.strerror})") from None
+    except json.JSONDecodeError as err:
+        raise ConfigConflictError(f"--deepspeed_config {path}: not valid JSON ({err.msg} at line {err.lineno} "
+                                  f"column {err.colno})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigConflictError(f"--deepspeed_config {path}: expected a JSON object, got {type(cfg).__name__}")
     if "bfloat16" in cfg:  # DeepSpeed's older spelling
         cfg.setdefault("bf16", cfg.pop("bfloat16"))
     for section in FORBIDDEN_SECTIONS:
@@ -92,7 +103,7 @@ def merge_json_into_args(args: argparse.Namespace, cfg: Dict[str, Any], path: st
 def initial_scale_power(initial_loss_scale: float) -> int:
     power = math.log2(initial_loss_scale)
     if initial_loss_scale <= 0 or power != int(power):
-        raise ValueError(f"--initial-loss-scale must be a power of two (DeepSpeed stores its exponent), "
+        raise UserError(f"--initial-loss-scale must be a power of two (DeepSpeed stores its exponent), "
                          f"got {initial_loss_scale}")
     return int(power)
 

@@ -2,26 +2,112 @@
 JSON, data and tokenizer files, checkpoints that do not match the run.
 
 Raise `UserError` (or a subclass) with one line that names the problem, the values and what to do. The
-entry points (`pretrain_*.py`) and every CLI under `tools/` catch it, print `error: <message>` once and exit
-with status 2, without a traceback. Any other exception is a bug and keeps its traceback.
+entry points (`pretrain_*.py`) and every CLI under `tools/` run their main through `exit_on_user_error`:
+a UserError prints `error: <message>` once and exits with status 2, without a traceback. Any other
+exception is a bug and keeps its traceback (`MEGATRON_TRACEBACK=1` shows it for a UserError too).
+
+Once per launch, not once per rank. A launch of N processes may see the mistake on every rank (arguments)
+or on some (a data file read by tensor-parallel rank 0 only). The first rank to report it creates a
+marker file with O_EXCL, and only that rank prints; the others exit 2 silently:
+
+    MEGATRON_ERROR_FILE set (the example scripts)   that file; the script prints its content once, after the
+                                                    launcher has stopped every process, and exits 2
+    otherwise, several processes                    <tmp>/megatron-error-<launcher pid>-<its start time>-
+                                                    <MASTER_PORT>, shared by the processes of one launcher
+                                                    on one node (with several nodes: once per node)
+
+The ranks that did not see the mistake are blocked in a collective with a rank that has exited, or are
+stopped by the launcher (torchrun and DeepSpeed stop all processes when one exits non-zero). Whatever
+such a rank raises once the marker exists is a consequence, not a second error: it exits 2 silently
+instead of printing a traceback (gloo's "Connection closed by peer" and the like).
 """
 from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+import tempfile
+from typing import Callable, Optional
+
+ERROR_FILE_ENV = "MEGATRON_ERROR_FILE"
+USER_ERROR_STATUS = 2
 
 
 class UserError(ValueError):
     """A mistake in the user's input; the message is the whole report (one line, with the values)."""
 
 
+def one_line(message: str) -> str:
+    """The message on one line (a multi-line message from a library is joined with ' | ')."""
+    return " | ".join(part.strip() for part in str(message).strip().splitlines() if part.strip())
+
+
+def _marker_path() -> Optional[str]:
+    """Where this launch records its first user error; None for a single process."""
+    explicit = os.environ.get(ERROR_FILE_ENV)
+    if explicit:
+        return explicit
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return None
+    launcher = os.getppid()
+    try:  # the launcher's start time: a later launch that reuses its pid does not see this marker
+        started = int(os.stat(f"/proc/{launcher}").st_ctime)
+    except OSError:
+        started = 0
+    name = f"megatron-error-{launcher}-{started}-{os.environ.get('MASTER_PORT', '0')}"
+    return os.path.join(tempfile.gettempdir(), name)
+
+
+def _claim(path: str, message: str) -> bool:
+    """Create `path` holding `message`; False if another process of the launch created it first."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as f:
+        f.write(message + "\n")
+    return True
+
+
+def report_user_error(err: BaseException) -> None:
+    """Print `error: <message>` to stderr unless another process of this launch reported first (or the
+    example script will print it from MEGATRON_ERROR_FILE)."""
+    message = one_line(str(err))
+    path = _marker_path()
+    first = path is None or _claim(path, message)
+    if first and not os.environ.get(ERROR_FILE_ENV):
+        print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+def another_rank_reported() -> bool:
+    path = _marker_path()
+    return path is not None and os.path.exists(path)
+
+
+def _exit(status: int) -> None:
+    """Exit; with torch.distributed initialised, without running destructors: a process group whose peer
+    has gone holds joinable threads, and destroying them at interpreter exit aborts the process
+    ("terminate called without an active exception", SIGABRT) instead of returning `status`."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+    sys.exit(status)
+
+
 def exit_on_user_error(main: Callable[[], object]) -> object:
-    """Run `main()`; a UserError prints `error: <message>` once (rank 0 of the launch, from RANK) to stderr and
-    exits with status 2, without a traceback. Other exceptions propagate with their traceback."""
+    """Run `main()`; a UserError is reported once per launch (see the module docstring) and exits with
+    status 2, without a traceback. Another exception exits 2 silently if a rank of this launch already
+    reported a user error (it is a consequence); otherwise it propagates with its traceback."""
     try:
         return main()
     except UserError as err:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        if os.environ.get("MEGATRON_TRACEBACK"):
+            import traceback
+            traceback.print_exc()
+        report_user_error(err)
+        _exit(USER_ERROR_STATUS)
+    except Exception:
+        if another_rank_reported():
+            _exit(USER_ERROR_STATUS)
+        raise

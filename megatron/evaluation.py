@@ -1,4 +1,4 @@
-"""Validation / test loss: --eval-iters global batches, forward only, dropout off.
+"""Validation / test loss: --eval-iters global batches (the full --global-batch-size), forward only, dropout off.
 
 Every evaluation reads the same first eval_iters x global_batch samples of its split (the iterator is
 rebuilt each time), so successive validation losses are comparable and a resumed run evaluates exactly as
@@ -20,8 +20,8 @@ def evaluate(engine, args: argparse.Namespace, data_iter: Iterator, loss_fn: Cal
     """Mean loss over eval_iters x gas micro-batches and the data-parallel replicas."""
     losses = []
     if args.pipe_parallel_size > 1:
-        for _ in range(args.eval_iters):
-            losses.append(float(engine.eval_batch(data_iter)))
+        for _ in range(args.eval_iters):  # full global batches, also while the training batch ramps up
+            losses.append(float(engine.eval_batch(data_iter, num_micro_batches=args.gas)))
         return sum(losses) / len(losses)
     engine.eval()
     with torch.no_grad():

@@ -18,6 +18,8 @@ recomputation is counted (hardware FLOPs, the convention of Megatron's published
 """
 from __future__ import annotations
 
+from typing import Optional
+
 
 def self_attention_layer_flops(b: int, s: int, h: int, d: int, f: int) -> float:
     """Forward FLOPs of a self-attention + MLP layer (formula in the module docstring)."""
@@ -36,10 +38,12 @@ def gpt_flops_per_iteration(b: int, s: int, num_layers: int, h: int, d: int, f: 
 
 
 def t5_flops_per_iteration(b: int, s_enc: int, s_dec: int, num_layers: int, h: int, d: int, f: int, vocab: int,
-                           recompute: bool) -> float:
-    """`num_layers` encoder layers + `num_layers` decoder layers (self + cross attention + MLP)."""
+                           recompute: bool, num_decoder_layers: Optional[int] = None) -> float:
+    """`num_layers` encoder layers + `num_decoder_layers` (default num_layers) decoder layers (self + cross
+    attention + MLP)."""
     encoder = num_layers * self_attention_layer_flops(b, s_enc, h, d, f)
-    decoder = num_layers * (self_attention_layer_flops(b, s_dec, h, d, f) + cross_attention_flops(b, s_dec, s_enc,
+    decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
+    decoder = decoder_layers * (self_attention_layer_flops(b, s_dec, h, d, f) + cross_attention_flops(b, s_dec, s_enc,
                                                                                                    h, d))
     logits = 2 * b * s_dec * h * vocab
     return (4 if recompute else 3) * (encoder + decoder) + 3 * logits
@@ -51,7 +55,7 @@ def flops_per_iteration(args) -> float:
                   f=args.ffn_hidden_size, vocab=args.padded_vocab_size, recompute=args.checkpoint_activations)
     if args.model_type == "t5":
         return t5_flops_per_iteration(args.global_batch_size, args.encoder_seq_length, args.decoder_seq_length,
-                                      **common)
+                                      num_decoder_layers=getattr(args, "decoder_num_layers", None), **common)
     return gpt_flops_per_iteration(args.global_batch_size, args.seq_length, **common)
 
 

@@ -39,22 +39,26 @@ class IntervalStats:
     losses: List[float] = field(default_factory=list)
     grad_norms: List[float] = field(default_factory=list)
     seconds: float = 0.0
+    samples: int = 0
 
-    def add(self, loss: float, grad_norm: Optional[float], seconds: float) -> None:
+    def add(self, loss: float, grad_norm: Optional[float], seconds: float, samples: int) -> None:
         self.losses.append(loss)
         if grad_norm is not None:
             self.grad_norms.append(grad_norm)
         self.seconds += seconds
+        self.samples += samples
 
 
-def interval_metrics(stats: IntervalStats, tokens_per_iteration: int, flops_per_iteration: float,
+def interval_metrics(stats: IntervalStats, tokens_per_sample: int, flops_per_sample: float,
                      world_size: int) -> Dict[str, float]:
-    """Means over the interval: loss, grad norm, ms/iter, tokens/s, TFLOP/s per device."""
+    """Means over the interval: loss, grad norm, ms/iter, tokens/s, TFLOP/s per device (the global batch may
+    change between iterations, so throughput counts the interval's samples)."""
     n = max(1, len(stats.losses))
     sec_per_iter = stats.seconds / n
+    per_second = 1.0 / stats.seconds if stats.seconds > 0 else 0.0
     out = dict(loss=sum(stats.losses) / n, ms_per_iter=1e3 * sec_per_iter,
-               tokens_per_s=tokens_per_iteration / sec_per_iter if sec_per_iter > 0 else 0.0,
-               tflops_per_device=flops_per_iteration / sec_per_iter / world_size / 1e12 if sec_per_iter > 0 else 0.0)
+               tokens_per_s=stats.samples * tokens_per_sample * per_second,
+               tflops_per_device=stats.samples * flops_per_sample * per_second / world_size / 1e12)
     if stats.grad_norms:
         out["grad_norm"] = sum(stats.grad_norms) / len(stats.grad_norms)
     return out

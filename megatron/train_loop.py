@@ -1,10 +1,15 @@
 """One training iteration and the loop around it (logging, evaluation, checkpoints).
 
-An iteration consumes one global batch = gas micro-batches on every data-parallel replica:
-    pipeline (pp > 1):  engine.train_batch(data_iter) runs the TDS schedule over the gas micro-batches
-    otherwise:          gas x (loss = loss_fn(engine(*inputs), labels); engine.backward(loss); engine.step())
-                        (DeepSpeed divides by gas and applies the update at the accumulation boundary)
+An iteration consumes one global batch = m micro-batches on every data-parallel replica:
+    pipeline (pp > 1):  engine.train_batch(data_iter) runs the TDS schedule over the m micro-batches
+    otherwise:          m x (loss = loss_fn(engine(*inputs), labels); engine.backward(loss); engine.step())
+                        (DeepSpeed divides by m and applies the update at the accumulation boundary)
 The reported loss is the mean over micro-batches and data-parallel replicas, in both cases.
+
+m is --gas, or with --rampup-batch-size the ramp's value for the samples consumed so far
+(`megatron.batch_schedule`): before each iteration `engine.set_train_batch_size` gets the iteration's global
+batch (TDS and DeepSpeed's engine then run that many micro-batches) and, for an LR schedule in samples, the
+scheduler advances by that batch at its step.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional
 
+from megatron.batch_schedule import BatchSchedule
 from megatron.batches import Batch, LossFn, forward_micro_batches
 from megatron.checkpointing import save_checkpoint
 from megatron.evaluation import evaluate_and_print
@@ -30,10 +36,26 @@ class TrainState:
     saved_iteration: int = -1
 
 
-def train_step(engine, data_iter: Iterator[Batch], loss_fn: LossFn, args: argparse.Namespace) -> float:
+def train_step(engine, data_iter: Iterator[Batch], loss_fn: LossFn, args: argparse.Namespace,
+               micro_batches: int) -> float:
     if args.pipe_parallel_size > 1:
         return float(engine.train_batch(data_iter=data_iter))
-    return forward_micro_batches(engine, data_iter, loss_fn, args.gas, train=True)
+    return forward_micro_batches(engine, data_iter, loss_fn, micro_batches, train=True)
+
+
+def batch_schedule(args: argparse.Namespace) -> BatchSchedule:
+    return BatchSchedule(args.global_batch_size, args.micro_batch_size, args.data_parallel_size,
+                         args.rampup_batch_size)
+
+
+def set_iteration_batch(engine, args: argparse.Namespace, schedule: BatchSchedule, consumed: int) -> int:
+    """Size the engine (and an LR schedule in samples) for the next iteration's global batch; returns it."""
+    batch = schedule.global_batch(consumed)
+    if engine.train_batch_size() != batch:
+        engine.set_train_batch_size(batch)
+    if args.lr_schedule_unit == "samples":
+        engine.lr_scheduler.increment = batch
+    return batch
 
 
 def _grad_norm(engine) -> Optional[float]:
@@ -46,7 +68,7 @@ def _loss_scale(engine, args: argparse.Namespace) -> Optional[float]:
 
 
 def _log_interval(engine, args, state: TrainState, stats: IntervalStats, lr: float, tb: TensorBoard) -> None:
-    metrics = interval_metrics(stats, args.global_batch_size * tokens_per_sample(args), flops_per_iteration(args),
+    metrics = interval_metrics(stats, tokens_per_sample(args), flops_per_iteration(args) / args.global_batch_size,
                                args.world_size)
     scale = _loss_scale(engine, args)
     print_rank_last(format_log_line(state.iteration, args.train_iters, state.consumed_train_samples, lr, metrics,
@@ -61,18 +83,19 @@ def train(engine, args: argparse.Namespace, state: TrainState, train_iter: Itera
           make_valid_iter: Optional[Callable[[], Iterator[Batch]]], tb: TensorBoard) -> TrainState:
     """Iterate from state.iteration + 1 to --train-iters (or the next multiple of --exit-interval);
     log, evaluate and save on their intervals."""
-    stats = IntervalStats()
+    stats, schedule = IntervalStats(), batch_schedule(args)
     engine.train()
     while state.iteration < args.train_iters:
+        batch = set_iteration_batch(engine, args, schedule, state.consumed_train_samples)
         lr = engine.lr_scheduler.get_lr()
         start = time.perf_counter()
-        loss = train_step(engine, train_iter, loss_fn, args)
+        loss = train_step(engine, train_iter, loss_fn, args, schedule.micro_batches(state.consumed_train_samples))
         tds_device.synchronize()
         state.iteration += 1
-        state.consumed_train_samples += args.global_batch_size
+        state.consumed_train_samples += batch
         state.losses.append(loss)
         state.grad_norms.append(_grad_norm(engine))
-        stats.add(loss, state.grad_norms[-1], time.perf_counter() - start)
+        stats.add(loss, state.grad_norms[-1], time.perf_counter() - start, batch)
         if state.iteration % args.log_interval == 0:
             _log_interval(engine, args, state, stats, lr, tb)
             stats = IntervalStats()

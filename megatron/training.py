@@ -5,6 +5,13 @@
     (the train sampler resumes after the consumed samples) -> train loop -> final test evaluation
 
 An entry point supplies a `ModelHooks`: how to build the model, the datasets, a micro-batch and the loss.
+
+User mistakes are `megatron.errors.UserError`s (one line, exit 2 through the entry point's
+`exit_on_user_error`): the arguments and input files (`megatron.preflight.check_inputs`, on every rank
+before anything starts), tokenizer files that do not load, and what tds / DeepSpeed refuse in the
+configuration when the engine is built (a ValueError there: --partition-method, the DeepSpeed JSON's
+sections). tds cannot raise megatron's class (it never imports megatron), so the conversion happens here;
+`tds.pipe.PipelineLayoutError` stays a bug: the layouts are declared by our Pipe models, not by the user.
 """
 from __future__ import annotations
 
@@ -21,12 +28,14 @@ from megatron.arguments import parse_args
 from megatron.batches import BatchIterator
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.data.samplers import build_pretraining_data_loader
+from megatron.errors import UserError, one_line
 from megatron.evaluation import evaluate_and_print
 from megatron.initialize import initialize_megatron
 from megatron.learning_rates import AnnealingLR
 from megatron.logging_utils import TensorBoard, print_rank_0
 from megatron.model.config import padded_vocab_size
 from megatron.optimizer import build_optimizer
+from megatron.preflight import check_inputs
 from megatron.tokenizer import build_tokenizer
 from megatron.train_loop import TrainState, train
 
@@ -46,14 +55,27 @@ class ModelHooks:
     loss_fn: Callable
 
 
+def lr_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> AnnealingLR:
+    """The LR schedule in iterations (--train-iters) or in samples (--train-samples, Megatron's rule)."""
+    if args.lr_schedule_unit == "samples":
+        warmup, decay = args.lr_warmup_samples, args.lr_decay_samples
+    else:
+        warmup, decay = args.lr_warmup_iters, args.lr_decay_iters
+    return AnnealingLR(optimizer, args.lr, args.min_lr, warmup, decay, args.lr_decay_style)
+
+
 def setup_engine(args: argparse.Namespace, hooks: ModelHooks):
     """Model, AdamW, LR schedule, wrapped by tds.initialize (TDS PipelineEngine or DeepSpeedEngine)."""
-    model = hooks.model_provider(args)
-    optimizer = build_optimizer(model, args)
-    scheduler = AnnealingLR(optimizer, args.lr, args.min_lr, args.lr_warmup_iters, args.lr_decay_iters,
-                            args.lr_decay_style)
-    engine, _, _, _ = tds.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                     config=args.ds_config, mpu=mpu)
+    try:
+        model = hooks.model_provider(args)
+        optimizer = build_optimizer(model, args)
+        engine, _, _, _ = tds.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler(optimizer, args),
+                                         config=args.ds_config, mpu=mpu)
+    except ValueError as err:
+        if isinstance(err, (UserError, tds.pipe.PipelineLayoutError)):
+            raise
+        raise UserError(f"the engine refused the configuration: {one_line(err)} (check --partition-method and "
+                        f"--deepspeed_config {args.deepspeed_config})") from err
     _keep_fp32_grad_norm(engine)
     return engine
 
@@ -82,16 +104,27 @@ def data_loader(dataset, consumed: int, args: argparse.Namespace) -> Optional[to
 
 
 def split_sample_counts(args: argparse.Namespace) -> List[int]:
-    """Samples each split must provide: train_iters x gbs for training, eval_iters x gbs for valid and test
-    (every evaluation reads the same first samples)."""
-    return [args.train_iters * args.global_batch_size] + [args.eval_iters * args.global_batch_size] * 2
+    """Samples each split must provide: --train-samples (or train_iters x gbs) for training, eval_iters x gbs
+    for valid and test (every evaluation reads the same first samples)."""
+    train = args.train_samples if args.train_samples is not None else args.train_iters * args.global_batch_size
+    return [train] + [args.eval_iters * args.global_batch_size] * 2
+
+
+def build_tokenizer_from_args(args: argparse.Namespace):
+    """The tokenizer the arguments name; a file that does not load is a UserError naming it."""
+    try:
+        return build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.tokenizer_model,
+                               args.vocab_extra_ids)
+    except (OSError, ValueError) as err:
+        if isinstance(err, UserError):
+            raise
+        raise UserError(f"cannot build the {args.tokenizer_type}: {one_line(err)}") from err
 
 
 def initialize_and_build(args: argparse.Namespace, hooks: ModelHooks):
     """Distributed start-up, tokenizer (sets args.padded_vocab_size), engine; returns (engine, tokenizer)."""
     initialize_megatron(args)
-    tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.tokenizer_model,
-                                args.vocab_extra_ids)
+    tokenizer = build_tokenizer_from_args(args)
     args.vocab_size = tokenizer.vocab_size
     args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
                                                args.tensor_model_parallel_size)
@@ -103,13 +136,26 @@ def initialize_and_build(args: argparse.Namespace, hooks: ModelHooks):
     return setup_engine(args, hooks), tokenizer
 
 
+def already_complete(args: argparse.Namespace, iteration: int) -> str:
+    """The one line a run prints when --load already holds the last iteration."""
+    length = (f"--train-samples {args.train_samples} ({args.train_iters} iterations)"
+              if args.train_samples is not None else f"--train-iters {args.train_iters}")
+    more = "--train-samples" if args.train_samples is not None else "--train-iters"
+    return (f"training is already complete: the checkpoint in {args.load} is at iteration {iteration} of {length}; "
+            f"to train further raise {more} (TRAIN_ITERS=... with the example scripts), to start over use another "
+            f"--save/--load directory (WORK_DIR=... with the example scripts)")
+
+
 def pretrain(args: argparse.Namespace, hooks: ModelHooks) -> TrainState:
     """Train to --train-iters (resuming from --load), save at the end, evaluate on the test split."""
     engine, tokenizer = initialize_and_build(args, hooks)
     iteration, consumed = load_checkpoint(engine, args) if args.load else (0, 0)
+    if iteration >= args.train_iters:
+        print_rank_0(already_complete(args, iteration))
+        return TrainState(iteration, consumed, saved_iteration=iteration)
     datasets = hooks.datasets_provider(args, tokenizer, split_sample_counts(args))
     if datasets[0] is None:
-        raise ValueError(f"--split {args.split} leaves no training documents in --data-path {args.data_path}")
+        raise UserError(f"--split {args.split} leaves no training documents in --data-path {' '.join(args.data_path)}")
     get_batch = partial(hooks.get_batch, args=args, tokenizer=tokenizer)
     state = TrainState(iteration, consumed, saved_iteration=iteration if args.load else -1)
     tb = TensorBoard(args.tensorboard_dir)
@@ -119,9 +165,8 @@ def pretrain(args: argparse.Namespace, hooks: ModelHooks) -> TrainState:
             return None
         return lambda: BatchIterator(data_loader(datasets[split], 0, args), get_batch)
 
-    if iteration < args.train_iters:
-        train_iter = BatchIterator(data_loader(datasets[0], consumed, args), get_batch)
-        train(engine, args, state, train_iter, hooks.loss_fn, eval_iter(1), tb)
+    train_iter = BatchIterator(data_loader(datasets[0], consumed, args), get_batch)
+    train(engine, args, state, train_iter, hooks.loss_fn, eval_iter(1), tb)
     if args.save and state.saved_iteration != state.iteration:
         save_checkpoint(engine, args, state.iteration, state.consumed_train_samples)
     test_iter = eval_iter(2)
@@ -133,5 +178,7 @@ def pretrain(args: argparse.Namespace, hooks: ModelHooks) -> TrainState:
 
 
 def run(argv: Optional[Sequence[str]], hooks: ModelHooks, defaults: dict) -> TrainState:
-    """Entry-point main: parse and resolve the arguments, then `pretrain`."""
-    return pretrain(parse_args(argv, defaults=defaults), hooks)
+    """Entry-point main: parse and resolve the arguments, check the input files exist, then `pretrain`."""
+    args = parse_args(argv, defaults=defaults)
+    check_inputs(args)
+    return pretrain(args, hooks)

@@ -17,12 +17,15 @@ from typing import List, Optional
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
-from megatron.data.indexed_dataset import (IndexedDatasetError, MMapIndexedDataset,  # noqa: E402
-                                           MMapIndexedDatasetBuilder, data_file_path, index_file_path)
+from megatron.arguments import ArgumentParser  # noqa: E402
+from megatron.data.indexed_dataset import (MMapIndexedDataset, MMapIndexedDatasetBuilder,  # noqa: E402
+                                           data_file_path, index_file_path)
+from megatron.errors import UserError, exit_on_user_error  # noqa: E402
 
 
-class MergeError(Exception):
-    """Bad inputs; the tool prints the one-line message and exits with status 1."""
+class MergeError(UserError):
+    """Bad inputs: `error: <message>` on one line and exit status 2 (megatron.errors); a bad .bin/.idx pair
+    raises IndexedDatasetError, also a UserError."""
 
 
 def expand_inputs(inputs: List[str]) -> List[str]:
@@ -68,24 +71,22 @@ def merge_datasets(prefixes: List[str], output_prefix: str) -> MMapIndexedDatase
 
 
 def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", nargs="+", required=True, help="dataset prefixes, or one directory of them")
     p.add_argument("--output-prefix", required=True)
     return p.parse_args(argv)
 
 
 def main(argv: Optional[List[str]] = None) -> MMapIndexedDataset:
+    """The CLI; a mistake raises a UserError (run as a script: `error: ...`, exit 2)."""
     args = get_args(argv)
-    try:
-        prefixes = expand_inputs(args.input)
-        os.makedirs(os.path.dirname(os.path.abspath(args.output_prefix)), exist_ok=True)
-        merged = merge_datasets(prefixes, args.output_prefix)
-    except (MergeError, IndexedDatasetError) as e:
-        sys.exit(f"merge_datasets.py: error: {e}")
+    prefixes = expand_inputs(args.input)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output_prefix)), exist_ok=True)
+    merged = merge_datasets(prefixes, args.output_prefix)
     print(f"merged {len(prefixes)} datasets: {len(merged)} items, {len(merged.doc_idx) - 1} documents, "
           f"{int(merged.sizes.sum())} tokens -> {args.output_prefix}", file=sys.stderr)
     return merged
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

@@ -34,7 +34,9 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import numpy as np  # noqa: E402
 
+from megatron.arguments import ArgumentParser  # noqa: E402
 from megatron.data import indexed_dataset  # noqa: E402
+from megatron.errors import UserError, exit_on_user_error  # noqa: E402
 from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer  # noqa: E402
 
 TEXT_FORMATS = ("auto", "jsonl", "lines", "paragraphs")
@@ -42,8 +44,8 @@ CHUNKSIZE = 25  # documents per task sent to a worker (Megatron's imap chunksize
 MAX_REPORTED_BAD_LINES = 5
 
 
-class InputError(Exception):
-    """Bad input or arguments; the tool prints the one-line message and exits with status 1."""
+class InputError(UserError):
+    """Bad input or arguments: `error: <message>` on one line and exit status 2 (megatron.errors)."""
 
 
 class Terminated(BaseException):
@@ -361,7 +363,7 @@ def preprocess(args: argparse.Namespace, stop: Optional[StopSignals] = None) -> 
 
 
 def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("input data")
     g.add_argument("--input", required=True, help="jsonl, or text with one document per line / paragraph")
     g.add_argument("--text-format", choices=TEXT_FORMATS, default="auto")
@@ -384,15 +386,14 @@ def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> Stats:
+    """The CLI; a mistake raises InputError (run as a script: `error: ...`, exit 2), a signal exits 1."""
     args = get_args(argv)
     try:
         with StopSignals() as stop:
             return preprocess(args, stop)
-    except InputError as e:
-        sys.exit(f"preprocess_data.py: error: {e}")
     except Terminated as e:
         sys.exit(f"preprocess_data.py: error: {e}; no output written")
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

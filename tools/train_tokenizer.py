@@ -18,6 +18,8 @@ from typing import Iterator, List, Optional, Tuple
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
+from megatron.arguments import ArgumentParser  # noqa: E402
+from megatron.errors import exit_on_user_error  # noqa: E402
 from tools.preprocess_data import (TEXT_FORMATS, BadRecord, InputError, iter_records, parse_record,  # noqa: E402
                                    resolve_format)
 
@@ -106,7 +108,7 @@ def train_sentencepiece(texts: Iterator[str], vocab_size: int, output_dir: str) 
 
 
 def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--input", required=True, help="jsonl, or text with one document per line / paragraph")
     p.add_argument("--json-key", default="text")
     p.add_argument("--text-format", choices=TEXT_FORMATS, default="auto")
@@ -117,18 +119,16 @@ def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> List[str]:
+    """The CLI; a mistake raises InputError (run as a script: `error: ...`, exit 2)."""
     args = get_args(argv)
-    try:
-        texts = iter_texts(args.input, args.json_key, args.text_format)
-        if args.type == "bpe":
-            paths = list(train_bpe(texts, args.vocab_size, args.output_dir))
-        else:
-            paths = [train_sentencepiece(texts, args.vocab_size, args.output_dir)]
-    except InputError as e:
-        sys.exit(f"train_tokenizer.py: error: {e}")
+    texts = iter_texts(args.input, args.json_key, args.text_format)
+    if args.type == "bpe":
+        paths = list(train_bpe(texts, args.vocab_size, args.output_dir))
+    else:
+        paths = [train_sentencepiece(texts, args.vocab_size, args.output_dir)]
     print(f"wrote {', '.join(paths)}", file=sys.stderr)
     return paths
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_user_error(main)

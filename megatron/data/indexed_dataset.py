@@ -32,6 +32,8 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from megatron.errors import UserError
+
 MAGIC = b"MMIDIDX\x00\x00"
 VERSION = 1
 HEADER_BYTES = 34  # 9 magic + 8 version + 1 dtype code + 8 N + 8 D
@@ -40,7 +42,7 @@ DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
 _WARMUP_CHUNK = 100 * 1024 * 1024
 
 
-class IndexedDatasetError(ValueError):
+class IndexedDatasetError(UserError):
     """A .bin/.idx pair that is not a valid MMIDIDX v1 dataset (the message names the file)."""
 
 

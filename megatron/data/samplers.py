@@ -12,6 +12,7 @@ from typing import Iterator, List, Sequence
 import numpy as np
 import torch
 
+from megatron.errors import UserError
 from tds import device as tds_device
 
 
@@ -24,8 +25,9 @@ class MegatronPretrainingSampler:
             raise ValueError(f"need positive total_samples, micro_batch_size and data_parallel_size, got "
                              f"{total_samples}, {micro_batch_size}, {data_parallel_size}")
         if not 0 <= consumed_samples < total_samples:
-            raise ValueError(f"consumed_samples {consumed_samples} must be in [0, total_samples={total_samples}): "
-                             f"no data left to train on")
+            raise UserError(f"{consumed_samples} samples already consumed (--load) but the dataset has "
+                            f"{total_samples}: no data left to train on; check --data-path, --split and "
+                            f"--train-iters / --train-samples")
         if not 0 <= data_parallel_rank < data_parallel_size:
             raise ValueError(f"data_parallel_rank {data_parallel_rank} not in [0, {data_parallel_size})")
         self.total_samples = total_samples

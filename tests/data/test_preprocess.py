@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.errors import UserError
 from megatron.tokenizer import build_tokenizer
 from tests.data.corpus import make_bpe, make_corpus, make_spm, make_texts
 from tools import merge_datasets, preprocess_data, train_tokenizer
@@ -84,10 +85,10 @@ def test_bad_line_fails_and_leaves_nothing(tmp_path, bpe_files, capsys, workers)
     rows = [{"text": f"document {i}"} for i in range(400)]
     rows[321] = '{"text": "unterminated'
     corpus = write_jsonl(tmp_path / "c.jsonl", rows)
-    with pytest.raises(SystemExit) as info:
+    with pytest.raises(UserError) as info:
         preprocess_data.main(["--input", corpus, "--output-prefix", str(tmp_path / "o"), "--workers",
                               str(workers), *bpe_args(bpe_files)])
-    assert "c.jsonl:322: malformed JSON" in str(info.value.code) and "\n" not in str(info.value.code)
+    assert "c.jsonl:322: malformed JSON" in str(info.value) and "\n" not in str(info.value)
     assert os.listdir(tmp_path) == ["c.jsonl"]
 
 
@@ -105,7 +106,7 @@ def test_skip_bad_lines_counts(tmp_path, bpe_files):
 
 def test_bad_key_names_line_and_keys(tmp_path, bpe_files):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"content": "x"}])
-    with pytest.raises(SystemExit, match=r"c\.jsonl:1: no key 'text' \(keys: content\)"):
+    with pytest.raises(UserError, match=r"c\.jsonl:1: no key 'text' \(keys: content\)"):
         preprocess_data.main(["--input", corpus, "--output-prefix", str(tmp_path / "o"), *bpe_args(bpe_files)])
 
 
@@ -117,7 +118,7 @@ def test_cli_errors_exit_nonzero_with_one_line(tmp_path, bpe_files):
     for argv, needle in cases:
         proc = subprocess.run([sys.executable, "tools/preprocess_data.py", "--output-prefix", str(tmp_path / "o"),
                                *argv], cwd=REPO, capture_output=True, text=True, timeout=60)
-        assert proc.returncode != 0 and needle in proc.stderr
+        assert proc.returncode == 2 and needle in proc.stderr and proc.stderr.startswith("error: ")
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
@@ -172,7 +173,7 @@ def test_merge_rejects_mixed_dtypes(tmp_path):
         builder.add_item([1, 2])
         builder.end_document()
         builder.finalize(str(tmp_path / f"{name}.idx"))
-    with pytest.raises(SystemExit, match=r"dtype mismatch: .*a is uint16 but .*b is int32"):
+    with pytest.raises(UserError, match=r"dtype mismatch: .*a is uint16 but .*b is int32"):
         merge_datasets.main(["--input", str(tmp_path / "a"), str(tmp_path / "b"), "--output-prefix",
                              str(tmp_path / "m")])
     assert sorted(os.listdir(tmp_path)) == ["a.bin", "a.idx", "b.bin", "b.idx"]
@@ -185,7 +186,7 @@ def test_train_tokenizer_cli_on_text(tmp_path):
                                           "--output-dir", str(tmp_path / "tok")])
     tokenizer = build_tokenizer("GPT2BPETokenizer", vocab, merges)
     assert tokenizer.vocab_size == 400 and tokenizer.eod == 0
-    with pytest.raises(SystemExit, match="too small"):
+    with pytest.raises(UserError, match="too small"):
         train_tokenizer.main(["--input", str(corpus), "--type", "bpe", "--vocab-size", "100",
                               "--output-dir", str(tmp_path / "tok2")])
 
@@ -193,19 +194,19 @@ def test_train_tokenizer_cli_on_text(tmp_path):
 @pytest.mark.parametrize("kind", ["bpe", "sentencepiece"])
 def test_train_tokenizer_bad_line_is_one_line_error(tmp_path, kind):
     corpus = write_jsonl(tmp_path / "c.jsonl", [{"text": t} for t in make_texts(50)] + ['{"text": 1'])
-    with pytest.raises(SystemExit, match=r"c\.jsonl:51: malformed JSON") as info:
+    with pytest.raises(UserError, match=r"c\.jsonl:51: malformed JSON") as info:
         train_tokenizer.main(["--input", corpus, "--type", kind, "--vocab-size", "600", "--output-dir",
                               str(tmp_path / "tok")])
-    assert "\n" not in str(info.value.code)
+    assert "\n" not in str(info.value)
     assert not os.path.exists(tmp_path / "tok") or os.listdir(tmp_path / "tok") == []
 
 
 def test_train_sentencepiece_too_small_vocab(tmp_path):
     corpus = make_corpus(str(tmp_path))
-    with pytest.raises(SystemExit, match="sentencepiece training failed: .*Vocabulary size is smaller") as info:
+    with pytest.raises(UserError, match="sentencepiece training failed: .*Vocabulary size is smaller") as info:
         train_tokenizer.main(["--input", corpus, "--type", "sentencepiece", "--vocab-size", "100",
                               "--output-dir", str(tmp_path / "tok")])
-    assert "\n" not in str(info.value.code)
+    assert "\n" not in str(info.value)
 
 
 def _square(x):

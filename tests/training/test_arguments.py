@@ -3,8 +3,9 @@ import json
 
 import pytest
 
-from megatron.arguments import parse_args
+from megatron.arguments import ENTRY_DEFAULTS, parse_args
 from megatron.ds_config import ConfigConflictError
+from megatron.errors import UserError
 
 BASE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--micro-batch-size", "2", "--train-iters", "10"]
@@ -52,7 +53,7 @@ def test_pipe_parallel_zero_means_no_pipeline():
     (["--initial-loss-scale", "1000", "--fp16"], 8, ["power of two", "1000"]),
 ])
 def test_validation_errors_name_values(extra, world, words):
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(UserError) as err:
         parse(*extra, world_size=world)
     message = str(err.value)
     assert "\n" not in message
@@ -112,3 +113,126 @@ def test_shipped_configs_resolve():
     for name in ("examples/ds_config_gpt2.json", "examples/ds_config_t5.json"):
         args = parse("--deepspeed_config", name, "--global-batch-size", "16", world_size=8)
         assert args.ds_config["zero_optimization"]["stage"] == 1
+
+
+# --- issue 14: one class for mistakes, sample-based training, ramp-up, T5 v1.1 options --------------------
+NEW_FLAGS = ["--train-samples", "--lr-decay-samples", "--lr-warmup-samples", "--rampup-batch-size",
+             "inverse-square-root", "--decoder-num-layers", "--feed-forward-proj",
+             "--untie-embeddings-and-output-weights",
+             "--relative-attention-num-buckets", "--relative-attention-max-distance", "--deepspeed-verbose"]
+
+
+def test_new_flags_in_help():
+    from megatron.arguments import build_parser
+    text = build_parser().format_help()
+    for flag in NEW_FLAGS:
+        assert flag in text, flag
+
+
+def _gpt(*extra, world_size=8):
+    return parse_args(list(BASE) + list(extra), defaults=ENTRY_DEFAULTS["gpt"], world_size=world_size)
+
+
+def _t5(*extra, world_size=8):
+    return parse_args(list(BASE) + list(extra), defaults=ENTRY_DEFAULTS["t5"], world_size=world_size)
+
+
+SAMPLES = ["--train-samples", "200", "--global-batch-size", "16"]
+
+
+def test_sample_based_resolution():
+    i = BASE.index("--train-iters")
+    base = BASE[:i] + BASE[i + 2:]
+    args = parse_args(base + SAMPLES + ["--lr-warmup-fraction", "0.1"], world_size=8)
+    assert (args.train_iters, args.lr_schedule_unit, args.lr_decay_samples, args.lr_warmup_samples) == \
+        (12, "samples", 200, 20)  # 200 // 16 iterations; decay over all samples
+    args = parse_args(base + SAMPLES + ["--rampup-batch-size", "4", "4", "24", "--lr-warmup-samples", "8"],
+                      world_size=2)
+    assert args.train_iters == 4 + (200 - 28) // 16 and args.lr_warmup_samples == 8  # ramp 4 4 8 12, then 16
+    args = parse_args(BASE, world_size=8)
+    assert (args.lr_schedule_unit, args.lr_decay_iters, args.lr_warmup_iters) == ("iterations", 10, 0)
+
+
+def test_t5_defaults_and_v11_flags():
+    args = _t5()
+    assert (args.decoder_num_layers, args.feed_forward_proj, args.untie_embeddings_and_output_weights,
+            args.relative_attention_num_buckets, args.relative_attention_max_distance) == (2, "relu", False, 32, 128)
+    args = _t5("--decoder-num-layers", "5", "--feed-forward-proj", "gated-gelu",
+               "--untie-embeddings-and-output-weights", "--relative-attention-num-buckets", "16",
+               "--relative-attention-max-distance", "64")
+    assert (args.decoder_num_layers, args.feed_forward_proj, args.untie_embeddings_and_output_weights,
+            args.relative_attention_num_buckets, args.relative_attention_max_distance) == \
+        (5, "gated-gelu", True, 16, 64)
+
+
+@pytest.mark.parametrize("kind, extra, words", [
+    ("gpt", ["--train-samples", "100"], ["--train-iters 10 cannot be combined with --train-samples"]),
+    ("gpt", ["--lr-decay-samples", "100"], ["--lr-decay-samples 100", "give --train-samples"]),
+    ("gpt", ["--lr-warmup-samples", "10"], ["--lr-warmup-samples 10"]),
+    ("gpt", ["--rampup-batch-size", "4", "4", "100"], ["--rampup-batch-size 4 4 100", "--train-samples"]),
+    ("gpt", ["--decoder-num-layers", "3"], ["--decoder-num-layers: T5 options"]),
+    ("gpt", ["--untie-embeddings-and-output-weights"], ["--untie-embeddings-and-output-weights: T5"]),
+    ("gpt", ["--partition-method", "0,3,4", "--pipe-parallel-size", "2"], ["rise from 0 to 5"]),
+    ("gpt", ["--partition-method", "type:Conv", "--pipe-parallel-size", "2"],
+     ["matches none", "GPT2TransformerLayerPipe"]),
+    ("gpt", ["--partition-method", "type:(", "--pipe-parallel-size", "2"], ["not a regular expression"]),
+    ("gpt", ["--partition-method", "balanced"], ["is not type:REGEX"]),
+    ("t5", ["--decoder-num-layers", "0"], ["--decoder-num-layers must be >= 1"]),
+    ("t5", ["--relative-attention-num-buckets", "2"], ["--relative-attention-num-buckets must be >= 4"]),
+    ("t5", ["--relative-attention-max-distance", "16"], ["--relative-attention-max-distance 16", "32"]),
+    ("t5", ["--feed-forward-proj", "swiglu"], ["invalid choice: 'swiglu'"]),
+    ("t5", ["--lr-decay-style", "inverse-sqrt"], ["invalid choice: 'inverse-sqrt'"]),
+    ("t5", ["--no-such-flag"], ["unrecognized arguments: --no-such-flag", "--help"]),
+    ("t5", ["--num-layers", "x"], ["--num-layers: invalid int value: 'x'"]),
+])
+def test_more_errors_are_one_line_user_errors(kind, extra, words):
+    with pytest.raises(UserError) as err:
+        (_gpt if kind == "gpt" else _t5)(*extra)
+    message = str(err.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message
+
+
+RAMP_SAMPLES = ["--train-samples", "1000"]
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--rampup-batch-size", "4", "4", "24", "--global-batch-size", "16", *RAMP_SAMPLES], ["multiples of", "= 16"]),
+    (["--rampup-batch-size", "16", "8", "24", "--global-batch-size", "16", *RAMP_SAMPLES], ["START must be between"]),
+    (["--rampup-batch-size", "8", "16", "24", "--global-batch-size", "32", *RAMP_SAMPLES],
+     ["32 - START = 24", "INCREMENT 16"]),
+    (["--global-batch-size", "16", "--train-samples", "8"], ["--train-samples 8 is less than one global batch (16)"]),
+    (["--global-batch-size", "16", "--train-samples", "64", "--lr-warmup-samples", "100"], ["--lr-warmup-samples 100"]),
+])
+def test_ramp_and_sample_errors(extra, words):
+    i = BASE.index("--train-iters")
+    with pytest.raises(UserError) as err:
+        parse_args(BASE[:i] + BASE[i + 2:] + extra, world_size=8)
+    for word in words:
+        assert word in str(err.value), str(err.value)
+
+
+def test_deepspeed_config_file_errors(tmp_path):
+    with pytest.raises(UserError, match="cannot read it"):
+        parse("--deepspeed_config", str(tmp_path / "missing.json"))
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(UserError, match="not valid JSON"):
+        parse("--deepspeed_config", str(broken))
+    assert issubclass(ConfigConflictError, UserError)
+
+
+def test_pipe_spec_classes_and_counts_match_the_models():
+    """The class names and spec counts the resolution checks --partition-method against are the models'."""
+    from megatron.arg_resolution import PIPE_SPEC_CLASSES, num_pipe_specs
+    from megatron.model.config import GPT2Config, T5Config
+    from megatron.model.gpt2_pipe import gpt2_layer_specs
+    from megatron.model.t5_pipe import t5_layer_specs
+    gpt = gpt2_layer_specs(GPT2Config(num_layers=3, hidden_size=8, num_attention_heads=2, vocab_size=10, seq_length=4))
+    t5 = [t5_layer_specs(T5Config(num_layers=2, num_decoder_layers=3, hidden_size=8, num_attention_heads=2,
+                                  vocab_size=10, seq_length=4, tie_word_embeddings=tied)) for tied in (True, False)]
+    assert {s.typename.__name__ for s in gpt} == set(PIPE_SPEC_CLASSES["gpt"])
+    assert {s.typename.__name__ for specs in t5 for s in specs} == set(PIPE_SPEC_CLASSES["t5"])
+    assert num_pipe_specs(_gpt("--num-layers", "3")) == len(gpt)
+    assert num_pipe_specs(_t5("--decoder-num-layers", "3")) == len(t5[0]) == len(t5[1])

@@ -7,10 +7,10 @@ from megatron.logging_utils import IntervalStats, TensorBoard, format_log_line, 
 
 
 def test_log_line_fields():
-    stats = IntervalStats()
-    stats.add(2.0, 1.5, 0.5)
-    stats.add(4.0, None, 1.5)
-    m = interval_metrics(stats, tokens_per_iteration=1000, flops_per_iteration=4e12, world_size=2)
+    stats = IntervalStats()  # two iterations of different global batches (8 and 12 samples, as in a ramp-up)
+    stats.add(2.0, 1.5, 0.5, 8)
+    stats.add(4.0, None, 1.5, 12)
+    m = interval_metrics(stats, tokens_per_sample=100, flops_per_sample=4e11, world_size=2)
     assert m["loss"] == 3.0 and m["grad_norm"] == 1.5 and m["ms_per_iter"] == 1000.0
     assert m["tokens_per_s"] == 1000.0 and m["tflops_per_device"] == 2.0
     line = format_log_line(20, 100, 160, 1e-4, m, loss_scale=65536.0, skipped=1, peak_bytes=2 ** 30)
