@@ -102,3 +102,38 @@ def mask_unused_copies(files: Dict[str, object], args: Dict) -> None:
                         [sd["base_optimizer_state"]["state"][g][k] for k in ("exp_avg", "exp_avg_sq")]
                     for flat in flats:
                         flat.data[frag.start:frag.start + frag.numel] = 0
+
+
+def first_iteration_batches(model: str, args: List[str]) -> list:
+    """The micro-batches (inputs, labels) of iteration 1 of `pretrain()` with `args` at (1, 1, 1), built by the
+    same hooks and loader (run inside a 1-rank `run_distributed`)."""
+    from functools import partial
+    from megatron.arguments import parse_args
+    from megatron.batches import BatchIterator
+    from megatron.initialize import initialize_megatron
+    from megatron.tokenizer import build_tokenizer
+    from megatron.training import data_loader, split_sample_counts
+    if model == "gpt2":
+        from pretrain_gpt2 import DEFAULTS, HOOKS
+    else:
+        from pretrain_t5 import DEFAULTS, HOOKS
+    parsed = parse_args(args, defaults=DEFAULTS, world_size=1)
+    initialize_megatron(parsed)
+    tokenizer = build_tokenizer(parsed.tokenizer_type, parsed.vocab_file, parsed.merge_file, parsed.tokenizer_model,
+                                parsed.vocab_extra_ids)
+    datasets = HOOKS.datasets_provider(parsed, tokenizer, split_sample_counts(parsed))
+    batches = BatchIterator(data_loader(datasets[0], 0, parsed), partial(HOOKS.get_batch, args=parsed,
+                                                                         tokenizer=tokenizer))
+    return [next(batches) for _ in range(parsed.gas)]
+
+
+def mean_loss(logits_fn, batches: list) -> float:
+    """pretrain()'s reported loss: the mean over micro-batches of the loss-masked mean cross entropy."""
+    import torch.nn.functional as F
+    losses = []
+    with torch.no_grad():
+        for inputs, (labels, loss_mask) in batches:
+            logits = logits_fn(*inputs).float()
+            ce = F.cross_entropy(logits.reshape(-1, logits.size(-1)), labels.reshape(-1), reduction="none")
+            losses.append((ce * loss_mask.reshape(-1)).sum() / loss_mask.sum())
+    return float(torch.stack(losses).mean())

@@ -1,0 +1,130 @@
+"""inspect, to-fp32, the one-line errors for bad input, and checkpoints of the previous pp = 1 layout.
+
+- inspect prints the model, iteration, consumed samples, layout, ZeRO stage, precision, parameter count,
+  every full shape and what each file holds, from metadata only (timed here and in bench/reshape_checkpoint.py);
+- to-fp32 writes a state dict that the plain model at tp = 1 loads strictly, with the same logits;
+- a missing or truncated shard, a `latest` naming a missing folder, a model type the tools do not handle:
+  each one line naming the file or value, through the command line (exit status 2, no traceback);
+- the save directory holds no copy of DeepSpeed's zero_to_fp32.py (it cannot read these checkpoints);
+- a checkpoint of the previous pp = 1 layout (the module inside mp_rank_00_model_states.pt) reads the same.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from megatron.checkpointing.consolidated import read_consolidated
+from megatron.checkpointing.files import read_args, write_args
+from megatron.checkpointing.names import ModelTable
+from megatron.errors import UserError
+from tests.checkpoint.common import differences
+from tools.convert_checkpoint import run
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_inspect_reports_the_checkpoint(gpt2_222, capsys):
+    start = time.perf_counter()
+    run(["inspect", gpt2_222["dir"]])
+    seconds = time.perf_counter() - start
+    out = capsys.readouterr().out
+    for line in ("model            gpt: 2 layers, hidden 32, 4 heads, ffn 128, vocabulary 512", "iteration        10",
+                 "consumed samples 80", "(tp, pp, dp)     (2, 2, 2)", "ZeRO stage       1 (DeepSpeed ran stage 1)",
+                 "precision        fp32", "optimizer        ZeRO-1 flat fp32 partitions per dp rank"):
+        assert line in out, line
+    table = ModelTable(read_args(os.path.join(gpt2_222["dir"], "iter_0000010")))
+    weights = read_consolidated(os.path.join(gpt2_222["dir"], "iter_0000010"), with_optimizer=False).weights
+    assert f"parameters       {sum(w.numel() for w in weights.values()):,}" in out
+    for p in table.params:
+        assert f"  {p.name:60s} {tuple(weights[p.name].shape)}" in out
+    assert "zero_pp_rank_1_mp_rank_03_optim_states.pt" in out and "pipeline layer 1, tp rank 1: layers.0*" in out
+    print(f"inspect of the (2,2,2) test checkpoint: {seconds * 1e3:.0f} ms")
+
+
+def test_to_fp32_loads_into_the_plain_model(gpt2_222, tmp_path):
+    from megatron.checkpointing import load_model_weights, read_checkpoint_args
+    from megatron.checkpointing.names import model_config
+    from megatron.model import GPT2Model
+    out = str(tmp_path / "model.pt")
+    run(["to-fp32", "--load", gpt2_222["dir"], "--output", out])
+    saved = read_checkpoint_args(gpt2_222["dir"])
+    consolidated, reference = GPT2Model(model_config(saved)), GPT2Model(model_config(saved))
+    consolidated.load_state_dict(torch.load(out, weights_only=True), strict=True)
+    load_model_weights(reference, gpt2_222["dir"])
+    ids = torch.randint(0, 512, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(consolidated.eval()(ids), reference.eval()(ids))
+    assert not os.path.exists(os.path.join(gpt2_222["dir"], "zero_to_fp32.py"))
+
+
+def _copy(fixture: dict, tmp_path) -> str:
+    dst = str(tmp_path / "copy")
+    shutil.copytree(fixture["dir"], dst)
+    return dst
+
+
+def _fails(argv, message: str) -> None:
+    with pytest.raises(UserError) as err:
+        run(argv)
+    text = str(err.value)
+    assert "\n" not in text and re.search(message, text), text
+
+
+def test_bad_input_is_one_line(gpt2_222, tmp_path):
+    ckpt = _copy(gpt2_222, tmp_path)
+    folder = os.path.join(ckpt, "iter_0000010")
+    os.remove(os.path.join(folder, "zero_pp_rank_1_mp_rank_02_optim_states.pt"))
+    _fails(["reshape", "--load", ckpt, "--save", str(tmp_path / "r"), "--tensor-model-parallel-size", "1",
+            "--pipe-parallel-size", "1"], "zero_pp_rank_1_mp_rank_02_optim_states.pt is missing")
+    layer = os.path.join(folder, "layer_01-model_01-model_states.pt")
+    with open(layer, "r+b") as f:
+        f.truncate(os.path.getsize(layer) // 2)
+    _fails(["to-fp32", "--load", ckpt, "--output", str(tmp_path / "x.pt")],
+           "layer_01-model_01-model_states.pt .* cannot be read, it is truncated or damaged")
+    with open(os.path.join(ckpt, "latest"), "w") as f:
+        f.write("iter_0000042")
+    _fails(["export-hf", "--load", ckpt, "--output", str(tmp_path / "h")],
+           "latest names 'iter_0000042', but folder .*iter_0000042 does not exist")
+    bert = str(tmp_path / "bert" / "iter_0000005")
+    shutil.copytree(gpt2_222["tag5"], bert)
+    write_args(bert, {**read_args(gpt2_222["tag5"]), "model_type": "bert"})
+    _fails(["inspect", bert], "model_type 'bert' is not one this tool handles")
+    assert not any(os.path.exists(tmp_path / n) for n in ("r", "x.pt", "h"))
+    result = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "inspect", bert], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+
+
+def _to_previous_layout(folder: str) -> None:
+    """Rewrite a pp = 1 checkpoint as the previous layout wrote it: the module in mp_rank_00, no layer files."""
+    args = read_args(folder)
+    table = ModelTable(args)
+    module = {}
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("layer_"):
+            layer = int(name[6:8])
+            state = torch.load(os.path.join(folder, name), weights_only=True)
+            module.update({table.by_location[(layer, local)].name: t for local, t in state.items()})
+            os.remove(os.path.join(folder, name))
+    path = os.path.join(folder, "mp_rank_00_model_states.pt")
+    engine = torch.load(path, weights_only=False)
+    engine["module"] = {p.name: module[p.name] for p in table.params}
+    torch.save(engine, path)
+
+
+def test_previous_pp1_layout_reads_the_same(gpt2_222, tmp_path):
+    new = str(tmp_path / "pp1")
+    run(["reshape", "--load", gpt2_222["dir"], "--save", new, "--tensor-model-parallel-size", "1",
+         "--pipe-parallel-size", "1", "--data-parallel-size", "2"])
+    folder = os.path.join(new, "iter_0000010")
+    before = read_consolidated(folder)
+    _to_previous_layout(folder)
+    assert not any(n.startswith("layer_") for n in os.listdir(folder))
+    after = read_consolidated(folder)
+    assert differences(vars(before), vars(after)) == []
