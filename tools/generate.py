@@ -96,7 +96,8 @@ def run_batch(loaded, prompts: List[str], params: GenerationParams, par, output:
 
 
 def interactive(loaded, params: GenerationParams, par) -> None:
-    """Read a prompt on rank 0, generate on every rank; an empty line or end of input quits."""
+    """Read a prompt on rank 0, generate on every rank; an empty line or end of input quits, a bad prompt is
+    reported and asked again."""
     while True:
         text = None
         if par.is_first:
@@ -107,7 +108,11 @@ def interactive(loaded, params: GenerationParams, par) -> None:
         text = par.broadcast_object(text)
         if not text.strip():
             return
-        run_batch(loaded, [text], params, par, None)
+        try:
+            run_batch(loaded, [text], params, par, None)
+        except UserError as err:  # e.g. a prompt too long: say so and ask again
+            if par.is_first:
+                print(f"error: {err}", file=sys.stderr)
 
 
 def main(argv: Optional[List[str]] = None) -> None:
