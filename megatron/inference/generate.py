@@ -102,6 +102,15 @@ def _check_stop(c: Completion, tokenizer, stop: Sequence[str]) -> bool:
     return False
 
 
+def _take(c: Completion, token: int, end_id: int, limit: int, tokenizer, stop: Sequence[str]) -> bool:
+    """Add one generated token to a completion; True when the completion is finished."""
+    if token == end_id:
+        c.finish = "eod"
+        return True
+    c.ids.append(token)
+    return (bool(stop) and _check_stop(c, tokenizer, stop)) or len(c.ids) >= limit
+
+
 def _broadcast_tp(tokens: torch.Tensor, par: Parallel) -> torch.Tensor:
     if par.tp_size > 1:
         dist.broadcast(tokens, src=dist.get_global_rank(par.tp_group, 0), group=par.tp_group)
@@ -123,15 +132,7 @@ def generate_batch(model, tokenizer, batch: List[Completion], params: Generation
         full = gather_vocab(logits, vocab, par.tp_group)  # (b, V)
         tokens = _broadcast_tp(sample(full, params.sampling, draw_uniforms(generators)).to(logits.device), par)
         for i, c in enumerate(batch):
-            if done[i]:
-                continue
-            token = int(tokens[i])
-            if token == end_id:
-                c.finish, done[i] = "eod", True
-                continue
-            c.ids.append(token)
-            stopped = bool(params.stop) and _check_stop(c, tokenizer, params.stop)
-            done[i] = stopped or len(c.ids) >= limits[i]
+            done[i] = done[i] or _take(c, int(tokens[i]), end_id, limits[i], tokenizer, params.stop)
         if all(done):
             break
         logits = runner.next(torch.where(torch.tensor(done, device=tokens.device), tokenizer.pad, tokens))
