@@ -16,6 +16,7 @@ sections). tds cannot raise megatron's class (it never imports megatron), so the
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import dataclass
 from functools import partial
 from typing import Callable, List, Optional, Sequence
@@ -74,8 +75,8 @@ def setup_engine(args: argparse.Namespace, hooks: ModelHooks):
     except ValueError as err:
         if isinstance(err, (UserError, tds.pipe.PipelineLayoutError)):
             raise
-        raise UserError(f"the engine refused the configuration: {one_line(err)} (check --partition-method and "
-                        f"--deepspeed_config {args.deepspeed_config})") from err
+        raise UserError(f"tds/DeepSpeed refused the configuration: {one_line(err)} (from --partition-method, "
+                        f"--fp16/--bf16 or --deepspeed_config {args.deepspeed_config})") from err
     _keep_fp32_grad_norm(engine)
     return engine
 
@@ -128,12 +129,34 @@ def initialize_and_build(args: argparse.Namespace, hooks: ModelHooks):
     args.vocab_size = tokenizer.vocab_size
     args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
                                                args.tensor_model_parallel_size)
-    print_rank_0(f"vocabulary {tokenizer.vocab_size} tokens, padded to {args.padded_vocab_size}; "
-                 f"(tp, pp, dp) = ({args.tensor_model_parallel_size}, {args.pipe_parallel_size}, "
-                 f"{args.data_parallel_size}); global batch {args.global_batch_size} = micro {args.micro_batch_size}"
-                 f" x gas {args.gas} x dp {args.data_parallel_size}; ZeRO stage {args.zero_stage}"
-                 f" (DeepSpeed runs stage {args.ds_config['zero_optimization']['stage']})")
-    return setup_engine(args, hooks), tokenizer
+    set_deepspeed_verbosity(args.deepspeed_verbose)
+    engine = setup_engine(args, hooks)
+    print_rank_0(layout_summary(args, engine, tokenizer.vocab_size))
+    return engine, tokenizer
+
+
+def set_deepspeed_verbosity(verbose: bool) -> None:
+    """DeepSpeed's INFO log (its config dump, ZeRO and optimizer set-up) only with --deepspeed-verbose; the
+    Pipe models get the same switch for DeepSpeed's constructor prints (see pretrain_*.py)."""
+    from deepspeed.utils import logger
+    logger.setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def layout_summary(args: argparse.Namespace, engine, vocab_size: int) -> str:
+    """The one start-up line: layout, pipeline split, batch, ZeRO, vocabulary (DeepSpeed's own start-up
+    prints only with --deepspeed-verbose)."""
+    parts = getattr(engine.module, "parts", None)
+    stages = "" if parts is None or len(parts) <= 2 else \
+        "; stages hold layer specs " + " ".join(f"[{a}, {b})" for a, b in zip(parts, parts[1:]))
+    batch = f"global batch {args.global_batch_size}"
+    if args.rampup_batch_size is not None:
+        start, _, samples = args.rampup_batch_size
+        batch = f"global batch {start} -> {args.global_batch_size} over {samples} samples"
+    return (f"(tp, pp, dp) = ({args.tensor_model_parallel_size}, {args.pipe_parallel_size}, "
+            f"{args.data_parallel_size}){stages}; {batch} = micro {args.micro_batch_size} x gas {args.gas} x dp "
+            f"{args.data_parallel_size}; ZeRO stage {args.zero_stage} (DeepSpeed runs stage "
+            f"{args.ds_config['zero_optimization']['stage']}); vocabulary {vocab_size} tokens, padded to "
+            f"{args.padded_vocab_size}")
 
 
 def already_complete(args: argparse.Namespace, iteration: int) -> str:

@@ -5,8 +5,8 @@ lines of output after the launch line.
   nothing is launched; the check's own CPU time stays far under the 5-second promise, and it imports
   neither torch nor DeepSpeed.
 - Mistakes through examples/ds_pretrain_t5.sh with CHECK_ARGS=0, i.e. inside pretrain_t5.py under torchrun
-  with 2 processes: at argument parsing and after distributed start-up (a truncated .idx); under
-  @pytest.mark.slow 8 more (input-file check, a tokenizer file that does not load, T5 and schedule flags).
+  with 2 processes: one after distributed start-up (a truncated .idx); under @pytest.mark.slow 9 more
+  (argument parsing, the input-file check, a tokenizer file that does not load, T5 and schedule flags).
 - A mistake that only one rank sees, while the other waits in a collective: printed once, both exit 2.
 """
 from __future__ import annotations
@@ -133,10 +133,10 @@ def _t5_bpe_args(gpt_data, merges=None) -> list:
 
 
 T5_MISTAKES = [  # (environment, extra arguments (after the tokenizer ones), words), seen inside pretrain_t5.py
-    (dict(HEADS="3"), [], "--num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2"),
     (dict(DATA_PATH="{truncated}"), [], "truncated.idx: corrupt index"),  # after distributed start-up
 ]
 T5_SLOW_MISTAKES = [
+    (dict(HEADS="3"), [], "--num-attention-heads 3 is not divisible by --tensor-model-parallel-size 2"),
     (dict(DATA_PATH="{tmp}/missing_text_document"), [], "missing_text_document.idx not found"),
     (dict(), ["--merge-file", "{merges}"], "cannot build the GPT2BPETokenizer"),
     (dict(), ["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
@@ -158,7 +158,7 @@ def _run_t5_mistakes(tmp_path, gpt_data, bad_files, mistakes) -> None:
         assert "launching:" in proc.stdout  # the mistake was found by pretrain_t5.py under torchrun
 
 
-def test_mistakes_inside_pretrain_t5_under_torchrun(tmp_path, gpt_data, bad_files):
+def test_mistake_inside_pretrain_t5_under_torchrun(tmp_path, gpt_data, bad_files):
     _run_t5_mistakes(tmp_path, gpt_data, bad_files, T5_MISTAKES)
 
 
