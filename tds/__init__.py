@@ -1,7 +1,11 @@
 """TDS: DeepSpeed with a corrected pipeline engine. Use it as `import tds as deepspeed`.
 
-Everything public in DeepSpeed is re-exported; `initialize` builds `tds.pipe.PipelineEngine` for a
-`tds.pipe.PipelineModule` and DeepSpeed's own engine for any other model.
+Every attribute of the `deepspeed` module is reachable as `tds.<name>` (the names below, and any other through
+the module-level `__getattr__`), except those that TDS replaces:
+- `initialize` builds `tds.pipe.PipelineEngine` for a `tds.pipe.PipelineModule`, DeepSpeed's engine otherwise;
+- `init_distributed` is DeepSpeed's, minus the JIT build of its CPU shared-memory op (see `tds.device`);
+- `pipe` is `tds.pipe` (PipelineModule with the declared stage-boundary layout, PipelineEngine, schedules), and
+  `PipelineModule` / `PipelineEngine` are its classes.
 """
 from __future__ import annotations
 
@@ -9,11 +13,26 @@ from typing import Any
 
 import deepspeed as _ds
 from deepspeed import (DeepSpeedConfig, DeepSpeedConfigError, DeepSpeedEngine, add_config_arguments,  # noqa: F401
-                       checkpointing, comm, init_distributed, ops, runtime, utils, zero)
+                       checkpointing, comm, ops, runtime, utils, zero)
 from deepspeed.runtime.pipe.module import PipelineModule as _DSPipelineModule
 
 from . import pipe
+from .device import init_distributed
 from .pipe import PipelineEngine, PipelineModule
+
+REPLACED = ("initialize", "init_distributed", "pipe", "PipelineEngine", "PipelineModule")  # differ from deepspeed's
+
+
+def __getattr__(name: str):
+    """Any other attribute of `deepspeed` (init_inference, log_dist, DeepSpeedTransformerLayer, ...)."""
+    try:
+        return getattr(_ds, name)
+    except AttributeError:
+        raise AttributeError(f"module 'tds' (and 'deepspeed') has no attribute {name!r}") from None
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(dir(_ds)))
 
 __version__ = _ds.__version__
 __version_major__, __version_minor__, __version_patch__ = (_ds.__version_major__, _ds.__version_minor__,
@@ -44,11 +63,10 @@ def initialize(args: Any = None, model=None, optimizer=None, model_parameters=No
     if not isinstance(model, PipelineModule):
         raise TypeError(f"{type(model).__name__} is a deepspeed PipelineModule; build it from "
                         f"tds.pipe.PipelineModule so the stage-boundary layout is declared")
-    from deepspeed import comm as ds_comm
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
-    ds_comm.init_distributed(dist_backend=get_accelerator().communication_backend_name(),
-                             dist_init_required=dist_init_required)
+    init_distributed(dist_backend=get_accelerator().communication_backend_name(),
+                     dist_init_required=dist_init_required)
     config = _resolve_config(args, config if config is not None else config_params, load_ds_config)
     grid = model.mpu()
     if mpu is not None:

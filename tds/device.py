@@ -73,14 +73,18 @@ def max_memory_allocated() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def init_distributed(timeout_s: float = 1800.0) -> None:
-    """Initialise torch.distributed from the launcher's environment (deepspeed or torchrun) and DeepSpeed's
-    comm layer on top of it; a process group created earlier (e.g. by a test harness) is adopted.
+def init_distributed(*args, timeout_s: float | None = None, **kwargs) -> None:
+    """`deepspeed.init_distributed(*args, **kwargs)` made safe; this is also `tds.init_distributed`.
 
-    Both launchers set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT; a plain
-    `python script.py` runs as a world of one. On CPU, DeepSpeed would JIT-compile a shared-memory
-    all-reduce op that only its inference path uses; a rank killed during that compile leaves a lock file
-    that hangs every later start, so it is not built (set TDS_BUILD_SHM_OP=1 to build it).
+    - torch.distributed is initialised from the launcher's environment (deepspeed, torchrun: RANK, WORLD_SIZE,
+      LOCAL_RANK, MASTER_ADDR, MASTER_PORT); a plain `python script.py` runs as a world of one; a process group
+      created earlier (e.g. by a test harness) is adopted.
+    - The backend defaults to this module's choice (NCCL on CUDA, gloo on CPU) and MPI discovery to off.
+    - On CPU, DeepSpeed would JIT-compile a shared-memory all-reduce op that only its inference path uses; a
+      rank killed during that compile leaves a lock file that hangs every later start, so it is not built
+      (set TDS_BUILD_SHM_OP=1 to build it).
+    `timeout_s` is a shorthand for `timeout=datetime.timedelta(seconds=timeout_s)` (the default process
+    group's timeout; the pipeline engine sets its own groups' timeouts, see `tds.pipe.collectives`).
     """
     import datetime
 
@@ -96,5 +100,9 @@ def init_distributed(timeout_s: float = 1800.0) -> None:
 
         import deepspeed.comm.torch  # noqa: F401 - deepspeed.comm re-exports `torch`: use sys.modules
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    deepspeed.init_distributed(dist_backend=backend(), auto_mpi_discovery=False,
-                               timeout=datetime.timedelta(seconds=timeout_s))
+    if not args:
+        kwargs.setdefault("dist_backend", backend())
+        kwargs.setdefault("auto_mpi_discovery", False)
+    if timeout_s is not None:
+        kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+    deepspeed.init_distributed(*args, **kwargs)

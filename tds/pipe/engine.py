@@ -13,23 +13,24 @@ Batch protocol (p stages, m = gradient_accumulation_steps micro-batches of train
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
+from deepspeed.runtime.base_optimizer import ZeROOptimizer
 from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 from deepspeed.runtime.engine import MEMORY_OPT_ALLREDUCE_SIZE, DeepSpeedEngine
 from deepspeed.runtime.pipe.module import PipelineError
 
 from .. import device as tds_device
 from .boundary import Boundary
+from .collectives import CommGuard, apply_timeout, resolve_timeout
 from .module import PipelineModule, non_reentrant_checkpoint, reentrant_checkpoint
-from .p2p import P2P
+from .p2p import P2P, PipelineCommError
 from .schedule import Instruction, Op, eval_schedule, train_schedule
-
-DEFAULT_P2P_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -76,7 +77,7 @@ class PipelineEngine(DeepSpeedEngine):
     def _configure_pipeline(self, cfg: dict) -> None:
         self.schedule_kind = str(cfg.get("schedule", "1f1b")).lower()
         train_schedule(self.schedule_kind, 1, 0, 1)  # validates the name
-        timeout = float(os.environ.get("TDS_P2P_TIMEOUT_S", cfg.get("p2p_timeout_s", DEFAULT_P2P_TIMEOUT_S)))
+        timeout, source = resolve_timeout(cfg)
         if cfg.get("activation_checkpoint_interval", 0) > 0:
             self.module.set_checkpoint_interval(cfg["activation_checkpoint_interval"])
         if cfg.get("use_reentrant") is not None:
@@ -89,6 +90,21 @@ class PipelineEngine(DeepSpeedEngine):
                                  tds_device.device())
         self.prev_rank = self.grid.stage_to_global(self.stage_id - 1) if not self.is_first_stage() else None
         self.next_rank = self.grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage() else None
+        groups = self._process_groups()
+        apply_timeout(groups, timeout)
+        self.comm = CommGuard(self.stage_id, timeout, source, groups)
+        self._broken: str | None = None  # why point-to-point state is unknown after a failed batch
+
+    def _process_groups(self) -> dict:
+        """{name: group} of every group this engine (and the model's tied weights) runs collectives on."""
+        groups = {"data-parallel": self.grid.get_data_parallel_group(),
+                  "pipeline": self.grid.get_pipe_parallel_group(),
+                  "tensor-parallel": self.grid.get_slice_parallel_group(),
+                  "model-parallel": self.grid.get_model_parallel_group(),
+                  "point-to-point": self.p2p.group if self.p2p is not None else None}
+        for key in sorted(self.module.tied_comms):
+            groups[f"tied-weight '{key}'"] = self.module.tied_comms[key]["group"]
+        return groups
 
     # --- public API ------------------------------------------------------------------------------------
     def is_first_stage(self) -> bool:
@@ -130,12 +146,11 @@ class PipelineEngine(DeepSpeedEngine):
         """One optimizer step over m micro-batches; returns the mean micro-batch loss on every stage."""
         if not torch.is_grad_enabled():
             raise RuntimeError("train_batch() needs gradients enabled; use eval_batch() for inference")
-        if data_iter is not None:
-            self.set_dataiterator(data_iter)
-        self.module.train()
         state = _BatchState(training=True)
-        self._run(train_schedule(self.schedule_kind, self.num_stages, self.stage_id, self.micro_batches), state)
-        return self._aggregate_loss(state.losses)
+        with self._mode(training=True, data_iter=data_iter, keep_iter=True):
+            self._run(train_schedule(self.schedule_kind, self.num_stages, self.stage_id, self.micro_batches),
+                      state)
+            return self._aggregate_loss(state.losses)
 
     def eval_batch(self, data_iter, return_logits: bool = False, compute_loss: bool = True,
                    reduce_output: str = "avg", bcast_loss: bool = True, num_micro_batches: int | None = None):
@@ -147,20 +162,37 @@ class PipelineEngine(DeepSpeedEngine):
         """
         if reduce_output != "avg":
             raise ValueError(f"reduce_output must be 'avg' (mean over micro-batches), got {reduce_output!r}")
-        train_iter = self.data_iterator
-        self.set_dataiterator(data_iter)
-        was_training = self.module.training
-        self.module.eval()
         state = _BatchState(training=False, compute_loss=compute_loss, keep_logits=return_logits)
         m = self.micro_batches if num_micro_batches is None else num_micro_batches
-        with torch.no_grad():
+        with self._mode(training=False, data_iter=data_iter), torch.no_grad():
             self._run(eval_schedule(self.num_stages, self.stage_id, m), state)
-        self.module.train(was_training)
-        self.set_dataiterator(train_iter)
-        loss = self._aggregate_loss(state.losses, broadcast=bcast_loss) if compute_loss else None
+            loss = self._aggregate_loss(state.losses, broadcast=bcast_loss) if compute_loss else None
         if return_logits:
             return loss, (state.logits if self.is_last_stage() else None)
         return loss
+
+    @contextlib.contextmanager
+    def _mode(self, training: bool, data_iter=None, keep_iter: bool = False):
+        """Run a batch in train/eval mode with `data_iter` (if given) as the data iterator. Afterwards the
+        module's mode is what it was before, and so is the iterator, except that a successful train_batch
+        keeps the one it was given (DeepSpeed's semantics). An exception restores both."""
+        if self._broken is not None:
+            raise PipelineCommError(self._broken)
+        was_training, saved = self.module.training, (self.data_iterator, self.training_dataloader)
+        if data_iter is not None:
+            self.set_dataiterator(data_iter)
+        self.module.train(training)
+        ok = False
+        try:
+            yield
+            ok = True
+        except BaseException as err:
+            self._abandon_batch(err)
+            raise
+        finally:
+            self.module.train(was_training)
+            if data_iter is not None and not (ok and keep_iter):
+                self.data_iterator, self.training_dataloader = saved
 
     def forward(self, *args, **kwargs):
         raise PipelineError("a pipeline engine runs whole batches: use train_batch() or eval_batch()")
@@ -188,10 +220,51 @@ class PipelineEngine(DeepSpeedEngine):
                     Op.STEP: self._exec_step}
         recvs = [ins.micro_batch for ins in instructions if ins.op == Op.RECV_ACT]
         state.last_recv = recvs[-1] if recvs else -1
-        for ins in instructions:
-            handlers[ins.op](ins, state)
-        if self.p2p is not None:
-            self.p2p.wait_sends()
+        try:  # exceptions: see _mode
+            for ins in instructions:
+                with self.comm.guard(f"instruction {ins}", self._comm_in(ins.op)):
+                    handlers[ins.op](ins, state)
+            if self.p2p is not None:
+                self.p2p.wait_sends()
+        finally:
+            self._force_grad_boundary = False
+
+    def _reset_backward_state(self) -> None:
+        """Undo what a backward interrupted by an exception leaves behind: partial gradients and ZeRO's
+        backward depth (DeepSpeed itself leaves both)."""
+        self._running_engine_backward, self._running_engine_backward_count = False, 0
+        if isinstance(self.optimizer, ZeROOptimizer):
+            self.optimizer._backward_active_depth = 0
+        self.optimizer.zero_grad()
+
+    def _comm_in(self, op: Op) -> str:
+        """What communicates inside an instruction, for the error message when it fails."""
+        c = self.comm
+        return {Op.LOAD: f"a collective of the data iterator over {c.describe('tensor-parallel')}",
+                Op.RECV_ACT: f"the activation receive / all_gather over {c.describe('tensor-parallel')}",
+                Op.RECV_GRAD: f"the gradient receive / all_gather over {c.describe('tensor-parallel')}",
+                Op.FORWARD: f"a collective inside the layers over {c.describe('tensor-parallel')}",
+                Op.BACKWARD: f"a collective inside the layers over {c.describe('tensor-parallel')}",
+                Op.SEND_ACT: "the activation send", Op.SEND_GRAD: "the gradient send",
+                Op.REDUCE_TIED: "the tied-weight gradient all_reduce over "
+                                + c.describe(*[n for n in c.groups if n.startswith("tied")]),
+                Op.REDUCE_GRADS: f"the gradient all_reduce over {c.describe('data-parallel')}",
+                Op.STEP: f"the optimizer step's all_gather / grad-norm all_reduce over "
+                         f"{c.describe('data-parallel', 'model-parallel')}"}[op]
+
+    def _abandon_batch(self, err: BaseException) -> None:
+        """After a failure inside a batch: drop its receives posted ahead and sends in flight, and refuse
+        further batches on a multi-stage pipeline (messages of the failed batch may still arrive and would
+        be taken for the next batch's), with the reason."""
+        self._reset_backward_state()
+        if self.p2p is None:
+            return
+        self.p2p.pending.clear()
+        self.boundary.discard_posted()
+        self._broken = (f"pipeline stage {self.stage_id}: a previous batch failed ({type(err).__name__}: "
+                        f"{str(err).splitlines()[0] if str(err) else ''}); point-to-point messages of that batch "
+                        f"may still be in flight, so this engine runs no further batch: restart the job (resume "
+                        f"from the last checkpoint)")
 
     def _exec_load(self, ins: Instruction, state: _BatchState) -> None:
         if self.data_iterator is None:
@@ -242,23 +315,44 @@ class PipelineEngine(DeepSpeedEngine):
                                                                 str(ins))
 
     def _exec_backward(self, ins: Instruction, state: _BatchState) -> None:
+        """DeepSpeed's backward protocol on every stage: the hooks DeepSpeedEngine.forward put on the stage's
+        outputs run the prologue when the first gradient arrives, `_backward_epilogue` closes it (ZeRO's
+        backward depth back to 0, BF16_Optimizer's fp32 accumulation), as `DeepSpeedEngine.backward` does."""
         mb = ins.micro_batch
         if self.is_last_stage():
-            DeepSpeedEngine.backward(self, state.loss_graphs.pop(mb))
+            DeepSpeedEngine.backward(self, self._fp16_scaled(state.loss_graphs.pop(mb)))
             return
         outputs = (state.outputs.pop(mb),) if torch.is_tensor(state.outputs[mb]) else state.outputs.pop(mb)
         declared = [t for d, t in zip(self.boundary.decls, outputs) if d.grad]
         pairs = [(t, g) for t, g in zip(declared, state.grads.pop(mb)) if t.requires_grad]
+        if not pairs:
+            return  # no gradient reaches this stage's parameters: no prologue ran, nothing to close
         if self.using_bf16_optimizer:
-            self.optimizer.clear_lp_grads()
-        self._running_engine_backward = True
+            self.optimizer.clear_lp_grads()  # as DeepSpeed's pipeline engine; the prologue hook repeats it
+        with self._engine_backward():
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+            self._backward_epilogue()
+
+    @contextlib.contextmanager
+    def _engine_backward(self):
+        """DeepSpeedEngine.backward's marker: DeepSpeed's post-backward hook leaves the epilogue to us."""
+        with self._running_engine_backward_lock:
+            self._running_engine_backward_count += 1
+            self._running_engine_backward = True
         try:
-            if pairs:
-                torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+            yield
         finally:
-            self._running_engine_backward = False
-        if self.using_bf16_optimizer and not self._config.bfloat16_config.immediate_grad_update:
-            self.optimizer.update_hp_grads(clear_lp_grads=False)
+            with self._running_engine_backward_lock:
+                self._running_engine_backward_count -= 1
+                self._running_engine_backward = self._running_engine_backward_count > 0
+
+    def _fp16_scaled(self, loss: torch.Tensor) -> torch.Tensor:
+        """DeepSpeed 0.19's engine.backward applies the fp16 loss scale only for ZeRO optimizers, while
+        FP16_Optimizer / FP16_UnfusedOptimizer (ZeRO stage 0) unscale the gradients in step(): scale here."""
+        cfg = getattr(self.optimizer, "loss_scale_config", None)
+        if not self.fp16_enabled() or isinstance(self.optimizer, ZeROOptimizer) or cfg is None:
+            return loss
+        return loss.float() * cfg.cur_scale if cfg.use_grad_scaling else loss
 
     def _exec_send_grad(self, ins: Instruction, state: _BatchState) -> None:
         self.boundary.send_grads(state.inputs.pop(ins.micro_batch), self.prev_rank, str(ins))
@@ -266,12 +360,29 @@ class PipelineEngine(DeepSpeedEngine):
     def _exec_reduce_tied(self, ins: Instruction, state: _BatchState) -> None:
         """Sum tied-weight gradients over the stages that share them, keys in sorted order on every rank."""
         for weight, group in self.module.get_tied_weights_and_groups():
-            if not weight.requires_grad:
-                continue  # frozen on every rank alike
-            grad = weight._hp_grad if self.using_bf16_optimizer else weight.grad
-            if grad is None:  # unused on this stage this batch: contributes zeros, never skips the collective
-                weight.grad = grad = torch.zeros_like(weight)
-            dist.all_reduce(grad, group=group)
+            if weight.requires_grad:  # frozen on every rank alike
+                dist.all_reduce(self._tied_grad(weight), group=group)
+
+    def _tied_grad(self, weight: torch.nn.Parameter) -> torch.Tensor:
+        """The gradient the optimizer reads for a tied weight; zeros where the weight was unused on this stage
+        this batch, so the collective is never skipped. BF16_Optimizer reads its fp32 accumulator, which exists
+        for every parameter (`_hp_grad` is only set once a gradient was accumulated)."""
+        if self.using_bf16_optimizer:
+            i, j = self._bf16_slot(weight)
+            self.optimizer.fp32_groups_has_gradients[i][j] = True
+            weight._hp_grad = self.optimizer.fp32_groups_gradients[i][j]
+            return weight._hp_grad
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        return weight.grad
+
+    def _bf16_slot(self, weight: torch.nn.Parameter) -> tuple[int, int]:
+        for i, group in enumerate(self.optimizer.bf16_groups):
+            for j, lp in enumerate(group):
+                if lp is weight:
+                    return i, j
+        raise RuntimeError(f"pipeline stage {self.stage_id}: tied weight {tuple(weight.shape)} is not in the "
+                           f"BF16 optimizer's parameter groups")
 
     def _exec_reduce_grads(self, ins: Instruction, state: _BatchState) -> None:
         self._force_grad_boundary = True
@@ -279,7 +390,7 @@ class PipelineEngine(DeepSpeedEngine):
             self.buffered_allreduce_fallback(grads=None, elements_per_buffer=MEMORY_OPT_ALLREDUCE_SIZE)
         else:
             self.allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE)
-        self._force_grad_boundary = False
+        self._force_grad_boundary = False  # (and in _run's finally, if this raises)
 
     def _exec_step(self, ins: Instruction, state: _BatchState) -> None:
         self._force_grad_boundary = True
@@ -290,16 +401,18 @@ class PipelineEngine(DeepSpeedEngine):
     def _aggregate_loss(self, losses: list, broadcast: bool = True) -> torch.Tensor:
         """mean over micro-batches (last stage), mean over DP replicas, broadcast over the pipeline."""
         dev = tds_device.device()
-        if self.is_last_stage():
-            loss = torch.stack(losses).mean() if losses else torch.zeros((), device=dev)
-            if self.dp_world_size > 1:
-                dist.all_reduce(loss, group=self.grid.get_data_parallel_group())
-                loss /= self.dp_world_size
-        else:
-            loss = torch.zeros((), dtype=torch.float32, device=dev)
-        if broadcast and self.num_stages > 1:
-            src = self.grid.stage_to_global(self.num_stages - 1)
-            dist.broadcast(loss, src=src, group=self.grid.get_pipe_parallel_group())
+        with self.comm.guard("loss", f"the loss all_reduce / broadcast over "
+                                     f"{self.comm.describe('data-parallel', 'pipeline')}"):
+            if self.is_last_stage():
+                loss = torch.stack(losses).mean() if losses else torch.zeros((), device=dev)
+                if self.dp_world_size > 1:
+                    dist.all_reduce(loss, group=self.grid.get_data_parallel_group())
+                    loss /= self.dp_world_size
+            else:
+                loss = torch.zeros((), dtype=torch.float32, device=dev)
+            if broadcast and self.num_stages > 1:
+                src = self.grid.stage_to_global(self.num_stages - 1)
+                dist.broadcast(loss, src=src, group=self.grid.get_pipe_parallel_group())
         return loss
 
     # --- checkpoints: one file per layer (DeepSpeed's layout) ---------------------------------------------

@@ -102,5 +102,5 @@ class P2P:
 
     def _error(self, what: str, peer: int, verb: str, e: Exception) -> PipelineCommError:
         return PipelineCommError(f"pipeline stage {self.stage_id}, instruction {what}: {verb} with rank {peer} "
-                                 f"failed or timed out after {self.timeout_s:g}s (pipeline.p2p_timeout_s / "
-                                 f"TDS_P2P_TIMEOUT_S): {e}")
+                                 f"failed or timed out after {self.timeout_s:g}s (pipeline.timeout_s / "
+                                 f"TDS_TIMEOUT_S): {e}")

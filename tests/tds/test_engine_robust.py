@@ -51,7 +51,7 @@ def test_point11_activation_checkpointing(interval, reentrant):
 
 
 def hang_rank() -> dict:
-    engine = harness.build(common.stack_specs(), DECL, pp=2, gas=GAS, mbs=MBS, pipeline={"p2p_timeout_s": 2})
+    engine = harness.build(common.stack_specs(), DECL, pp=2, gas=GAS, mbs=MBS, pipeline={"timeout_s": 2})
     if engine.stage_id == 1:
         time.sleep(4)  # a hung peer: never takes part in the batch
         return {"stage": 1}
