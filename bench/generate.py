@@ -8,7 +8,7 @@ random ids with lengths spread over [prompt/2, 3 prompt/2] (left-padded batches)
 mode, then the cached and the recomputing runs back to back, every step timed in CPU seconds of this
 process (time.process_time: robust to other jobs on shared cores, exact with --threads 1) and in wall
 seconds. It prints tokens/s = batch x new tokens / seconds (prefill included) per mode and their ratio,
-and the ratio of the time per step over each quarter of the generated length. Cached: a new token costs
+and the CPU time per step over each quarter of the generated length, with its ratio. Cached: a new token costs
 O(1) per layer plus attention over the t cached positions; recomputing reruns all t positions every step,
 so its cost per token grows with t and the ratio grows along the generation. Both modes must produce the
 same tokens (checked).
@@ -97,10 +97,12 @@ def main() -> None:
         tokens = batch * opts.new_tokens
         cpu = (tokens / sum(t_cache), tokens / sum(t_full))
         wall = (tokens / wall_cache, tokens / wall_full)
-        per_quarter = [f / c for c, f in zip(quarters(t_cache), quarters(t_full))]
+        q_cache, q_full = quarters(t_cache), quarters(t_full)
         print(f"{batch:>5} {cpu[0]:>8.1f} ({wall[0]:>7.1f}) {cpu[1]:>8.1f} ({wall[1]:>7.1f}) "
               f"{cpu[0] / cpu[1]:>5.2f} ({wall[0] / wall[1]:>5.2f})   "
-              + "  ".join(f"x{r:.2f}" for r in per_quarter), flush=True)
+              + "  ".join(f"x{f / c:.2f}" for c, f in zip(q_cache, q_full)), flush=True)
+        print(f"{'':>5} CPU ms per step by quarter: with cache " + " ".join(f"{c:.2f}" for c in q_cache)
+              + " | recomputing " + " ".join(f"{f:.2f}" for f in q_full), flush=True)
 
 
 if __name__ == "__main__":
