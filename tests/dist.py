@@ -8,6 +8,14 @@ gloo on a free port. Returns the per-rank return values in rank order. If a rank
 re-raised with every failing rank's traceback; if ranks are still running after `timeout` seconds, they are
 killed and the error names them. Processes come from a forkserver that has torch and deepspeed preloaded,
 so starting 8 ranks costs well under a second each.
+
+The error says what happened by its class, so a test can expect one outcome and no other (e.g.
+`pytest.mark.xfail(raises=rank_raised("AssertionError"))`):
+    RankCrashed         a rank died without reporting (e.g. a C++ abort in gloo: exit code -6); its peers'
+                        errors (connection reset) are consequences
+    rank_raised(name)   otherwise, the first rank to report an error raised an exception of class `name`
+                        ('AssertionError'; builtins by bare name, others module-qualified)
+    RankTimeout         no rank failed, but some did not finish within `timeout` (a hang)
 """
 from __future__ import annotations
 
@@ -19,7 +27,7 @@ import queue as queue_mod
 import socket
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Optional
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
@@ -29,7 +37,39 @@ GRACE_AFTER_ERROR_S = 10.0
 
 
 class DistributedTestError(AssertionError):
-    pass
+    """Ranks failed or hung; `rank_errors` maps each rank that raised to its exception's class name."""
+
+    def __init__(self, message: str, rank_errors: Optional[Dict[int, str]] = None):
+        super().__init__(message)
+        self.rank_errors = dict(rank_errors or {})
+
+
+class RankTimeout(DistributedTestError):
+    """No rank raised, but some were still running at the timeout and were killed."""
+
+
+class RankCrashed(DistributedTestError):
+    """A rank exited without reporting (killed by a signal, a C++ abort)."""
+
+
+class RankRaised(DistributedTestError):
+    """A rank raised; the subclass `rank_raised(name)` names the class of the first rank's exception."""
+
+
+_RANK_RAISED: Dict[str, type] = {}
+
+
+def rank_raised(name: str) -> type:
+    """The error class run_distributed raises when the first rank to fail raised an exception of class
+    `name` (builtins by bare name, e.g. 'AssertionError'; others module-qualified)."""
+    if name not in _RANK_RAISED:
+        _RANK_RAISED[name] = type(f"RankRaised[{name}]", (RankRaised,), {"__module__": __name__})
+    return _RANK_RAISED[name]
+
+
+def exception_name(exc: BaseException) -> str:
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _context():
@@ -54,15 +94,18 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kw
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
+    reported = False
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
         out = fn(*args, **kwargs)
         results.put((rank, "ok", pickle.dumps(out)))
+        reported = True
         # Rank 0 hosts the TCP store: nobody leaves while a peer may still need it (e.g. in new_group).
         dist.barrier()
-    except BaseException:  # noqa: BLE001 - everything goes back to pytest
-        results.put((rank, "error", traceback.format_exc()))
+    except BaseException as exc:  # noqa: BLE001 - everything goes back to pytest
+        if not reported:  # after its result, a rank fails only in the barrier: a peer's failure, not its own
+            results.put((rank, "error", (exception_name(exc), traceback.format_exc())))
     finally:
         results.close()
         results.join_thread()
@@ -79,7 +122,8 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
     for p in procs:
         p.start()
     outputs: dict[int, Any] = {}
-    errors: dict[int, str] = {}
+    errors: dict[int, str] = {}  # rank -> traceback
+    raised: dict[int, str] = {}  # rank -> exception class name, in the order the errors arrived
     deadline = time.monotonic() + timeout
     try:
         while len(outputs) + len(errors) < world_size:
@@ -98,7 +142,7 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
             if status == "ok":
                 outputs[rank] = pickle.loads(payload)
             else:
-                errors[rank] = payload
+                raised[rank], errors[rank] = payload
                 deadline = min(deadline, time.monotonic() + GRACE_AFTER_ERROR_S)
     finally:
         for p in procs:
@@ -111,9 +155,12 @@ def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 
         report = "\n".join(f"--- rank {r} ---\n{tb}" for r, tb in sorted(errors.items()))
         stuck = [r for r in range(world_size) if r not in outputs and r not in errors]
         extra = f"; ranks {stuck} still running were killed" if stuck else ""
-        raise DistributedTestError(f"{len(errors)} of {world_size} ranks failed{extra}:\n{report}")
+        message = f"{len(errors)} of {world_size} ranks failed{extra}:\n{report}"
+        if len(raised) < len(errors):
+            raise RankCrashed(message, raised)
+        raise rank_raised(next(iter(raised.values())))(message, raised)
     stuck = [r for r in range(world_size) if r not in outputs]
     if stuck:
-        raise DistributedTestError(f"ranks {stuck} of {world_size} did not finish within {timeout:.0f}s "
-                                   f"(stuck or deadlocked); finished: {sorted(outputs)}")
+        raise RankTimeout(f"ranks {stuck} of {world_size} did not finish within {timeout:.0f}s "
+                          f"(stuck or deadlocked); finished: {sorted(outputs)}")
     return [outputs[r] for r in range(world_size)]

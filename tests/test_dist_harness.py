@@ -40,3 +40,22 @@ def test_exception_traceback_reaches_pytest():
 def test_timeout_names_stuck_rank():
     with pytest.raises(DistributedTestError, match=r"ranks \[2\] of 3 did not finish"):
         run_distributed(_rank_two_hangs, 3, timeout=8)
+
+
+def _rank_one_aborts():
+    if dist.get_rank() == 1:
+        import os
+        os.abort()  # a C++-style crash: no traceback, no report
+    return "fine"
+
+
+def test_error_class_says_what_happened():
+    """A rank's exception, a crash and a hang raise different classes, so an expected failure can name one."""
+    from tests.dist import RankCrashed, RankTimeout, rank_raised
+    with pytest.raises(rank_raised("ValueError"), match="boom on purpose") as raised:
+        run_distributed(_fails_on_rank_one, 2)
+    assert raised.value.rank_errors == {1: "ValueError"}
+    with pytest.raises(RankCrashed, match=r"rank 1 exited with code -6 without reporting"):
+        run_distributed(_rank_one_aborts, 2, timeout=30)
+    with pytest.raises(RankTimeout, match=r"ranks \[2\] of 3 did not finish"):
+        run_distributed(_rank_two_hangs, 3, timeout=8)

@@ -44,7 +44,9 @@ def test_pipe_matches_plain_model(tp, pp, dp):
         ref = references[kind]
         results = [r[j] for r in per_rank]
         where = f"{kind} (tp, pp, dp) = {(tp, pp, dp)}, partition {job.get('partition', 'type:TransformerLayer')}"
+        assert len(results) == tp * pp * dp and len(ref["losses"]) == STEPS
         for r in results:
+            assert len(r["losses"]) == STEPS, f"{where}: {len(r['losses'])} losses for {STEPS} steps"
             for step, (got, want) in enumerate(zip(r["losses"], ref["losses"])):
                 assert abs(got - want) <= TOL * abs(want), f"{where}: step {step} loss {got} vs plain {want}"
             got, want = r["eval_loss"], ref["eval_loss"]
@@ -64,5 +66,6 @@ def test_plain_model_tensor_and_data_parallel():
                                                                            common.MBS * common.GAS * job["dp"]))
         results = [r[j] for r in per_rank]
         for r in results:
+            assert len(r["losses"]) == len(ref["losses"]) == 1, f"{job}: {r['losses']} vs {ref['losses']}"
             assert abs(r["losses"][0] - ref["losses"][0]) <= TOL * abs(ref["losses"][0]), f"{job}: {r['losses']}"
         common.check_grads(results, ref["grads"], job["tp"], TOL)

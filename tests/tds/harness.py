@@ -102,14 +102,33 @@ def train(engine, batches) -> list[float]:
     return [engine.train_batch(it).item() for _ in batches]
 
 
+class ResultMismatch(AssertionError):
+    """The run finished but its losses or parameters differ from the reference."""
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ResultMismatch(message)
+
+
+def assert_same_length(got: list, want: list, what: str = "losses") -> None:
+    """Both lists non-empty and of one length (so a zip over them compares every item)."""
+    _check(len(want) > 0 and len(got) == len(want), f"{len(got)} {what} vs {len(want)} in the reference")
+
+
 def assert_close(results: list, ref_losses, ref_params, tol: float = 1e-5) -> None:
+    """Every rank's per-step losses and its stage's parameters equal the reference's (relative error < tol);
+    the stages together hold every reference parameter. Raises ResultMismatch."""
+    _check(len(results) > 0 and len(ref_params) > 0, f"{len(results)} ranks, {len(ref_params)} reference params")
     for r in results:
+        assert_same_length(r["losses"], ref_losses)
         for step, (got, want) in enumerate(zip(r["losses"], ref_losses)):
-            assert abs(got - want) <= tol * max(abs(want), 1e-6), f"step {step}: loss {got} vs {want}"
+            _check(abs(got - want) <= tol * max(abs(want), 1e-6), f"step {step}: loss {got} vs {want}")
         for name, p in r["params"].items():
             err = common.max_rel_err(p, ref_params[name])
-            assert err < tol, f"param {name}: rel err {err:.2e}"
-    assert set().union(*[r["params"] for r in results]) == set(ref_params)
+            _check(err < tol, f"param {name}: rel err {err:.2e}")
+    seen = set().union(*[r["params"] for r in results])
+    _check(seen == set(ref_params), f"parameters {sorted(seen ^ set(ref_params))} not on exactly one side")
 
 
 class Recorder:

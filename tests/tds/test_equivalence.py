@@ -7,9 +7,10 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
 from tests.dist import run_distributed
-from tests.tds import common
+from tests.tds import common, harness
 
 STEPS, MBS, GAS = 10, 2, 4
 TOL = 1e-5
@@ -35,7 +36,9 @@ def check(pp: int, dp: int, tp: int, zero: int = 1, schedule: str = "1f1b") -> N
     results = run_distributed(train_rank, pp * dp * tp, pp, dp, tp, zero, schedule, timeout=240)
     X, Y = common.make_data(STEPS, MBS * GAS * dp)
     ref_losses, ref_params = common.reference_train(X, Y, STEPS)
+    assert len(results) == pp * dp * tp and len(ref_losses) == STEPS
     for r in results:
+        assert len(r["losses"]) == STEPS, f"{len(r['losses'])} losses for {STEPS} steps"
         for step, (got, want) in enumerate(zip(r["losses"], ref_losses)):
             assert abs(got - want) <= TOL * abs(want), f"step {step}: loss {got} vs reference {want}"
     seen = {}
@@ -64,3 +67,13 @@ def test_equivalence_gpipe_zero0():
 @pytest.mark.parametrize("pp,dp,tp", FULL)
 def test_equivalence_full_grid(pp, dp, tp):
     check(pp, dp, tp)
+
+
+def test_comparisons_refuse_missing_losses():
+    """The loss comparisons check lengths: a run with fewer losses than the reference, or none, fails."""
+    ref_params = {"0.weight": torch.ones(2)}
+    run = lambda losses: [{"losses": losses, "params": {"0.weight": torch.ones(2)}}]  # noqa: E731
+    harness.assert_close(run([1.0, 2.0]), [1.0, 2.0], ref_params)
+    for losses, ref_losses in (([], [1.0, 2.0]), ([1.0], [1.0, 2.0]), ([], [])):
+        with pytest.raises(AssertionError, match="losses"):
+            harness.assert_close(run(losses), ref_losses, ref_params)
