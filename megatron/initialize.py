@@ -1,9 +1,11 @@
 """Start-up of a training process: torch.distributed, the parallel groups, the random number generators.
 
-Seeding (Megatron): every generator of pipeline stage `pp_rank` starts from seed + 100 * pp_rank, so
-dropout differs between stages but agrees across data-parallel replicas; the tensor-parallel tracker adds
-its per-tp-rank stream (`mpu.model_parallel_seed`). `rng_states()` / `set_rng_states()` capture and
-restore all of them for checkpoints.
+Seeding (Megatron): python, numpy, torch's CPU generator and the device generator of pipeline stage
+`pp_rank` start from seed + 100 * pp_rank; the tensor-parallel tracker adds its per-tp-rank stream
+(`mpu.model_parallel_seed`). `rng_states()` / `set_rng_states()` capture and restore all of them for
+checkpoints. The models' weight initialisation and dropout do not draw from these generators
+(megatron/model/rng.py: dropout masks are a pure function of seed, iteration, micro-batch and site), so
+they are the same in every layout and need nothing saved.
 """
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from megatron.checkpointing import save_checkpoint
 from megatron.evaluation import evaluate_and_print
 from megatron.flops import flops_per_iteration, tokens_per_sample
 from megatron.logging_utils import IntervalStats, TensorBoard, format_log_line, interval_metrics, print_rank_last
+from megatron.model.rng import start_iteration
 from tds import device as tds_device
 
 
@@ -89,6 +90,7 @@ def train(engine, args: argparse.Namespace, state: TrainState, train_iter: Itera
         batch = set_iteration_batch(engine, args, schedule, state.consumed_train_samples)
         lr = engine.lr_scheduler.get_lr()
         start = time.perf_counter()
+        start_iteration(engine.module, state.iteration)  # dropout masks follow (iteration, micro-batch)
         loss = train_step(engine, train_iter, loss_fn, args, schedule.micro_batches(state.consumed_train_samples))
         tds_device.synchronize()
         state.iteration += 1

@@ -1,25 +1,29 @@
 """Layout-independent randomness: weight initialisation and dropout that do not depend on how the model is
-split across processes.
+split across processes, and dropout masks that need no saved state to resume.
 
 Initialisation. Module number k of a model (embedding 0, transformer layers 1..L in order, final norms
 and heads after) is built under `init_rng(seed, k)`: torch's CPU generator is set to seed + k for the
 constructor and restored afterwards. The mpu layers draw their full master weights from that generator, so
 a module holds the same values whichever pipeline stage builds it and whatever the tp size.
 
-Dropout. The rule: call number c (counted from 0, training-mode calls only) of dropout site j of module k
-draws its mask from the device generator seeded with
+Dropout. Dropout site j of module k draws its mask, in training iteration i, on its c-th training-mode call
+of that iteration (both counted from 0), from the device generator seeded with
 
-    mix(seed, k, j, c)                      on activations replicated across tp ranks (hidden dropout)
-    mix(seed + 2718 + tp_rank, k, j, c)     on activations split across tp ranks (attention probabilities,
-                                            T5's inner feed-forward), run inside mpu's model-parallel fork
+    mix(seed, k, j, i, c)                   on activations replicated across tp ranks (hidden dropout)
+    mix(seed + 2718 + tp_rank, k, j, i, c)  on activations split across tp ranks (attention probabilities,
+                                            T5's inner feed-forward)
 
-where mix is a fixed polynomial hash. Nothing depends on which process runs the site or what it ran
-before, so one process and any pipeline split draw the same masks (a pipeline stage does not consume a
-shared stream in the single-process order). Megatron's convention is kept: ranks of a tp group agree on
-hidden-dropout masks and differ on split activations; the generator state outside a site is untouched.
-
-Every site runs once per training micro-batch, so after k micro-batches all counters equal k;
-`set_dropout_calls(model, k)` restores them on resume (they are not in the state dict).
+where mix is a fixed polynomial hash. Every site runs once per training micro-batch and the engines run a
+stage's micro-batches in order, so c is the micro-batch number within the iteration: a mask is a pure
+function of (seed, iteration, micro-batch, site). Hence
+  - one process and any pipeline split draw the same masks (a stage does not consume a shared stream in
+    the single-process order); ranks of a tp group agree on hidden-dropout masks and differ on split
+    activations (Megatron's convention); data-parallel replicas draw the same masks for their m-th
+    micro-batch;
+  - nothing needs to be saved: the training loop announces each iteration with `start_iteration(model, i)`,
+    so a run resumed at iteration i draws what the uninterrupted run drew. A model never told its iteration
+    (used outside the loop) stays at i = 0 and c counts every training call since construction;
+  - the device generator outside a site is untouched, so no other random stream depends on dropout.
 
 Activation checkpointing recomputes a segment during backward, which would advance the counters twice;
 `replay_checkpoint` rewinds the segment's counters to their values at the first forward for the
@@ -35,11 +39,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
+from megatron.mpu.random import MODEL_PARALLEL_SEED_OFFSET
 from tds import device as tds_device
 
 _P = 1_000_003
 _MASK = (1 << 63) - 1
-MODEL_PARALLEL_SEED_OFFSET = 2718
 
 
 def mix(*values: int) -> int:
@@ -59,9 +63,11 @@ def init_rng(seed: int, module_number: int) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _isolated_device_rng() -> Iterator[None]:
+def _seeded_device_rng(seed: int) -> Iterator[None]:
+    """Run the block on the device generator seeded with `seed`; the generator's state is restored after."""
     state = tds_device.get_rng_state()
     try:
+        tds_device.manual_seed(seed)
         yield
     finally:
         tds_device.set_rng_state(state)
@@ -81,20 +87,17 @@ class SeededDropout(nn.Module):
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p, self.module_number, self.site, self.tp_split = p, module_number, site, tp_split
         self.base_seed = seed + MODEL_PARALLEL_SEED_OFFSET + tp_rank if tp_split else seed
-        self.calls = 0
+        self.iteration = 0  # set by start_iteration
+        self.calls = 0  # training-mode calls since then
 
     @property
     def active(self) -> bool:
         return self.training and self.p > 0
 
-    @contextlib.contextmanager
-    def rng(self) -> Iterator[None]:
-        seed = mix(self.base_seed, self.module_number, self.site, self.calls)
+    def rng(self) -> contextlib.AbstractContextManager:
+        seed = mix(self.base_seed, self.module_number, self.site, self.iteration, self.calls)
         self.calls += 1
-        outer = mpu.get_rng_tracker().fork() if self.tp_split and _tracker_ready() else _isolated_device_rng()
-        with outer:
-            tds_device.manual_seed(seed)
-            yield
+        return _seeded_device_rng(seed)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:
@@ -106,20 +109,15 @@ class SeededDropout(nn.Module):
         return f"p={self.p}, module={self.module_number}, site={self.site}, tp_split={self.tp_split}"
 
 
-def _tracker_ready() -> bool:
-    return mpu.random.MODEL_PARALLEL_RNG in mpu.get_rng_tracker().get_states()
-
-
 def dropout_sites(module: nn.Module) -> list[SeededDropout]:
     return [m for m in module.modules() if isinstance(m, SeededDropout)]
 
 
-def set_dropout_calls(module: nn.Module, calls: int) -> None:
-    """Set every dropout site's call counter, e.g. when resuming: every site runs exactly once per training
-    micro-batch, so after k micro-batches (iteration x gradient-accumulation steps) all counters are k,
-    in every layout. The counters are not in the state dict."""
+def start_iteration(module: nn.Module, iteration: int) -> None:
+    """Announce training iteration `iteration` (0 for the first) to every dropout site of `module`: the
+    next training micro-batches are micro-batch 0, 1, ... of that iteration."""
     for site in dropout_sites(module):
-        site.calls = calls
+        site.iteration, site.calls = iteration, 0
 
 
 def replay_checkpoint(function: Callable[..., Any], sites: Sequence[SeededDropout], *args: Any) -> Any:

@@ -1,4 +1,9 @@
-"""Device-agnostic RNG streams for tensor parallelism, and activation checkpointing that replays them.
+"""Megatron's RNG-tracker API (device-agnostic), and activation checkpointing that replays it.
+
+The models in megatron/model do not draw from these streams: their dropout masks are a pure function of
+(seed, iteration, micro-batch, site) (megatron/model/rng.py), which need no state. The tracker is kept for
+code written against Megatron (`get_cuda_rng_tracker().fork()`, `model_parallel_cuda_manual_seed(seed)`);
+its states are in every checkpoint (megatron/initialize.py `rng_states`), so such code resumes exactly too.
 
 Two streams per process (Megatron):
     default stream         seed                    same on every tp rank: dropout on replicated activations

@@ -4,7 +4,9 @@
   checkpointing (the recomputation replays the dropout masks), over two micro-batches.
 - Dropout on: the TDS pipeline at (tp, pp, dp) = (1,1,1) and (1,2,1), the latter also with activation
   checkpointing, equals the single-process plain model step for step (fp32, rel err < 1e-5).
-- Dropout is active, draws fresh masks per call, and `set_dropout_calls` resumes the mask sequence.
+- Dropout is active, draws fresh masks per call, and a mask is a function of (iteration, micro-batch) only:
+  a fresh model told the iteration draws the masks of a model that got there by training (so resuming
+  needs no saved dropout state); evaluation counts no call; no other random stream moves.
 """
 from __future__ import annotations
 
@@ -50,19 +52,31 @@ def test_dropout_is_active_and_fresh_per_call(kind):
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "t5"])
-def test_resume_dropout_counters(kind):
-    """After k micro-batches every site has run k times; a fresh model told k draws the same next masks."""
-    from megatron.model.rng import dropout_sites, set_dropout_calls
+def test_masks_follow_iteration_and_micro_batch(kind):
+    """Two iterations of two micro-batches, an evaluation before each; then a fresh model (same weights)
+    told iteration 1 gives micro-batch 0 of iteration 1 bit for bit. The device generator and Megatron's
+    tracker streams are where they were: the model's dropout draws from neither."""
+    from megatron import mpu
+    from megatron.model.rng import start_iteration
     cfg = common.make_config(kind, **DROPOUT)
-    model = common.build_plain(kind, cfg)
-    micro_batches = common.make_batches(kind, cfg, 1, 3 * common.MBS)[0]
-    for micro in micro_batches[:2]:
-        common.micro_loss(model, micro)
-    assert {s.calls for s in dropout_sites(model)} == {2}
-    resumed = common.build_plain(kind, cfg)
-    resumed.load_state_dict(model.state_dict())
-    set_dropout_calls(resumed, 2)
-    assert torch.equal(common.micro_loss(model, micro_batches[2]), common.micro_loss(resumed, micro_batches[2]))
+    model, fresh = common.build_plain(kind, cfg), common.build_plain(kind, cfg)
+    fresh.load_state_dict(model.state_dict())
+    micro_batches = common.make_batches(kind, cfg, 1, 2 * common.MBS)[0]
+    mpu.model_parallel_seed(11, tp_rank=0)
+    device_before, tracker_before = torch.get_rng_state(), mpu.get_rng_tracker().get_states()
+    losses = {}
+    for iteration in (0, 1):
+        start_iteration(model, iteration)
+        model.eval()
+        common.micro_loss(model, micro_batches[0])
+        model.train()
+        for m, micro in enumerate(micro_batches):
+            losses[iteration, m] = common.micro_loss(model, micro)
+    start_iteration(fresh, 1)
+    assert torch.equal(common.micro_loss(fresh, micro_batches[0]), losses[1, 0])
+    assert not torch.equal(losses[0, 0], losses[1, 0]), "another iteration must draw other masks"
+    assert torch.equal(torch.get_rng_state(), device_before)
+    assert all(torch.equal(v, tracker_before[k]) for k, v in mpu.get_rng_tracker().get_states().items())
 
 
 def _jobs(pp: int) -> list:
@@ -84,7 +98,9 @@ def test_dropout_same_in_every_layout(pp):
             cfg = common.make_config(kind, **DROPOUT)
             refs[kind] = common.reference_run(kind, cfg, common.make_batches(kind, cfg, STEPS, common.MBS * common.GAS))
         results = [r[j] for r in per_rank]
+        assert len(results) == pp and len(refs[kind]["losses"]) == STEPS
         for r in results:
+            assert len(r["losses"]) == STEPS, f"{kind} pp={pp}: {len(r['losses'])} losses for {STEPS} steps"
             for step, (got, want) in enumerate(zip(r["losses"], refs[kind]["losses"])):
                 assert abs(got - want) <= TOL * abs(want), \
                     f"{kind} pp={pp} {job['config_kw']}: step {step} loss {got} vs plain {want}"
