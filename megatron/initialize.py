@@ -19,11 +19,14 @@ import torch
 import torch.distributed as dist
 
 from megatron import mpu
+from megatron.errors import UserError
 from tds import device as tds_device
 
 
 def initialize_megatron(args: argparse.Namespace) -> mpu.ParallelState:
-    """Initialise torch.distributed from the launcher's environment, build the groups, seed everything."""
+    """Check the machine can run the precision asked for, then initialise torch.distributed from the
+    launcher's environment, build the groups, seed everything."""
+    check_precision_supported(args)
     # DeepSpeed 0.19's ZeRO-1 calls an all-gather that torch 2.13 marks deprecated, once per step and rank.
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
     tds_device.init_distributed()
@@ -34,6 +37,21 @@ def initialize_megatron(args: argparse.Namespace) -> mpu.ParallelState:
     state = mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipe_parallel_size)
     set_random_seed(args.seed, state.pp_rank)
     return state
+
+
+def check_precision_supported(args: argparse.Namespace) -> None:
+    """--fp16 where DeepSpeed's CPU accelerator refuses it (no GPU, and a CPU without oneDNN fp16 kernels:
+    `torch.ops.mkldnn._is_mkldnn_fp16_supported()` is False, e.g. AMD EPYC) is a one-line UserError before any
+    process group exists, instead of DeepSpeed's ValueError in `initialize` on every rank. It runs on the
+    machine that trains, not in `megatron.preflight` (which may run on another machine, and imports no
+    DeepSpeed)."""
+    if not args.fp16 or tds_device.is_cuda():
+        return
+    from deepspeed.accelerator import get_accelerator
+    if not get_accelerator().is_fp16_supported():
+        raise UserError("--fp16 (command line or DeepSpeed config) needs fp16 support, which this CPU lacks "
+                        "(DeepSpeed's CPU accelerator follows torch.ops.mkldnn._is_mkldnn_fp16_supported(), False "
+                        "here); train with --bf16, or in fp32 without --fp16")
 
 
 def set_random_seed(seed: int, pp_rank: int = 0) -> None:

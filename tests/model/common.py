@@ -156,9 +156,9 @@ def pipe_params(model) -> dict:
     return out
 
 
-def ds_config(dp: int, precision: str = "fp32", zero: int = 0) -> dict:
-    cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": GAS,
-           "train_batch_size": MBS * GAS * dp, "steps_per_print": 10 ** 9, "gradient_clipping": 0.0,
+def ds_config(dp: int, precision: str = "fp32", zero: int = 0, gas: int = GAS) -> dict:
+    cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": gas,
+           "train_batch_size": MBS * gas * dp, "steps_per_print": 10 ** 9, "gradient_clipping": 0.0,
            "zero_optimization": {"stage": zero}, "zero_allow_untested_optimizer": True}
     if precision == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 100}
@@ -168,10 +168,11 @@ def ds_config(dp: int, precision: str = "fp32", zero: int = 0) -> dict:
 
 
 def pipe_rank(kind: str, tp: int, pp: int, dp: int, config_kw: dict, steps: int, partition="type:TransformerLayer",
-              precision: str = "fp32", zero: int = 0, seed: int = 0, repeat_batch: bool = False) -> dict:
-    """Train `steps` batches (or one batch `steps` times) with the TDS engine in `precision`, then evaluate
-    the first batch; return the losses, the eval loss, the first-step fp32 gradients (local slices + how
-    to slice the reference), the tp rank and the partition."""
+              precision: str = "fp32", zero: int = 0, seed: int = 0, repeat_batch: bool = False,
+              gas: int = GAS) -> dict:
+    """Train `steps` batches of MBS x gas x dp rows (or one batch `steps` times) with the TDS engine in
+    `precision`, then evaluate the first batch; return the losses, the eval loss, the first-step fp32
+    gradients (local slices + how to slice the reference), the tp rank and the partition."""
     import deepspeed
     import torch.distributed as dist
 
@@ -187,12 +188,12 @@ def pipe_rank(kind: str, tp: int, pp: int, dp: int, config_kw: dict, steps: int,
     model = (GPT2ModelPipe if kind == "gpt2" else T5ModelPipe)(config, partition_method=partition)
     named = pipe_params(model)
     opt = RecordingSGD(named, LR)
-    engine, _, _, _ = tds.initialize(model=model, optimizer=opt, config=ds_config(dp, precision, zero), mpu=mpu)
-    batches = make_batches(kind, config, 1 if repeat_batch else steps, MBS * GAS * dp, seed)
+    engine, _, _, _ = tds.initialize(model=model, optimizer=opt, config=ds_config(dp, precision, zero, gas), mpu=mpu)
+    batches = make_batches(kind, config, 1 if repeat_batch else steps, MBS * gas * dp, seed)
     batches = batches * steps if repeat_batch else batches
-    it = iter([m for micro_batches in batches for m in micro_batches[state.dp_rank * GAS:(state.dp_rank + 1) * GAS]])
+    it = iter([m for micro_batches in batches for m in micro_batches[state.dp_rank * gas:(state.dp_rank + 1) * gas]])
     losses = [engine.train_batch(it).item() for _ in range(steps)]
-    eval_loss = engine.eval_batch(iter(batches[0][state.dp_rank * GAS:(state.dp_rank + 1) * GAS])).item()
+    eval_loss = engine.eval_batch(iter(batches[0][state.dp_rank * gas:(state.dp_rank + 1) * gas])).item()
     grads = {}
     if opt.first_grads is not None and precision == "fp32":
         grads = {k: (g, getattr(named[k], "tensor_model_parallel", False), getattr(named[k], "partition_dim", 0),
