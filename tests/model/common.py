@@ -173,14 +173,13 @@ def pipe_rank(kind: str, tp: int, pp: int, dp: int, config_kw: dict, steps: int,
     """Train `steps` batches of MBS x gas x dp rows (or one batch `steps` times) with the TDS engine in
     `precision`, then evaluate the first batch; return the losses, the eval loss, the first-step fp32
     gradients (local slices + how to slice the reference), the tp rank and the partition."""
-    import deepspeed
     import torch.distributed as dist
 
     import tds
     from megatron import mpu
     from megatron.model.gpt2_pipe import GPT2ModelPipe
     from megatron.model.t5_pipe import T5ModelPipe
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    tds.init_distributed(dist_backend="gloo")  # adopts the harness's group; no JIT build of DeepSpeed's shm op
     state = mpu.initialize_model_parallel(tp, pp)
     mpu.model_parallel_seed(1234)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
