@@ -126,7 +126,6 @@ def test_bad_inputs_are_one_line_errors(checkpoints, tmp_path):
     assert _read(str(tmp_path / "ok.jsonl"))[0]["prompt"] == "x"
 
 
-@pytest.mark.slow
 def test_cli_exit_status_and_message(checkpoints, tmp_path):
     """The tool as a user runs it: status 2 and one `error:` line on stderr, nothing on stdout but
     DeepSpeed's accelerator notice."""
