@@ -1,7 +1,7 @@
 """A user's mistake gets one line: `error: <message>` exactly once, exit status 2, no traceback, at most 3
 lines of output after the launch line.
 
-- 12 distinct mistakes through examples/ds_pretrain_gpt2.sh (the check before the launch, one process):
+- 14 distinct mistakes through examples/ds_pretrain_gpt2.sh (the check before the launch, one process):
   nothing is launched; the check's own CPU time stays far under the 5-second promise, and it imports
   neither torch nor DeepSpeed.
 - Mistakes through examples/ds_pretrain_t5.sh with CHECK_ARGS=0, i.e. inside pretrain_t5.py under torchrun
@@ -82,6 +82,7 @@ GPT_MISTAKES = [  # (environment, extra arguments, words of the message)
     (dict(), ["--train-samples", "1000"], "--train-iters 10 cannot be combined with --train-samples"),
     (dict(), ["--partition-method", "0,3,99"], "boundaries must rise from 0 to 7"),
     (dict(DATA_PATH="0.5 {data} 0.5"), [], "WEIGHT PREFIX pairs, got 3 values"),
+    (dict(DATA_PATH="0.7 {data} 0.3 {tmp}/books_text_document"), [], "--data-path {tmp}/books_text_document:"),
     (dict(), ["--rampup-batch-size", "8", "8", "100"], "--rampup-batch-size 8 8 100 cannot be combined"),
 ]
 
@@ -205,3 +206,15 @@ def test_mistake_seen_by_one_rank_is_printed_once_and_stops_both(tmp_path, error
         assert printed == "" and (tmp_path / "error").read_text() == "only rank 1 sees this mistake\n"
     else:
         assert printed.splitlines() == ["error: only rank 1 sees this mistake"], printed
+
+
+def test_data_path_takes_megatrons_blend():
+    """DATA_PATH is one prefix (spaces allowed) or Megatron's WEIGHT PREFIX ... blend."""
+    probe = 'source examples/common.sh; data_path_args; printf "%s|" "${DATA_PATH_ARGS[@]}"'
+    cases = {"0.7 data/web_text_document 0.3 data/books_text_document":
+             "0.7|data/web_text_document|0.3|data/books_text_document|",
+             "my data/web_text_document": "my data/web_text_document|", "data/x": "data/x|", "1e-1 a 2 b": "1e-1|a|2|b|"}
+    for value, want in cases.items():
+        proc = subprocess.run(["bash", "-c", probe], cwd=ROOT, env=dict(os.environ, DATA_PATH=value),
+                              capture_output=True, text=True, timeout=30)
+        assert proc.stdout == want, (value, proc.stdout, proc.stderr)
