@@ -87,9 +87,9 @@ def main(argv: Optional[List[str]] = None) -> None:
         raise UserError(f"--task {args.task} evaluates a GPT-2 checkpoint; {args.load} is {checkpoint.kind!r}")
     seq = seq_length_of(args, checkpoint)
     data = read_data(args, checkpoint.tokenizer)  # bad data fails before any weight is read
-    par = parallel.setup(args.tensor_model_parallel_size)
-    model = loading.load_model(checkpoint, args.load, args.tag, par.tp_group, args.dtype)
-    result = run_task(args, model, checkpoint.tokenizer, data, par, seq)
+    with parallel.launched(args.tensor_model_parallel_size) as par:
+        model = loading.load_model(checkpoint, args.load, args.tag, par.tp_group, args.dtype)
+        result = run_task(args, model, checkpoint.tokenizer, data, par, seq)
     if not par.is_first:
         return
     print(f"{result.line()} | {args.data}", flush=True)

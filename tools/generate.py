@@ -124,15 +124,15 @@ def main(argv: Optional[List[str]] = None) -> None:
     checkpoint = loading.read_checkpoint(args.load, args.tag, overrides)
     if prompts is not None:
         encode_prompts(checkpoint.config, checkpoint.tokenizer, prompts)  # bad prompts fail before any weight
-    par = parallel.setup(args.tensor_model_parallel_size)
-    model = loading.load_model(checkpoint, args.load, args.tag, par.tp_group, args.dtype)
-    loaded = loading.Loaded(checkpoint, model)
-    if prompts is None and par.broadcast_object(sys.stdin.isatty()):  # rank 0's terminal decides
-        return interactive(loaded, params, par)
-    if prompts is None:
-        lines = sys.stdin.read().splitlines() if par.is_first else None
-        prompts = [line for line in par.broadcast_object(lines) if line.strip()]
-    run_batch(loaded, prompts, params, par, args.output)
+    with parallel.launched(args.tensor_model_parallel_size) as par:
+        loaded = loading.Loaded(checkpoint, loading.load_model(checkpoint, args.load, args.tag, par.tp_group,
+                                                               args.dtype))
+        if prompts is None and par.broadcast_object(sys.stdin.isatty()):  # rank 0's terminal decides
+            return interactive(loaded, params, par)
+        if prompts is None:
+            lines = sys.stdin.read().splitlines() if par.is_first else None
+            prompts = [line for line in par.broadcast_object(lines) if line.strip()]
+        run_batch(loaded, prompts, params, par, args.output)
 
 
 if __name__ == "__main__":

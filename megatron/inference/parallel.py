@@ -9,8 +9,9 @@ The ranks are laid out as in training (`mpu.initialize_model_parallel`, tensor-p
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, Iterator, List, Optional
 
 import torch.distributed as dist
 
@@ -25,14 +26,25 @@ class Parallel:
     dp_rank: int
     dp_size: int
     global_rank: int = 0
+    owns_process_group: bool = False  # created by `setup`, so `close` destroys it
 
     @classmethod
     def single(cls) -> "Parallel":
         return cls(None, 1, 0, 1)
 
     @classmethod
-    def from_state(cls, state: mpu.ParallelState) -> "Parallel":
-        return cls(state.tp_group, state.dims.tp, state.dp_rank, state.dims.dp, state.global_rank)
+    def from_state(cls, state: mpu.ParallelState, owns_process_group: bool = False) -> "Parallel":
+        return cls(state.tp_group, state.dims.tp, state.dp_rank, state.dims.dp, state.global_rank,
+                   owns_process_group)
+
+    def close(self, wait: bool = True) -> None:
+        """Destroy the process group if `setup` created it (a launched process that exits with a live gloo
+        group aborts); with `wait`, after every rank got there (not on an error path: peers may be elsewhere)."""
+        if self.owns_process_group and dist.is_initialized():
+            if wait:
+                dist.barrier()
+            mpu.destroy_model_parallel()
+            dist.destroy_process_group()
 
     @property
     def is_first(self) -> bool:
@@ -65,9 +77,22 @@ def setup(tp: int) -> Parallel:
                             f"torchrun --nproc_per_node {tp} ...")
         return Parallel.single()
     from tds import device as tds_device
+    owns = not dist.is_initialized()
     tds_device.init_distributed()
     world = dist.get_world_size()
     if tp < 1 or world % tp:
         raise UserError(f"--tensor-model-parallel-size {tp} does not divide the {world} processes launched; "
                         f"launch a multiple of {tp} processes or change the size")
-    return Parallel.from_state(mpu.initialize_model_parallel(tp, 1))
+    return Parallel.from_state(mpu.initialize_model_parallel(tp, 1), owns)
+
+
+@contextmanager
+def launched(tp: int) -> Iterator[Parallel]:
+    """`setup(tp)`, and the process group destroyed on the way out."""
+    par = setup(tp)
+    try:
+        yield par
+    except BaseException:
+        par.close(wait=False)
+        raise
+    par.close()
