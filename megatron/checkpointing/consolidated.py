@@ -20,7 +20,7 @@ from .files import (CheckpointFileError, layer_file, load_file, mp_rank_file, pr
                     zero_file)
 from .names import ModelTable, ParamInfo
 from .optim import StageOptim, make_groups, optimizer_kind, read_client, read_flat, read_unfused
-from .tp import merge
+from .tp import merge, split
 
 # entries of an mp_rank file that describe the layout or the optimizer, rebuilt for every written layout
 LAYOUT_KEYS = ("module", "optimizer", "param_shapes", "frozen_param_shapes", "shared_params",
@@ -104,8 +104,9 @@ def _read_module_weights(folder: str, table: ModelTable, tp: int, first: dict, n
 
 
 def _stage_optim(folder: str, kind: str, mp: int, dp: int, bf16: bool, mp_state: dict,
-                 names: List[Tuple[str, ParamInfo]], local: Dict[str, torch.Tensor]) -> StageOptim:
-    shapes = {n: local[n].shape for n, _ in names}
+                 names: List[Tuple[str, ParamInfo]], weights: Dict[str, torch.Tensor], tp: int) -> StageOptim:
+    tp_rank = mp % tp
+    shapes = {n: local_shape(p, weights[p.name].shape, tp) for n, p in names}
     groups = make_groups([n for n, _ in names], {n: len(s) for n, s in shapes.items()})
     _check_param_shapes(mp_state.get("param_shapes"), groups, shapes, folder, mp)
     if kind == "zero":
@@ -115,6 +116,7 @@ def _stage_optim(folder: str, kind: str, mp: int, dp: int, bf16: bool, mp_state:
         return read_flat([mp_state["optimizer"]], groups, shapes, "bf16")
     if kind == "unfused":
         return read_unfused(mp_state["optimizer"], groups, shapes)
+    local = {n: split(weights[p.name], p, tp)[tp_rank] for n, p in names}  # stage 0: the weights are the master
     return read_client(mp_state["optimizer"], groups, local)
 
 
@@ -163,8 +165,7 @@ def read_consolidated(folder: str, with_optimizer: bool = True) -> Consolidated:
         if not load_optim:
             continue
         names = stage_names(table, bounds, s, pp)
-        local = {n: _split_one(weights[p.name], p, tp, t) for n, p in names}
-        st = _stage_optim(folder, kind, mp, dp, bool(args.get("bf16")), mp_state, names, local)
+        st = _stage_optim(folder, kind, mp, dp, bool(args.get("bf16")), mp_state, names, weights, tp)
         out.hyper.update(st.hyper)
         out.step.update(st.step)
         out.extras.update(st.extras)
@@ -176,7 +177,3 @@ def read_consolidated(folder: str, with_optimizer: bool = True) -> Consolidated:
                      for name, parts in optim_parts.items()}
     return out
 
-
-def _split_one(full: torch.Tensor, info: ParamInfo, tp: int, tp_rank: int) -> torch.Tensor:
-    from .tp import split
-    return split(full, info, tp)[tp_rank]

@@ -41,7 +41,8 @@ from .weights import load_weights_into, reshape_command
 # Arguments that fix parameter shapes or the sample layout; a resumed checkpoint must agree on all.
 SHAPE_FIELDS = ("model_type", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                 "kv_channels", "vocab_size", "max_position_embeddings", "seq_length", "encoder_seq_length",
-                "decoder_seq_length")
+                "decoder_seq_length", "decoder_num_layers", "feed_forward_proj", "untie_embeddings_and_output_weights",
+                "relative_attention_num_buckets")
 
 
 def commit(save_dir: str, tag: str) -> None:
@@ -166,6 +167,10 @@ def _load_same_layout(engine, args, load_dir: str, tag: str, saved: Dict[str, An
                                                     load_lr_scheduler_states=not args.no_load_optim)
     if path is None:
         raise FileNotFoundError(f"DeepSpeed could not load checkpoint {where}")
+    if not args.no_load_optim and engine.lr_scheduler is not None:
+        # DeepSpeed loads the scheduler before the ZeRO optimizer state, whose param groups then bring back
+        # the learning rate of the last step before the save; set this step's rate again (exact resume)
+        engine.lr_scheduler.load_state_dict(engine.lr_scheduler.state_dict())
     if not load_optim:
         _refresh_master_weights(engine)
     if args.no_load_rng:

@@ -38,7 +38,7 @@ class StageOptim:
     groups: List[Tuple[str, List[str]]]                 # (group kind, module names in flat order)
     tensors: Dict[str, Dict[str, torch.Tensor]] = field(default_factory=dict)  # name -> fp32/exp_avg/exp_avg_sq
     hyper: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # group kind -> param_group without params
-    step: Dict[str, Any] = field(default_factory=dict)  # group kind -> Adam step (as saved)
+    step: Dict[str, Any] = field(default_factory=dict)  # group kind -> Adam step (as saved; None: no step yet)
     extras: Dict[str, Any] = field(default_factory=dict)  # loss scaling and clipping state
 
 
@@ -78,16 +78,24 @@ def zero_padding(numel: int, dp: int, dp_rank: int) -> int:
     return part if numel <= left else max(0, left + part - numel)
 
 
-def _flatten(tensors: Sequence[torch.Tensor], padded: int) -> torch.Tensor:
-    flat = torch.cat([t.reshape(-1).float() for t in tensors])
-    return torch.cat([flat, flat.new_zeros(padded - flat.numel())]) if padded > flat.numel() else flat
+def _partition(tensors: Sequence[torch.Tensor], dp_rank: int, part: int) -> torch.Tensor:
+    """Elements [d P, (d + 1) P) of the zero-padded concatenation of `tensors`, as a new fp32 tensor."""
+    out = torch.zeros(part)
+    lo, offset = dp_rank * part, 0
+    for t in tensors:
+        start, end = max(offset, lo), min(offset + t.numel(), lo + part)
+        if start < end:
+            out[start - lo:end - lo] = t.reshape(-1)[start - offset:end - offset]
+        offset += t.numel()
+    return out
 
 
 def _unflatten(flat: torch.Tensor, names: Sequence[str], shapes: Dict[str, torch.Size]) -> Dict[str, torch.Tensor]:
+    """Views of `flat` shaped as each parameter."""
     out, offset = {}, 0
     for n in names:
         numel = shapes[n].numel()
-        out[n] = flat[offset:offset + numel].view(shapes[n]).clone()
+        out[n] = flat[offset:offset + numel].view(shapes[n])
         offset += numel
     return out
 
@@ -105,54 +113,47 @@ def _slice_mappings(names: Sequence[str], shapes: Dict[str, torch.Size], part: i
     return out
 
 
-def _base_state(st: StageOptim, flats: Dict[str, List[torch.Tensor]], part_index: int, part: List[int]) -> dict:
-    """torch AdamW state_dict of the flat partitions: one 'parameter' per group."""
-    state = {}
-    for g, (kind, _) in enumerate(st.groups):
-        entry = {"step": _copy(st.step[kind])}
-        for key in STATE_KEYS:
-            entry[key] = flats[key][g][part_index * part[g]:(part_index + 1) * part[g]].clone()
-        state[g] = entry
-    groups = [{**st.hyper[kind], "params": [g]} for g, (kind, _) in enumerate(st.groups)]
-    return {"state": state, "param_groups": groups}
-
-
-def _group_flats(st: StageOptim, dp: int) -> Tuple[Dict[str, List[torch.Tensor]], List[int], List[int]]:
-    flats: Dict[str, List[torch.Tensor]] = {k: [] for k in ("fp32",) + STATE_KEYS}
-    numels, parts = [], []
+def _rank_partitions(st: StageOptim, dp: int, dp_rank: int) -> Tuple[Dict[str, List[torch.Tensor]], List[int]]:
+    """This dp rank's partition of every group, per key (fp32, exp_avg, exp_avg_sq), and the group sizes."""
+    parts: Dict[str, List[torch.Tensor]] = {k: [] for k in ("fp32",) + STATE_KEYS}
+    numels = []
     for _, names in st.groups:
         numel = sum(st.tensors[n]["fp32"].numel() for n in names)
-        padded, part = flat_sizes(numel, dp)
         numels.append(numel)
-        parts.append(part)
-        for key in flats:
-            flats[key].append(_flatten([st.tensors[n][key] for n in names], padded))
-    return flats, numels, parts
+        for key in parts:
+            parts[key].append(_partition([st.tensors[n][key] for n in names], dp_rank, flat_sizes(numel, dp)[1]))
+    return parts, numels
+
+
+def _base_state(st: StageOptim, parts: Dict[str, List[torch.Tensor]]) -> dict:
+    """torch AdamW state_dict of the flat partitions: one 'parameter' per group."""
+    state = {g: {"step": _copy(st.step[kind]), **{key: parts[key][g] for key in STATE_KEYS}}
+             for g, (kind, _) in enumerate(st.groups) if st.step[kind] is not None}
+    groups = [{**st.hyper[kind], "params": [g]} for g, (kind, _) in enumerate(st.groups)]
+    return {"state": state, "param_groups": groups}
 
 
 def write_flat(st: StageOptim, dp: int, kind: str, shapes: Dict[str, torch.Size]) -> List[dict]:
     """The optimizer state dict of every dp rank for the 'zero' or 'bf16' layout."""
     from deepspeed.git_version_info import version
-    flats, numels, parts = _group_flats(st, dp)
     out = []
     for d in range(dp):
-        pads = [zero_padding(n, dp, d) for n in numels]
-        fp32 = [f[d * p:(d + 1) * p].clone() for f, p in zip(flats["fp32"], parts)]
-        mappings = [_slice_mappings(names, shapes, p, d) for (_, names), p in zip(st.groups, parts)]
+        parts, numels = _rank_partitions(st, dp, d)
+        sizes = [flat_sizes(n, dp) for n in numels]
+        mappings = [_slice_mappings(names, shapes, p, d) for (_, names), (_, p) in zip(st.groups, sizes)]
+        common = {"clip_grad": st.extras["clip_grad"], "base_optimizer_state": _base_state(st, parts),
+                  "partition_count": [dp] * len(st.groups), "ds_version": version, "param_slice_mappings": mappings}
         if kind == "zero":
             from deepspeed.runtime.zero.config import ZeroStageEnum
+            pads = [zero_padding(n, dp, d) for n in numels]
             sd = {"loss_scaler": st.extras["loss_scaler"], "dynamic_loss_scale": st.extras["dynamic_loss_scale"],
-                  "overflow": st.extras.get("overflow", False), "clip_grad": st.extras["clip_grad"],
-                  "base_optimizer_state": _base_state(st, flats, d, parts),
-                  "single_partition_of_fp32_groups": [f[:f.numel() - pad] for f, pad in zip(fp32, pads)],
+                  "overflow": st.extras.get("overflow", False), **common,
+                  "single_partition_of_fp32_groups": [f[:f.numel() - pad] for f, pad in zip(parts["fp32"], pads)],
                   "zero_stage": ZeroStageEnum.optimizer_states, "group_paddings": pads,
-                  "param_alignment_paddings": [[0] * len(names) for _, names in st.groups],
-                  "partition_count": [dp] * len(st.groups), "ds_version": version, "param_slice_mappings": mappings}
+                  "param_alignment_paddings": [[0] * len(names) for _, names in st.groups]}
         else:
-            sd = {"clip_grad": st.extras["clip_grad"], "base_optimizer_state": _base_state(st, flats, d, parts),
-                  "single_partition_of_fp32_groups": fp32,
-                  "group_paddings": [(flat_sizes(n, dp)[0] - n) if d == dp - 1 else 0 for n in numels],
-                  "partition_count": [dp] * len(st.groups), "ds_version": version, "param_slice_mappings": mappings}
+            sd = {**common, "single_partition_of_fp32_groups": parts["fp32"],
+                  "group_paddings": [(padded - n) if d == dp - 1 else 0 for n, (padded, _) in zip(numels, sizes)]}
         out.append(sd)
     return out
 
@@ -164,17 +165,17 @@ def read_flat(states: Sequence[dict], groups: List[Tuple[str, List[str]]], shape
     first = states[0]
     for g, (gkind, names) in enumerate(groups):
         numel = sum(shapes[n].numel() for n in names)
-        base = [sd["base_optimizer_state"]["state"][g] for sd in states]
+        base = [sd["base_optimizer_state"]["state"].get(g) for sd in states]  # None: no step taken yet
         fp32 = torch.cat([sd["single_partition_of_fp32_groups"][g].reshape(-1) for sd in states])[:numel]
         flat = {"fp32": fp32}
         for key in STATE_KEYS:
-            flat[key] = torch.cat([b[key].reshape(-1) for b in base])[:numel]
+            flat[key] = torch.zeros(numel) if base[0] is None else torch.cat([b[key].reshape(-1) for b in base])[:numel]
         per_key = {key: _unflatten(v, names, shapes) for key, v in flat.items()}
         for n in names:
             st.tensors[n] = {key: per_key[key][n] for key in per_key}
         hyper = dict(first["base_optimizer_state"]["param_groups"][g])
         hyper.pop("params")
-        st.hyper[gkind], st.step[gkind] = hyper, base[0]["step"]
+        st.hyper[gkind], st.step[gkind] = hyper, None if base[0] is None else base[0]["step"]
     keys = ("loss_scaler", "dynamic_loss_scale", "overflow", "clip_grad") if kind == "zero" else ("clip_grad",)
     st.extras = {k: first[k] for k in keys if k in first}
     return st
@@ -187,7 +188,8 @@ def _adam_state_dict(st: StageOptim) -> dict:
     for kind, names in st.groups:
         ids = []
         for n in names:
-            state[index] = {"step": _copy(st.step[kind]), **{k: st.tensors[n][k].clone() for k in STATE_KEYS}}
+            if st.step[kind] is not None:
+                state[index] = {"step": _copy(st.step[kind]), **{k: st.tensors[n][k].clone() for k in STATE_KEYS}}
             ids.append(index)
             index += 1
         groups.append({**st.hyper[kind], "params": ids})
@@ -211,7 +213,7 @@ def _read_adam(sd: dict, st: StageOptim, shapes: Dict[str, torch.Size]) -> None:
             index += 1
     for kind, n in missing:
         st.tensors.setdefault(n, {}).update({k: torch.zeros(shapes[n]) for k in STATE_KEYS})
-        st.step.setdefault(kind, torch.tensor(0.0))
+        st.step.setdefault(kind, None)
 
 
 def write_client(st: StageOptim) -> dict:

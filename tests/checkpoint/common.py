@@ -82,26 +82,42 @@ def differences(a, b, path: str = "") -> List[str]:
 
 
 def mask_unused_copies(files: Dict[str, object], args: Dict) -> None:
-    """Zero, in place, the flat optimizer ranges of parameters a stage holds but never uses
-    (`ModelTable.unused_copies`: GPT-2's position table on the last stage), which a reshape does not carry."""
+    """Zero, in place, the optimizer state of parameters a stage holds but never uses
+    (`ModelTable.unused_copies`: GPT-2's position table on the last stage), which a reshape does not carry:
+    in ZeRO / BF16_Optimizer flat partitions (by param_slice_mappings) and in stage-0 AdamW state (by index)."""
     from megatron.checkpointing.consolidated import layout_of
     from megatron.checkpointing.names import ModelTable
+    from megatron.checkpointing.optim import make_groups
     table = ModelTable(args)
     tp, pp, _ = layout_of(args)
     bounds = table.stage_bounds(pp, args.get("partition_method"))
     for name, content in files.items():
-        if "zero_pp_rank_" not in name:
+        if "mp_rank_" not in name or pp == 1:
             continue
         stage = int(name.split("mp_rank_")[1][:2]) // tp
         unused = table.unused_copies(bounds, stage)
-        sd = content["optimizer_state_dict"]
-        for g, mapping in enumerate(sd["param_slice_mappings"]):
-            for param, frag in mapping.items():
-                if param in unused:
-                    flats = [sd["single_partition_of_fp32_groups"][g]] + \
-                        [sd["base_optimizer_state"]["state"][g][k] for k in ("exp_avg", "exp_avg_sq")]
-                    for flat in flats:
-                        flat.data[frag.start:frag.start + frag.numel] = 0
+        sd = content["optimizer_state_dict"] if "zero_pp_rank_" in name else content.get("optimizer")
+        if not unused or sd is None:
+            continue
+        if "param_slice_mappings" in sd:
+            for g, mapping in enumerate(sd["param_slice_mappings"]):
+                flats = [sd["single_partition_of_fp32_groups"][g]] + \
+                    [sd["base_optimizer_state"]["state"][g][k] for k in ("exp_avg", "exp_avg_sq")]
+                for param, frag in mapping.items():
+                    if param in unused:
+                        for flat in flats:
+                            flat.data[frag.start:frag.start + frag.numel] = 0
+        else:
+            from megatron.checkpointing.files import layer_file
+            tp_rank = int(name.split("mp_rank_")[1][:2]) % tp
+            pairs = table.stage_param_names(bounds, stage)
+            names = [n for n, _ in pairs]
+            ndims = {n: files[layer_file(p.layer, tp_rank)][p.local].dim() for n, p in pairs}
+            order = [n for _, group in make_groups(names, ndims) for n in group]
+            for index, param in enumerate(order):
+                if param in unused and index in sd["state"]:
+                    for k in ("exp_avg", "exp_avg_sq"):
+                        sd["state"][index][k].data.zero_()
 
 
 def first_iteration_batches(model: str, args: List[str]) -> list:

@@ -141,6 +141,7 @@ def _hf_first_loss(hf_dir: str, args) -> float:
     return mean_loss(lambda tokens, position_ids, mask: model(input_ids=tokens).logits, batches)
 
 
+@pytest.mark.slow
 def test_training_continues_from_imported_gpt2(tmp_path, data_prefix):
     hf_dir = _hf_gpt2(tmp_path)
     ckpt = str(tmp_path / "imported")

@@ -136,3 +136,20 @@ def test_cli_exit_status_and_message(checkpoints, tmp_path):
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: checkpoint {bare} was saved without a tokenizer argument (tokenizer_type); pass "
                       f"--tokenizer-type with --vocab-file/--merge-file or --tokenizer-model"]
+
+
+@pytest.mark.slow
+def test_torchrun_launch(checkpoints, tmp_path):
+    """Launched by torchrun as a user would (the tool creates and destroys the process group): exit status 0
+    and the completions of one process."""
+    out = {n: str(tmp_path / f"{n}.jsonl") for n in ("two", "one")}
+    argv = ["tools/generate.py", "--load", checkpoints["gpt2"], "--prompt", "The model", "--prompt", "data",
+            "--max-new-tokens", "6"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                          *argv, "--tensor-model-parallel-size", "2", "--output", out["two"]], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    subprocess.run([sys.executable, *argv, "--output", out["one"]], cwd=ROOT, env=env, check=True,
+                   capture_output=True, timeout=300)
+    assert _read(out["two"]) == _read(out["one"])
