@@ -11,8 +11,9 @@ relative error of the unit roundoff u = 2^-p (p significand bits: bf16 p = 8, u 
 u = 4.9e-4); softmax (inside SDPA), norms and the loss are computed in fp32 from those, and the optimizer
 keeps fp32 master weights, so the loss stays within a few u of the fp32 loss: we allow TOL = 4u (bf16
 1.6e-2, fp16 2.0e-3; the largest seen is 1.03u, T5 in bf16). A layout changes only the order of the
-half-precision sums, so it stays within the same bound of the single process (largest seen: 0.29u). A broken loss scale or a
-skipped update would miss by far more: over the 5 steps the fp32 loss falls by 5% (GPT-2) and 33% (T5).
+half-precision sums, so it stays within the same bound of the single process (largest seen: 0.29u). A
+broken loss scale or a skipped update would miss by far more: over the 5 steps the fp32 loss falls by 5%
+(GPT-2) and 33% (T5).
 
 fp16 runs through DeepSpeed's dynamic loss scaler and fp16 ZeRO-1 optimizer on every CPU: the rank functions
 run under `tests.cpu_fp16.allow_cpu_fp16` (DeepSpeed's CPU accelerator otherwise refuses fp16 where oneDNN
