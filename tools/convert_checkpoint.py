@@ -90,7 +90,8 @@ def _export(args) -> None:
           f"{', '.join(report.files)}")
     if args.verify:
         from megatron.checkpointing.hf_verify import verify_export
-        print(f"verified with transformers: logits max relative difference {verify_export(args.load, args.output, args.tag):.2e}")
+        difference = verify_export(args.load, args.output, args.tag)
+        print(f"verified with transformers: logits max relative difference {difference:.2e}")
 
 
 def _import(args) -> None:

@@ -150,7 +150,19 @@ def load_checkpoint(engine, args: argparse.Namespace) -> Tuple[int, int]:
     check_compatible(saved, args, folder)
     if _same_layout(saved, args):
         return _load_same_layout(engine, args, args.load, tag, saved)
+    if not _project_model(engine.module):
+        raise CheckpointMismatchError(
+            f"checkpoint {folder} was saved at (tp, pp, dp) = {layout_of(saved)}, this run is "
+            f"{(args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size)}; the checkpoint "
+            f"tools reshape GPT-2 and T5 only: resume {type(engine.module).__name__} at the saved layout")
     return _load_reshaped(engine, args, folder, tag, saved)
+
+
+def _project_model(module) -> bool:
+    from megatron.model import GPT2Model, T5Model
+    from megatron.model.gpt2_pipe import GPT2ModelPipe
+    from megatron.model.t5_pipe import T5ModelPipe
+    return isinstance(module, (GPT2Model, T5Model, GPT2ModelPipe, T5ModelPipe))
 
 
 def _refresh_master_weights(engine) -> None:

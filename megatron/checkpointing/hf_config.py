@@ -52,7 +52,8 @@ def t5_hf_config(args: Dict[str, Any], pad: int, eos: int) -> Dict[str, Any]:
     tied = not args.get("untie_embeddings_and_output_weights", False)
     return {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": args["vocab_size"],
             "d_model": args["hidden_size"], "d_kv": args["kv_channels"], "d_ff": args["ffn_hidden_size"],
-            "num_layers": args["num_layers"], "num_decoder_layers": args.get("decoder_num_layers") or args["num_layers"],
+            "num_layers": args["num_layers"],
+            "num_decoder_layers": args.get("decoder_num_layers") or args["num_layers"],
             "num_heads": args["num_attention_heads"],
             "relative_attention_num_buckets": args.get("relative_attention_num_buckets", 32),
             "relative_attention_max_distance": args.get("relative_attention_max_distance", 128),
@@ -121,7 +122,8 @@ def gpt2_args(cfg: Dict[str, Any], where: str) -> Dict[str, Any]:
     return dict(model_type="gpt", num_layers=cfg.get("n_layer", 12), hidden_size=h, num_attention_heads=heads,
                 ffn_hidden_size=cfg.get("n_inner") or 4 * h, kv_channels=h // heads, max_position_embeddings=positions,
                 seq_length=positions, encoder_seq_length=positions, decoder_seq_length=positions,
-                layernorm_epsilon=cfg.get("layer_norm_epsilon", 1e-5), init_method_std=cfg.get("initializer_range", 0.02),
+                layernorm_epsilon=cfg.get("layer_norm_epsilon", 1e-5),
+                init_method_std=cfg.get("initializer_range", 0.02),
                 hidden_dropout=cfg.get("resid_pdrop", 0.1), attention_dropout=cfg.get("attn_pdrop", 0.1))
 
 

@@ -15,7 +15,8 @@ HF tensors (each transposed first when `transpose`), so export splits and import
         *.self_attention.q / kv / o                        S.layer.0.SelfAttention.q / [k; v] / o
         *_layers.0.self_attention.relative_attention_bias  S.layer.0.SelfAttention.relative_attention_bias
         *.self_attention_layernorm                         S.layer.0.layer_norm
-        decoder: cross_attention.q / kv / o, its norm      S.layer.1.EncDecAttention.q / [k; v] / o, S.layer.1.layer_norm
+        decoder: cross_attention.q / kv / o, its norm      S.layer.1.EncDecAttention.q / [k; v] / o,
+                                                           S.layer.1.layer_norm
         mlp.wi / mlp.wo, mlp_layernorm                     S.layer.f.DenseReluDense.wi (v1.1: [wi_0; wi_1]) / wo,
                                                            S.layer.f.layer_norm        (f = 1 encoder, 2 decoder)
         encoder_final / decoder_final                      encoder / decoder.final_layer_norm

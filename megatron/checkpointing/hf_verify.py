@@ -35,10 +35,10 @@ def verify_export(load_dir: str, hf_dir: str, tag: Optional[str] = None, batch: 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (batch, seq), generator=g)
     if args["model_type"] == "gpt":
-        hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+        hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).float().eval()
         mine, theirs = ours(ids), hf(input_ids=order[ids]).logits
     else:
-        hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir).eval()
+        hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir).float().eval()
         dec = torch.randint(0, vocab, (batch, seq // 2), generator=g)
         q, k = dec.size(1), ids.size(1)
         causal = torch.triu(torch.ones(q, q, dtype=torch.bool), 1).expand(batch, 1, q, q)

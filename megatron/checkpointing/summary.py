@@ -75,7 +75,8 @@ def inspect_lines(load_dir: str, tag: Optional[str] = None) -> List[str]:
              f"iteration        {engine.get('iteration', 0)}",
              f"consumed samples {engine.get('consumed_train_samples', 0)}",
              f"(tp, pp, dp)     ({tp}, {pp}, {dp})",
-             f"ZeRO stage       {args.get('zero_stage')} (DeepSpeed ran stage {args['ds_config']['zero_optimization']['stage']})",
+             f"ZeRO stage       {args.get('zero_stage')} (DeepSpeed ran stage "
+             f"{args['ds_config']['zero_optimization']['stage']})",
              f"precision        {_precision(args)}",
              f"optimizer        {OPTIMIZER_LAYOUTS[kind] if kind else 'none (weights only)'}",
              f"parameters       {sum(s.numel() for s in shapes.values()):,}", "", "parameter shapes (full, tp = 1):"]

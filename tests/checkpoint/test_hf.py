@@ -120,7 +120,8 @@ def test_import_then_export_reproduces_hf_weights(kind, tmp_path):
     assert (saved["tensor_model_parallel_size"], saved["pipe_parallel_size"]) == (2, 2)
     assert saved["checkpoint_content"] == "weights" and os.path.isfile(saved["vocab_file"] or saved["tokenizer_model"])
     run(["export-hf", "--load", ckpt, "--output", back])
-    original, exported = load_file(os.path.join(hf_dir, "model.safetensors")), load_file(os.path.join(back, "model.safetensors"))
+    original = load_file(os.path.join(hf_dir, "model.safetensors"))
+    exported = load_file(os.path.join(back, "model.safetensors"))
     if "lm_head.weight" in exported and "lm_head.weight" not in original:  # tied in the file transformers wrote
         assert torch.equal(exported.pop("lm_head.weight"), original["shared.weight"])
     assert sorted(exported) == sorted(original)
