@@ -245,3 +245,10 @@ def simulate(stage_lists: list[list[Instruction]]) -> list[tuple[int, Instructio
             raise RuntimeError(f"deadlock: blocked instructions per stage {blocked}")
     return trace
 
+
+# DeepSpeed 0.19's schedule and instruction classes, as views of the lists above (ds_schedule.py), so that
+# `tds.pipe.schedule.TrainSchedule` etc. exist where code written for DeepSpeed looks for them.
+from .ds_schedule import *  # noqa: E402,F401,F403
+from .ds_schedule import __all__ as _ds_names  # noqa: E402
+
+__all__ += _ds_names
