@@ -1,6 +1,7 @@
-"""TDS pipeline parallelism: `PipelineModule` with a declared boundary layout and its `PipelineEngine`.
+"""TDS pipeline parallelism: `PipelineModule` with a declared or inferred boundary layout, its `PipelineEngine`.
 
-LayerSpec, TiedLayerSpec and the topologies are DeepSpeed's own.
+LayerSpec, TiedLayerSpec and the topologies are DeepSpeed's own; DeepSpeed's schedule classes are in
+`tds.pipe.schedule` (views of TDS's instruction lists, `ds_schedule.py`).
 """
 from deepspeed.runtime.pipe.module import LayerSpec, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import (PipeDataParallelTopology, PipeModelDataParallelTopology,
@@ -8,11 +9,12 @@ from deepspeed.runtime.pipe.topology import (PipeDataParallelTopology, PipeModel
 
 from .engine import PipelineEngine
 from .meta import PipelineLayoutError, TensorDecl
-from .module import PipelineModule, non_reentrant_checkpoint, reentrant_checkpoint
+from .module import PipelineModule
+from .recompute import default_checkpoint, non_reentrant_checkpoint, reentrant_checkpoint
 from .p2p import PipelineCommError
 from .schedule import Instruction, Op, eval_schedule, train_schedule
 
 __all__ = ["PipelineModule", "PipelineEngine", "LayerSpec", "TiedLayerSpec", "ProcessTopology",
            "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineLayoutError",
-           "PipelineCommError", "TensorDecl", "non_reentrant_checkpoint", "reentrant_checkpoint",
-           "Instruction", "Op", "train_schedule", "eval_schedule"]
+           "PipelineCommError", "TensorDecl", "default_checkpoint", "non_reentrant_checkpoint",
+           "reentrant_checkpoint", "Instruction", "Op", "train_schedule", "eval_schedule"]

@@ -1,12 +1,22 @@
-"""Moving the declared tuple across one stage boundary: activations forward, gradients backward.
+"""Moving the tuple across one stage boundary: activations forward, gradients backward.
 
-Both directions derive their tensor lists from the same declaration (`meta.TensorDecl` per position):
+Both directions derive their tensor lists from one layout (`meta.TensorDecl` per position):
 
     forward : every position travels, with its dtype and shape (see "Shape exchange")
     backward: only positions with grad=True travel, in position order; a None gradient travels as zeros
 
-Shape exchange. Sender and receiver both remember the (dtype, shape) list of the last activation hop, so
-both predict that the next hop looks the same. Every activation hop starts with one message of
+Where the layout comes from. Declared (`model._input_grad/_input_type/_input_pipe_partitioned`): the same
+lists on both sides of every boundary, checked against every tuple sent. Undeclared: the sending stage infers
+its outgoing layout from the tuple of its first training micro-batch (requires_grad -> grad; never
+partitioned), logs it once with the declaration that would fix it, and keeps it for the run; the header tells
+the receiver which positions carry a gradient. So in a chain each boundary has its own layout (stage 1 learns
+stage 0's from the header and infers its own from what it sends to stage 2). Eval hops before the first
+training hop carry no grad bits (nothing requires grad under no_grad, and nothing is sent back), so the
+layout is settled by the first training hop, whatever ran before it. Later hops are checked against it: a
+position that starts requiring grad, a changed dtype family or tuple length is an error naming the position.
+
+Shape exchange. Sender and receiver both remember the (dtype, shape) list and grad bits of the last activation
+hop, so both predict that the next hop looks the same. Every activation hop starts with one message of
 F = FLAG + max(S, H) bytes, S = packed payload size of the predicted layout, H = header size:
 
     [flag=0 | payload | padding]   the layout is as predicted: the whole hop is this one message
@@ -14,10 +24,15 @@ F = FLAG + max(S, H) bytes, S = packed payload size of the predicted layout, H =
                                    follows, and both sides now predict the new layout
 
 So shapes and dtypes may change between any two micro-batches with no flag from the user, and a steady
-run pays FLAG bytes per hop and no extra message. Gradient hops need no exchange: the receiver knows the
-shapes of the outputs it sent.
+run pays FLAG bytes per hop and no extra message. Before the first hop an undeclared receiver does not know
+the tuple length n, so that one message is sized for meta.MAX_INFERRED positions. Gradient hops need no
+exchange: the receiver knows the shapes of the outputs it sent.
 
-Partitioned positions (tp = tensor-parallel size > 1): the sender sends only its chunk
+Received tensors that carry a gradient reach the stage as outputs of `_Arrival`, an identity whose backward
+keeps d(loss)/d(input) for `send_grads`: they are not autograd leaves, so the stage's first layer may modify
+them in place (`nn.ReLU(inplace=True)`), as with DeepSpeed, which clones every received tensor instead.
+
+Partitioned positions (tp = tensor-parallel size > 1, declared only): the sender sends only its chunk
 flatten(t)[tp_rank*c:(tp_rank+1)*c], c = ceil(numel/tp), to the peer with the same tp_rank; the receiver
 all-gathers the tp chunks over the tensor-parallel group and drops the padding. Gradients of partitioned
 positions are split and gathered the same way. This assumes, as Megatron does, that a partitioned tensor
@@ -29,6 +44,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+from deepspeed.utils import logger
 
 from . import meta
 from .p2p import P2P
@@ -36,61 +52,152 @@ from .p2p import P2P
 FLAG = meta.ALIGN  # bytes in front of every first activation message; the first int64 is the flag
 
 
+class _Carrier:
+    """Received grad-carrying tensors on their way through `_Arrival`, then the gradients that reached them."""
+
+    def __init__(self, positions: list[int], tensors: list[torch.Tensor], partitioned: list[bool]):
+        self.positions, self.tensors, self.partitioned = positions, tensors, partitioned
+        self.like = [(t.shape, t.dtype) for t in tensors]
+        self.grads: list | None = None
+
+
+class _Arrival(torch.autograd.Function):
+    """Identity from received buffers to non-leaf stage inputs; backward keeps their gradients in the carrier."""
+
+    @staticmethod
+    def forward(ctx, anchor: torch.Tensor, carrier: _Carrier):
+        ctx.carrier = carrier
+        ctx.set_materialize_grads(False)  # a gradient that never arrived stays None
+        tensors, carrier.tensors = carrier.tensors, None
+        return tuple(tensors)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        ctx.carrier.grads = list(grads)
+        return None, None
+
+
 @dataclass
 class Boundary:
     p2p: P2P
-    decls: list[meta.TensorDecl]
+    declared: list[meta.TensorDecl] | None   # the model's declaration, or None: inferred per boundary
     tp_group: object
     tp_size: int
     tp_rank: int
     device: torch.device
-    _sent_layout: tuple | None = field(default=None, repr=False)   # (specs, was_tuple) last sent
-    _recv_layout: tuple | None = field(default=None, repr=False)   # (specs, was_tuple) last received
+    log_layout: bool = True                  # this rank logs its inferred layout (one rank per stage)
+    send_decls: list[meta.TensorDecl] | None = None  # outgoing layout: declared, or inferred when training
+    _sent_layout: tuple | None = field(default=None, repr=False)   # (specs, was_tuple, grads) last sent
+    _recv_layout: tuple | None = field(default=None, repr=False)   # (specs, was_tuple, grads) last received
     _next_first: tuple | None = field(default=None, repr=False)    # receive posted ahead of time
+    _told_unused: bool = field(default=False, repr=False)
 
-    def _split(self, decl: meta.TensorDecl, t: torch.Tensor) -> torch.Tensor:
-        if decl.partitioned and self.tp_size > 1:
+    def __post_init__(self):
+        if self.declared is not None:
+            self.send_decls = list(self.declared)
+        self._anchor = torch.empty(0, device=self.device, requires_grad=True)
+
+    @property
+    def decls(self) -> list[meta.TensorDecl]:
+        """The layout of the tuple this stage sends (what its backward takes gradients for)."""
+        return self.send_decls or []
+
+    def discard_posted(self) -> None:
+        """Forget a receive posted ahead (after a failed batch)."""
+        self._next_first = None
+
+    def _partitioned(self, n: int) -> list[bool]:
+        return [d.partitioned for d in self.declared] if self.declared is not None else [False] * n
+
+    def _split(self, partitioned: bool, t: torch.Tensor) -> torch.Tensor:
+        if partitioned and self.tp_size > 1:
             return meta.split_for_rank(t, self.tp_size, self.tp_rank)
         return t.reshape(-1)
 
     def _wire(self, specs: list) -> list:
         """[(dtype, numel on the wire)] for [(dtype, shape)] per position."""
         out = []
-        for d, (dt, shape) in zip(self.decls, specs):
+        for part, (dt, shape) in zip(self._partitioned(len(specs)), specs):
             numel = _numel(shape)
-            out.append((dt, meta.chunk_numel(numel, self.tp_size) if d.partitioned and self.tp_size > 1 else numel))
+            out.append((dt, meta.chunk_numel(numel, self.tp_size) if part and self.tp_size > 1 else numel))
         return out
 
     def _first_size(self, layout: tuple | None) -> int:
         """Bytes F of the first message of an activation hop, given the predicted layout."""
-        predicted = meta.packed_size(self._wire(layout[0])) if layout is not None else 0
-        return FLAG + max(predicted, 8 * meta.header_len(len(self.decls)))
+        if layout is None:
+            n = len(self.declared) if self.declared is not None else meta.MAX_INFERRED
+            return FLAG + 8 * meta.header_len(n)
+        return FLAG + max(meta.packed_size(self._wire(layout[0])), 8 * meta.header_len(len(layout[0])))
 
-    def _assemble(self, decl: meta.TensorDecl, flat: torch.Tensor, shape: tuple) -> torch.Tensor:
+    def _assemble(self, partitioned: bool, flat: torch.Tensor, shape: tuple) -> torch.Tensor:
         """Full tensor of `shape` from this rank's wire part (all-gather when partitioned)."""
-        if decl.partitioned and self.tp_size > 1:
+        if partitioned and self.tp_size > 1:
             chunks = [torch.empty_like(flat) for _ in range(self.tp_size)]
             dist.all_gather(chunks, flat.contiguous(), group=self.tp_group)
             flat = torch.cat(chunks)[:_numel(shape)]
         return flat.view(shape)
 
+    # --- the outgoing layout -----------------------------------------------------------------------------
+    def _outgoing(self, tensors: tuple) -> tuple[list[meta.TensorDecl], bool]:
+        """(layout of this hop, whether its grad bits are settled): declared, inferred, or provisional in eval."""
+        if self.declared is not None:
+            meta.check_layout(tensors, self.declared)
+            return self.declared, True
+        if self.send_decls is not None:
+            self._check_inferred(tensors)
+            return self.send_decls, True
+        decls = meta.infer_declarations(tensors)
+        if self._sent_layout is not None and len(decls) != len(self._sent_layout[0]):
+            raise meta.PipelineLayoutError(f"stage output has {len(decls)} tensors, the previous one had "
+                                           f"{len(self._sent_layout[0])}; keep the tuple's length")
+        if not torch.is_grad_enabled():
+            return decls, False  # eval before any training hop: requires_grad says nothing yet
+        self.send_decls = decls
+        if self.log_layout:
+            shown = ", ".join(f"{str(t.dtype)[6:]} {tuple(t.shape)}{' grad' if d.grad else ''}"
+                              for d, t in zip(decls, tensors))
+            logger.warning(f"pipeline stage {self.p2p.stage_id}: inferred the layout of the tuple it sends from its "
+                           f"first training micro-batch ({shown}); to declare it: {meta.describe(decls)}")
+        return decls, True
+
+    def _check_inferred(self, tensors: tuple) -> None:
+        decls = self.send_decls
+        inferred = f"(layout inferred from the first training micro-batch: {meta.describe(decls)})"
+        if len(tensors) != len(decls):
+            raise meta.PipelineLayoutError(f"stage output has {len(tensors)} tensors, the first training micro-batch "
+                                           f"sent {len(decls)} {inferred}; keep the tuple's length")
+        for pos, (t, d) in enumerate(zip(tensors, decls)):
+            if not torch.is_tensor(t) or meta.family(t.dtype) != d.type:
+                got = f"dtype {t.dtype} shape {tuple(t.shape)}" if torch.is_tensor(t) else type(t).__name__
+                raise meta.PipelineLayoutError(f"position {pos}: got {got} where the first training micro-batch "
+                                               f"sent a {d.type!r} tensor {inferred}; keep each position's dtype "
+                                               f"family")
+            if t.requires_grad and not d.grad and torch.is_grad_enabled():
+                grads = [e.grad or i == pos for i, e in enumerate(decls)]
+                raise meta.PipelineLayoutError(
+                    f"position {pos} requires grad but did not on the first training micro-batch, from which the "
+                    f"layout was inferred, so its gradient would be lost {inferred}; declare "
+                    f"model._input_grad = {grads} and model._input_type = {[e.type for e in decls]} before "
+                    f"tds.initialize")
+
     # --- forward direction ---------------------------------------------------------------------------
     def send_activations(self, value, peer: int, what: str) -> None:
-        """Check `value` against the declaration, then send it to `peer` (one message if the layout holds)."""
+        """Check `value` against the layout, then send it to `peer` (one message if the layout holds)."""
         tensors, was_tuple = meta.as_tuple(value)
         try:
-            meta.check_layout(tensors, self.decls)
+            decls, settled = self._outgoing(tensors)
         except meta.PipelineLayoutError as e:
             raise meta.PipelineLayoutError(f"pipeline stage {self.p2p.stage_id}, {what}: {e}") from None
-        layout = ([(t.dtype, tuple(t.shape)) for t in tensors], was_tuple)
-        parts = [self._split(d, t.detach()) for d, t in zip(self.decls, tensors)]
+        grads = tuple(d.grad for d in decls) if settled else None
+        layout = ([(t.dtype, tuple(t.shape)) for t in tensors], was_tuple, grads)
+        parts = [self._split(d.partitioned, t.detach()) for d, t in zip(decls, tensors)]
         size = self._first_size(self._sent_layout)
         if layout == self._sent_layout:
             msg = meta.pack(parts, prefix=FLAG, total=size)
             msg[:8].view(torch.int64).fill_(0)
             self.p2p.send(msg, peer, what)
             return
-        header = meta.encode_header(tensors, was_tuple).view(torch.uint8)
+        header = meta.encode_header(tensors, was_tuple, grads).view(torch.uint8)
         msg = torch.zeros(size, dtype=torch.uint8, device=self.device)
         msg[:8].view(torch.int64).fill_(1)
         msg[FLAG:FLAG + header.numel()].copy_(header)
@@ -98,16 +205,12 @@ class Boundary:
         self.p2p.send(meta.pack(parts), peer, what)
         self._sent_layout = layout
 
-    def discard_posted(self) -> None:
-        """Forget the receive posted ahead (after a failed batch; gloo cannot cancel it)."""
-        self._next_first = None
-
     def _post_first(self, peer: int) -> tuple:
         buf = torch.empty(self._first_size(self._recv_layout), dtype=torch.uint8, device=self.device)
         return self.p2p.post_recv(buf, peer)
 
     def recv_activations(self, peer: int, what: str, training: bool, more: bool = False):
-        """Receive one tuple; positions declared with grad require grad when `training`.
+        """Receive one tuple; positions with grad require grad when `training`.
 
         With `more=True` (another activation follows in this batch) the next hop's first receive is
         posted right away, so its transfer does not wait for this stage to reach the next receive.
@@ -115,37 +218,64 @@ class Boundary:
         posted, self._next_first = self._next_first or self._post_first(peer), None
         first = self.p2p.wait_recv(posted, what)
         if first[:8].view(torch.int64).item() == 0:
-            specs, was_tuple = self._recv_layout
+            specs, was_tuple, grads = self._recv_layout
             flats = meta.unpack(first[FLAG:], self._wire(specs))
         else:
-            hlen = 8 * meta.header_len(len(self.decls))
-            specs, was_tuple = meta.decode_header(first[FLAG:FLAG + hlen].view(torch.int64))
-            self._recv_layout = (specs, was_tuple)
+            n = int(first[FLAG + 8:FLAG + 16].view(torch.int64).item())
+            specs, was_tuple, grads = meta.decode_header(first[FLAG:FLAG + 8 * meta.header_len(n)].view(torch.int64))
+            self._recv_layout = (specs, was_tuple, grads)
             wire = self._wire(specs)
             payload = torch.empty(meta.packed_size(wire), dtype=torch.uint8, device=self.device)
             flats = meta.unpack(self.p2p.recv(payload, peer, what), wire)
-        out = []
-        for d, (dt, shape), flat in zip(self.decls, specs, flats):
-            t = self._assemble(d, flat, shape)
-            out.append(t.requires_grad_() if training and d.grad else t)
+        parts = self._partitioned(len(specs))
+        out = [self._assemble(p, flat, shape) for p, (_, shape), flat in zip(parts, specs, flats)]
+        if training:
+            self._arrive(out, self._incoming_grads(specs, grads), parts)
         if more:
             self._next_first = self._post_first(peer)
         return tuple(out) if was_tuple else out[0]
 
+    def _incoming_grads(self, specs: list, grads: tuple | None) -> list[bool]:
+        if self.declared is not None:
+            return [d.grad for d in self.declared]
+        return list(grads) if grads is not None else [False] * len(specs)
+
+    def _arrive(self, out: list, grads: list[bool], parts: list[bool]) -> None:
+        """Route the grad-carrying tensors of `out` (in place in the list) through one `_Arrival`."""
+        positions = [i for i, g in enumerate(grads) if g]
+        if not positions:
+            return
+        carrier = _Carrier(positions, [out[i].detach() for i in positions], [parts[i] for i in positions])
+        for i, t in zip(positions, _Arrival.apply(self._anchor, carrier)):
+            t._tds_carrier = carrier
+            out[i] = t
+
     # --- backward direction --------------------------------------------------------------------------
     def send_grads(self, inputs, peer: int, what: str) -> None:
-        """Send d(loss)/d(input) for each grad-declared position of `inputs` (zeros where it is None)."""
+        """Send d(loss)/d(input) for each grad position of `inputs` (zeros where none arrived)."""
         tensors, _ = meta.as_tuple(inputs)
+        carrier = next((t._tds_carrier for t in tensors if hasattr(t, "_tds_carrier")), None)
+        if carrier is None:
+            return
+        grads = carrier.grads or [None] * len(carrier.positions)
         parts = []
-        for d, t in zip(self.decls, tensors):
-            if d.grad:
-                g = t.grad if t.grad is not None else torch.zeros_like(t)
-                parts.append(self._split(d, g))
-        if parts:  # one message: the flat gradient itself when there is one, else all packed into bytes
-            self.p2p.send(parts[0].reshape(-1) if len(parts) == 1 else meta.pack(parts), peer, what)
+        for pos, g, (shape, dtype), part in zip(carrier.positions, grads, carrier.like, carrier.partitioned):
+            if g is None:
+                self._tell_unused(pos)
+                g = torch.zeros(shape, dtype=dtype, device=self.device)
+            parts.append(self._split(part, g))
+        # one message: the flat gradient itself when there is one, else all packed into bytes
+        self.p2p.send(parts[0].reshape(-1) if len(parts) == 1 else meta.pack(parts), peer, what)
+
+    def _tell_unused(self, pos: int) -> None:
+        if self.declared is None and self.log_layout and not self._told_unused:
+            self._told_unused = True
+            logger.warning(f"pipeline stage {self.p2p.stage_id}: position {pos} of the tuple it receives requires grad "
+                           f"on the sending stage but got no gradient here; zeros are sent back (declare "
+                           f"_input_grad[{pos}]=False on the model to skip them)")
 
     def recv_grads(self, outputs, peer: int, what: str) -> list:
-        """Gradients for the grad-declared positions of `outputs`, in position order."""
+        """Gradients for the grad positions of `outputs`, in position order."""
         tensors, _ = meta.as_tuple(outputs)
         pos = [(d, t) for d, t in zip(self.decls, tensors) if d.grad]
         if not pos:
@@ -157,7 +287,7 @@ class Boundary:
         else:
             payload = torch.empty(meta.packed_size(wire), dtype=torch.uint8, device=self.device)
             flats = meta.unpack(self.p2p.recv(payload, peer, what), wire)
-        return [self._assemble(d, f, tuple(t.shape)) for (d, t), f in zip(pos, flats)]
+        return [self._assemble(d.partitioned, f, tuple(t.shape)) for (d, t), f in zip(pos, flats)]
 
 
 def _numel(shape: tuple) -> int:

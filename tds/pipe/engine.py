@@ -28,7 +28,7 @@ from deepspeed.runtime.pipe.module import PipelineError
 from .. import device as tds_device
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
-from .module import PipelineModule, non_reentrant_checkpoint, reentrant_checkpoint
+from .module import PipelineModule
 from .p2p import P2P, PipelineCommError
 from .schedule import Instruction, Op, eval_schedule, train_schedule
 
@@ -78,16 +78,13 @@ class PipelineEngine(DeepSpeedEngine):
         self.schedule_kind = str(cfg.get("schedule", "1f1b")).lower()
         train_schedule(self.schedule_kind, 1, 0, 1)  # validates the name
         timeout, source = resolve_timeout(cfg)
-        if cfg.get("activation_checkpoint_interval", 0) > 0:
-            self.module.set_checkpoint_interval(cfg["activation_checkpoint_interval"])
-        if cfg.get("use_reentrant") is not None:
-            self.module.activation_checkpoint_func = (reentrant_checkpoint if cfg["use_reentrant"]
-                                                      else non_reentrant_checkpoint)
+        self.module.configure_checkpointing(self._config)  # interval, use_reentrant, activation_checkpointing
         decls = self.module.declarations() if self.num_stages > 1 else []
         self.p2p = P2P.create(self.stage_id, timeout) if self.num_stages > 1 else None
         self.boundary = Boundary(self.p2p, decls, self.grid.get_slice_parallel_group(),
                                  self.grid.get_slice_parallel_world_size(), self.grid.get_slice_parallel_rank(),
-                                 tds_device.device())
+                                 tds_device.device(), log_layout=self.grid.get_data_parallel_rank() == 0
+                                 and self.grid.get_slice_parallel_rank() == 0)
         self.prev_rank = self.grid.stage_to_global(self.stage_id - 1) if not self.is_first_stage() else None
         self.next_rank = self.grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage() else None
         groups = self._process_groups()
@@ -278,7 +275,9 @@ class PipelineEngine(DeepSpeedEngine):
                              f"per micro-batch, got {type(batch).__name__}")
         dev = tds_device.device()
         if self.is_first_stage():
-            state.inputs[ins.micro_batch] = _to_device(batch[0], dev, detach=True)
+            # copied, as DeepSpeed does: a layer that changes its input in place (nn.ReLU(inplace=True),
+            # partitioned activation checkpointing) must not change the user's batch
+            state.inputs[ins.micro_batch] = _to_device(batch[0], dev, detach=True, copy=True)
         if self.is_last_stage():
             state.labels[ins.micro_batch] = _to_device(batch[1], dev, detach=True)
 
@@ -446,12 +445,12 @@ class PipelineEngine(DeepSpeedEngine):
             self.optimizer.refresh_fp32_params()
 
 
-def _to_device(value, dev: torch.device, detach: bool):
+def _to_device(value, dev: torch.device, detach: bool, copy: bool = False):
     if torch.is_tensor(value):
-        value = value.to(dev)
+        value = value.to(dev, copy=copy)
         return value.detach() if detach else value
     if isinstance(value, (tuple, list)):
-        return tuple(_to_device(v, dev, detach) for v in value)
+        return tuple(_to_device(v, dev, detach, copy) for v in value)
     return value
 
 

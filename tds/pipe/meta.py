@@ -1,19 +1,25 @@
-"""The declared layout of the tuple that crosses every stage boundary, and its wire format.
+"""The layout of the tuple that crosses a stage boundary, and its wire format.
 
-The model declares, per tuple position i, three lists (the single source of truth for both directions):
+The model may declare, per tuple position i, three lists (then the single source of truth for both directions):
 
     model._input_grad             = [True, False]        # does position i carry a gradient back?
     model._input_type             = ['float', 'bool']    # dtype family of position i
     model._input_pipe_partitioned = [True, False]        # split position i across the tensor-parallel group?
 
+Undeclared, each sending stage infers its boundary's layout from the tuple it sends on its first training
+micro-batch (`infer_declarations`: requires_grad -> grad, the dtype's family -> type, never partitioned) and
+the header tells the receiver (the grad bit below).
+
 Wire pieces (how a hop uses them, sending the header only when the layout changes: `boundary.py`):
 
-    header  int64[2 + n*(2 + MAX_NDIM)] = [is_tuple, n, (dtype_id, ndim, *shape, 0-padding) * n]
+    header  int64[2 + n*(2 + MAX_NDIM)] = [flags, n, (code, ndim, *shape, 0-padding) * n]
+            flags = is_tuple | GRADS_KNOWN (the grad bits are meaningful: a training hop)
+            code  = dtype_id | GRAD_BIT (position carries a gradient back)
     payload uint8[...] = concatenation of each tensor's bytes (or its 1/tp chunk when partitioned),
                          each segment padded to ALIGN bytes so the receiver views it without copying
 
 A gradient hop carries no header: the receiver knows the shapes and dtypes of the outputs it sent; only
-positions declared with grad travel, a missing (None) gradient travels as zeros.
+positions with grad travel, a missing (None) gradient travels as zeros.
 """
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ from typing import Sequence
 import torch
 
 MAX_NDIM = 8
+MAX_INFERRED = 64  # positions of an undeclared tuple: sizes the first header before the receiver knows n
 ALIGN = 16
+GRADS_KNOWN, GRAD_BIT = 2, 1 << 8  # header flag / per-position code bits (dtype ids are < 256)
 ID_TO_DTYPE = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.uint8, torch.int8,
                torch.int16, torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
 DTYPE_TO_ID = {dt: i for i, dt in enumerate(ID_TO_DTYPE)}
@@ -70,6 +78,37 @@ def make_declarations(input_grad: Sequence[bool], input_type: Sequence[str],
     return decls
 
 
+def family(dtype: torch.dtype) -> str | None:
+    """'float' | 'int' | 'bool' for a dtype that can cross a boundary, else None."""
+    for name in ("float", "int", "bool"):
+        if dtype in _FAMILIES[name]:
+            return name
+    return None
+
+
+def infer_declarations(tensors: tuple) -> list[TensorDecl]:
+    """The layout a sender's tuple implies: grad where the tensor requires grad, its dtype family, not partitioned.
+
+    Raises PipelineLayoutError naming the position when a tensor cannot travel undeclared."""
+    if len(tensors) > MAX_INFERRED:
+        raise PipelineLayoutError(f"an undeclared stage output has {len(tensors)} tensors (at most {MAX_INFERRED} "
+                                  f"are inferred); declare model._input_grad / model._input_type")
+    decls = []
+    for pos, t in enumerate(tensors):
+        if not torch.is_tensor(t):
+            raise PipelineLayoutError(f"position {pos}: a stage must send tensors, got {type(t).__name__}")
+        if family(t.dtype) is None or t.dtype not in DTYPE_TO_ID:
+            raise PipelineLayoutError(f"position {pos}: dtype {t.dtype} cannot be sent (known: {ID_TO_DTYPE[:10]})")
+        decls.append(TensorDecl(bool(t.requires_grad), family(t.dtype), False))
+    return decls
+
+
+def describe(decls: Sequence[TensorDecl]) -> str:
+    """The three model attributes that declare `decls`, as code a user can paste."""
+    return (f"model._input_grad = {[d.grad for d in decls]}; model._input_type = {[d.type for d in decls]}; "
+            f"model._input_pipe_partitioned = {[d.partitioned for d in decls]}")
+
+
 def as_tuple(value) -> tuple[tuple, bool]:
     """(tensors, was_tuple): a bare tensor travels as a 1-tuple and is unwrapped on arrival."""
     if torch.is_tensor(value):
@@ -101,24 +140,27 @@ def header_len(n: int) -> int:
     return 2 + n * (2 + MAX_NDIM)
 
 
-def encode_header(tensors: tuple, was_tuple: bool) -> torch.Tensor:
+def encode_header(tensors: tuple, was_tuple: bool, grads: Sequence[bool] | None = None) -> torch.Tensor:
+    """The header of `tensors`; `grads` (one flag per position) is given on training hops, None otherwise."""
     h = torch.zeros(header_len(len(tensors)), dtype=torch.int64)
-    h[0], h[1] = int(was_tuple), len(tensors)
+    h[0], h[1] = int(was_tuple) | (GRADS_KNOWN if grads is not None else 0), len(tensors)
     for i, t in enumerate(tensors):
         o = 2 + i * (2 + MAX_NDIM)
-        h[o], h[o + 1] = DTYPE_TO_ID[t.dtype], t.dim()
+        h[o] = DTYPE_TO_ID[t.dtype] | (GRAD_BIT if grads is not None and grads[i] else 0)
+        h[o + 1] = t.dim()
         h[o + 2:o + 2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
     return h
 
 
-def decode_header(h: torch.Tensor) -> tuple[list[tuple[torch.dtype, tuple]], bool]:
-    """[(dtype, shape)] per position and whether the sender sent a tuple."""
+def decode_header(h: torch.Tensor) -> tuple[list[tuple[torch.dtype, tuple]], bool, tuple[bool, ...] | None]:
+    """[(dtype, shape)] per position, whether the sender sent a tuple, and the grad flags (None if not sent)."""
     vals = h.tolist()
-    specs = []
+    specs, grads = [], []
     for i in range(vals[1]):
         o = 2 + i * (2 + MAX_NDIM)
-        specs.append((ID_TO_DTYPE[vals[o]], tuple(vals[o + 2:o + 2 + vals[o + 1]])))
-    return specs, bool(vals[0])
+        specs.append((ID_TO_DTYPE[vals[o] & (GRAD_BIT - 1)], tuple(vals[o + 2:o + 2 + vals[o + 1]])))
+        grads.append(bool(vals[o] & GRAD_BIT))
+    return specs, bool(vals[0] & 1), (tuple(grads) if vals[0] & GRADS_KNOWN else None)
 
 
 def chunk_numel(numel: int, tp_size: int) -> int:

@@ -1,8 +1,10 @@
-"""`PipelineModule`: DeepSpeed's PipelineModule plus the declared stage-boundary layout, explicit partition
-boundaries and activation checkpointing that does not look at class names.
+"""`PipelineModule`: DeepSpeed's PipelineModule with the stage-boundary layout declared or inferred, explicit
+partition boundaries, activation checkpointing that does not look at class names, and a quiet constructor.
 
 Reused from DeepSpeed unchanged: LayerSpec/TiedLayerSpec building, 'parameters'/'uniform' partitioning,
 tied-weight groups and broadcast, per-layer checkpoint files (`layer_XX[-model_YY]-model_states.pt`).
+Every keyword of DeepSpeed 0.19's constructor is accepted; `dynamic_shape` is kept as an attribute and
+changes nothing (shapes may always change between micro-batches here).
 
 Partitioning (`partition_method`): stage s builds layers [parts[s], parts[s+1]).
 - a list of num_stages+1 ints: the boundaries themselves, e.g. [0, 3, 7] for 2 stages;
@@ -10,87 +12,134 @@ Partitioning (`partition_method`): stage s builds layers [parts[s], parts[s+1]).
 - 'type:REGEX': balance the number of layers whose class name matches REGEX (case-insensitive);
   only LayerSpecs and nn.Modules are matched, plain functions and lambdas never count.
 
-Activation checkpointing: with `activation_checkpoint_interval = k > 0` every run of k consecutive layers
-is recomputed in backward, whatever the layers are. `activation_checkpoint_func(fn, *args)` defaults to
-`non_reentrant_checkpoint`; `reentrant_checkpoint` (or any function with that signature, such as
-`deepspeed.checkpointing.checkpoint`) also works: when no input of a segment requires grad, a dummy
-input that does is passed so that reentrant recomputation still reaches the segment's parameters.
+Activation checkpointing: with `activation_checkpoint_interval = k > 0` the stage's layers are cut into runs of
+k and a run is recomputed in backward when it is checkpointable (`_is_checkpointable`, DeepSpeed's rule
+without its class-name special case): some layer of it holds parameters (an nn.Module with parameters, or
+a TiedLayerSpec's forward_fn over one), or, with `checkpointable_layers=[names]`, every layer's class name
+is listed. A run of parameterless layers such as `nn.ReLU(inplace=True)` runs plainly: recomputing it saves
+nothing, and checkpointing an in-place layer breaks backward. Under no_grad nothing is checkpointed.
+`activation_checkpoint_func(fn, *args)` defaults to `recompute.default_checkpoint` (torch's non-reentrant
+checkpoint, or DeepSpeed's once deepspeed.checkpointing is configured); `reentrant_checkpoint`,
+`deepspeed.checkpointing.checkpoint` or any function of that signature works: when no input of a run
+requires grad, a dummy input that does is passed so that reentrant recomputation still reaches the run's
+parameters. `set_checkpoint_interval(k)` and the cached `is_checkpointable_results` are DeepSpeed's API.
+
+Prints: DeepSpeed's constructor prints its seed settings, the topology and a per-stage layer listing on
+rank 0; here they appear only with `verbose=True` or env TDS_VERBOSE=1.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
+import os
+import sys
 from typing import Callable, Optional, Sequence
 
 import torch
-from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
 from deepspeed.runtime import utils as ds_utils
 from deepspeed.runtime.pipe.module import LayerSpec, PipelineModule as _DSPipelineModule
 
 from .. import device as tds_device
+from . import recompute
 from .meta import PipelineLayoutError, TensorDecl, make_declarations
+from .recompute import non_reentrant_checkpoint, reentrant_checkpoint  # noqa: F401 - public names
 
-
-def non_reentrant_checkpoint(fn: Callable, *args):
-    """torch.utils.checkpoint without reentrancy (saves RNG state, inputs need not require grad)."""
-    return torch_checkpoint(fn, *args, use_reentrant=False)
-
-
-def reentrant_checkpoint(fn: Callable, *args):
-    """torch.utils.checkpoint's reentrant variant."""
-    return torch_checkpoint(fn, *args, use_reentrant=True)
+_DS_PRINTS = ("SEED_LAYERS=", "Using topology:")  # what DeepSpeed's constructor prints (rank 0)
 
 
 class PipelineModule(_DSPipelineModule):
-    """DeepSpeed PipelineModule with declared boundary tensors; see the module docstring.
+    """DeepSpeed PipelineModule with a declared or inferred boundary layout; see the module docstring.
 
-    Extra arguments (each may instead be set as the attribute of the same name with a leading underscore
-    after construction, as TDS/CPM models do: `model._input_grad = [True, False]`):
+    DeepSpeed's arguments keep their meaning. Extra arguments (the first three may instead be set as the
+    attribute of the same name with a leading underscore after construction, as TDS/CPM models do:
+    `model._input_grad = [True, False]`):
         input_grad: per tuple position, whether a gradient flows back through it.
         input_type: per tuple position, 'float' | 'int' | 'bool' | a dtype name such as 'bfloat16'/'int64'.
         input_pipe_partitioned: per tuple position, whether the tensor is split across the tensor-parallel
             group for the hop (default: no position).
+        verbose: let DeepSpeed's constructor prints through and list each stage's layers (also env
+            TDS_VERBOSE=1).
+    Undeclared (neither _input_grad nor _input_type), each stage infers the layout of what it sends from its
+    first training micro-batch (`boundary.py`).
     """
 
     def __init__(self, layers, num_stages: Optional[int] = None, topology=None, loss_fn=None,
                  seed_layers: bool = False, seed_fn=None, base_seed: int = 1234,
                  partition_method="parameters", activation_checkpoint_interval: int = 0,
-                 activation_checkpoint_func: Callable = non_reentrant_checkpoint,
+                 activation_checkpoint_func: Callable = recompute.default_checkpoint,
+                 checkpointable_layers: Optional[list] = None, dynamic_shape: bool = False,
                  input_grad: Optional[Sequence[bool]] = None, input_type: Optional[Sequence[str]] = None,
-                 input_pipe_partitioned: Optional[Sequence[bool]] = None):
-        super().__init__(layers, num_stages=num_stages, topology=topology, loss_fn=loss_fn,
-                         seed_layers=seed_layers, seed_fn=seed_fn, base_seed=base_seed,
-                         partition_method=partition_method,
-                         activation_checkpoint_interval=activation_checkpoint_interval,
-                         activation_checkpoint_func=activation_checkpoint_func)
+                 input_pipe_partitioned: Optional[Sequence[bool]] = None, verbose: Optional[bool] = None):
+        verbose = os.environ.get("TDS_VERBOSE", "0") not in ("", "0") if verbose is None else verbose
+        with _without_lines(_DS_PRINTS, enabled=not verbose):
+            super().__init__(layers, num_stages=num_stages, topology=topology, loss_fn=loss_fn,
+                             seed_layers=seed_layers, seed_fn=seed_fn, base_seed=base_seed,
+                             partition_method=partition_method,
+                             activation_checkpoint_interval=activation_checkpoint_interval,
+                             activation_checkpoint_func=activation_checkpoint_func,
+                             checkpointable_layers=checkpointable_layers, dynamic_shape=dynamic_shape)
+        self.verbose = verbose
+        if verbose and self.global_rank == 0:
+            print(self._listing(), flush=True)
         self._input_grad = input_grad
         self._input_type = input_type
         self._input_pipe_partitioned = input_pipe_partitioned
 
-    # --- declared layout -------------------------------------------------------------------------------
-    def declarations(self) -> list[TensorDecl]:
-        """The stage-boundary declaration; an error if a multi-stage pipeline has none."""
+    # --- boundary layout -------------------------------------------------------------------------------
+    def declarations(self) -> Optional[list[TensorDecl]]:
+        """The declared stage-boundary layout, or None when undeclared (each stage then infers its own)."""
+        if self._input_grad is None and self._input_type is None:
+            return None
         if self._input_grad is None or self._input_type is None:
-            if self.num_stages == 1:
-                return []
             raise PipelineLayoutError(
-                f"a {self.num_stages}-stage pipeline needs the layout of the tuple passed between stages: set "
-                f"model._input_grad (e.g. [True, False]) and model._input_type (e.g. ['float', 'bool']) before "
-                f"tds.initialize (got _input_grad={self._input_grad}, _input_type={self._input_type})")
+                f"set both model._input_grad and model._input_type (or neither, to infer the layout from what each "
+                f"stage sends), got _input_grad={self._input_grad}, _input_type={self._input_type}")
         return make_declarations(self._input_grad, self._input_type, self._input_pipe_partitioned)
 
     # --- partitioning ----------------------------------------------------------------------------------
     def _partition_layers(self, method="parameters"):
-        if not isinstance(method, (list, tuple)):
-            return super()._partition_layers(method=method)
-        parts = [int(b) for b in method]
-        n = len(self._layer_specs)
-        ok = len(parts) == self.num_stages + 1 and parts[0] == 0 and parts[-1] == n
-        if not ok or any(a > b for a, b in zip(parts, parts[1:])):
-            raise ValueError(f"partition_method as a list must be {self.num_stages + 1} non-decreasing layer "
-                             f"boundaries from 0 to {n} (num_stages={self.num_stages}, layers={n}), got {parts}")
-        self.parts = parts
+        """DeepSpeed's methods (without its prints) plus an explicit list of boundaries."""
+        self.parts = self._parts(method)
         stage_id = self._topo.get_coord(self.global_rank).pipe
-        self._set_bounds(start=parts[stage_id], stop=parts[stage_id + 1])
+        self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+
+    def _parts(self, method) -> list[int]:
+        n, stages = len(self._layer_specs), self.num_stages
+        if isinstance(method, (list, tuple)):
+            parts = [int(b) for b in method]
+            ok = len(parts) == stages + 1 and parts[0] == 0 and parts[-1] == n
+            if not ok or any(a > b for a, b in zip(parts, parts[1:])):
+                raise ValueError(f"partition_method as a list must be {stages + 1} non-decreasing layer "
+                                 f"boundaries from 0 to {n} (num_stages={stages}, layers={n}), got {parts}")
+            return parts
+        name = str(method).lower()
+        if name == "uniform":
+            return ds_utils.partition_uniform(num_items=n, num_parts=stages)
+        if name == "parameters":
+            return ds_utils.partition_balanced(weights=self._count_layer_params(), num_parts=stages)
+        if name.startswith("type:"):
+            weights = [0] * n
+            for idx in self._find_layer_type(name.split(":", 1)[1]):
+                weights[idx] = 1
+            return ds_utils.partition_balanced(weights=weights, num_parts=stages)
+        raise NotImplementedError(f"partition_method {method!r} is not one of 'parameters', 'uniform', "
+                                  f"'type:REGEX' or a list of {stages + 1} layer boundaries")
+
+    def _listing(self) -> str:
+        """DeepSpeed's per-stage layer listing."""
+        lines = []
+        for stage in range(self.num_stages):
+            start, stop = self.parts[stage], self.parts[stage + 1]
+            lines.append(f"stage={stage} layers={stop - start}")
+            for idx, layer in enumerate(self._layer_specs[start:stop], start):
+                name = layer.typename.__name__ if isinstance(layer, LayerSpec) else \
+                    getattr(layer, "__name__", type(layer).__name__)
+                lines.append(f"    {idx:2d}: {name}")
+        if self.loss_fn is not None:
+            lines.append(f"  loss: {getattr(self.loss_fn, '__name__', type(self.loss_fn).__name__)}")
+        return "\n".join(lines)
 
     def _find_layer_type(self, layername: str) -> list[int]:
         import regex
@@ -109,13 +158,6 @@ class PipelineModule(_DSPipelineModule):
             raise RuntimeError(f"partition_method 'type:{layername}' matched no layer class names")
         return idxs
 
-    # --- forward with activation checkpointing by interval -----------------------------------------------
-    def _is_checkpointable(self, funcs) -> bool:
-        return True  # every interval is checkpointed; eligibility never depends on class names
-
-    def _precompute_checkpointable_values(self):
-        pass  # forward() below needs no precomputed eligibility
-
     @torch.no_grad()
     def _synchronize_tied_weights(self):
         """Broadcast tied weights from their lowest rank, in sorted key order on every rank, outside autograd
@@ -126,10 +168,37 @@ class PipelineModule(_DSPipelineModule):
                 torch.distributed.broadcast(self._recursive_getattr(comm['module'], attr_name),
                                             src=min(comm['ranks']), group=comm['group'])
 
+    # --- activation checkpointing ------------------------------------------------------------------------
+    def configure_checkpointing(self, ds_config) -> None:
+        """Apply the DeepSpeed JSON: pipeline.activation_checkpoint_interval and use_reentrant, and the
+        activation_checkpointing section (`recompute.configure_from_config`)."""
+        pipe = ds_config.pipeline
+        if pipe.get("activation_checkpoint_interval", 0) > 0:
+            self.set_checkpoint_interval(pipe["activation_checkpoint_interval"])
+        recompute.configure_from_config(ds_config, self._grid)
+        if pipe.get("use_reentrant") is not None:
+            self.activation_checkpoint_func = recompute.by_reentrancy(pipe["use_reentrant"])
+
     def set_checkpoint_interval(self, interval: int) -> None:
         if interval < 0:
             raise ValueError(f"activation checkpoint interval must be >= 0, got {interval}")
         self.activation_checkpoint_interval = interval
+        self._precompute_checkpointable_values()
+
+    def _precompute_checkpointable_values(self):
+        """`is_checkpointable_results[j]`: whether the j-th run of k layers is recomputed (k = the interval)."""
+        k = self.activation_checkpoint_interval
+        if k > 0 and self.is_checkpointable_results_interval != k:
+            n = len(self.forward_funcs)
+            self.interval_was_zero = False
+            self.is_checkpointable_results = [self._is_checkpointable(self.forward_funcs[s:s + k])
+                                              for s in range(0, n, k)]
+            self.is_checkpointable_results_interval = k
+
+    def _is_checkpointable(self, funcs) -> bool:
+        if self.checkpointable_layers is not None:
+            return all(type(f).__name__ in self.checkpointable_layers for f in funcs)
+        return any(_has_parameters(f) for f in funcs)
 
     def _run_layers(self, start: int, end: int, x, micro_offset: int):
         for idx, layer in enumerate(self.forward_funcs[start:end]):
@@ -144,11 +213,14 @@ class PipelineModule(_DSPipelineModule):
         self.micro_offset += 1
         offset = self.micro_offset + 1
         n, k = len(self.forward_funcs), self.activation_checkpoint_interval
-        if k <= 0:
+        if k <= 0 or not torch.is_grad_enabled():
             return self._run_layers(0, n, forward_input, offset)
+        self._precompute_checkpointable_values()
         x = forward_input
-        for start in range(0, n, k):
-            x = self._checkpoint_segment(start, min(start + k, n), x, offset)
+        for start, checkpointable in zip(range(0, n, k), self.is_checkpointable_results):
+            end = min(start + k, n)
+            x = self._checkpoint_segment(start, end, x, offset) if checkpointable else \
+                self._run_layers(start, end, x, offset)
         return x
 
     def _checkpoint_segment(self, start: int, end: int, x, offset: int):
@@ -161,5 +233,46 @@ class PipelineModule(_DSPipelineModule):
 
         def run_with_dummy(_dummy, *inputs):
             return self._run_layers(start, end, inputs if was_tuple else inputs[0], offset)
-        dummy = torch.ones(1, device=tds_device.device(), requires_grad=torch.is_grad_enabled())
+        dummy = torch.ones(1, device=tds_device.device(), requires_grad=True)
         return self.activation_checkpoint_func(run_with_dummy, dummy, *args)
+
+
+def _has_parameters(f) -> bool:
+    """An nn.Module with parameters, or a TiedLayerSpec's forward_fn bound to one (a functools.partial)."""
+    if isinstance(f, functools.partial):
+        return any(_has_parameters(a) for a in f.args)
+    return isinstance(f, torch.nn.Module) and any(True for _ in f.parameters())
+
+
+@contextlib.contextmanager
+def _without_lines(prefixes: tuple, enabled: bool):
+    """Drop whole stdout lines that start with one of `prefixes`; everything else passes through."""
+    if not enabled:
+        yield
+        return
+    out = _LineFilter(sys.stdout, prefixes)
+    with contextlib.redirect_stdout(out):
+        try:
+            yield
+        finally:
+            out.flush_pending()
+
+
+class _LineFilter(io.TextIOBase):
+    def __init__(self, target, prefixes: tuple):
+        super().__init__()
+        self.target, self.prefixes, self.pending = target, prefixes, ""
+
+    def write(self, s: str) -> int:
+        self.pending += s
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            if not line.startswith(self.prefixes):
+                self.target.write(line + "\n")
+        return len(s)
+
+    def flush_pending(self) -> None:
+        if self.pending and not self.pending.startswith(self.prefixes):
+            self.target.write(self.pending)
+        self.pending = ""
+        self.target.flush()
