@@ -61,8 +61,8 @@ def initialize(args: Any = None, model=None, optimizer=None, model_parameters=No
                               dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
                               config_params=config_params, **kwargs)
     if not isinstance(model, PipelineModule):
-        raise TypeError(f"{type(model).__name__} is a deepspeed PipelineModule; build it from "
-                        f"tds.pipe.PipelineModule so the stage-boundary layout is declared")
+        raise TypeError(f"{type(model).__name__} is DeepSpeed's own PipelineModule; build it from "
+                        f"tds.pipe.PipelineModule (with `import tds as deepspeed`, deepspeed.pipe.PipelineModule)")
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.tensor_parallel.init_utils import load_ds_config
     init_distributed(dist_backend=get_accelerator().communication_backend_name(),

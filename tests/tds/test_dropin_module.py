@@ -92,6 +92,21 @@ def one_sided_declaration_rank() -> str:
     return "no error"
 
 
+def deepspeeds_own_module_rank() -> str:
+    """tds.initialize given a module built from the real deepspeed.pipe.PipelineModule."""
+    import deepspeed
+
+    import tds
+    common.init_ds()
+    model = deepspeed.pipe.PipelineModule(common.stack_specs(), num_stages=2, loss_fn=common.mse)
+    try:
+        tds.initialize(model=model, optimizer=harness.optimizer(model.parameters(), "sgd"),
+                       config=common.ds_config(2, 2, 1, 0))
+    except TypeError as e:
+        return str(e)
+    return "no error"
+
+
 # --- activation checkpointing settings ------------------------------------------------------------------------
 GAS = 2
 
@@ -158,7 +173,8 @@ SETTINGS = ("torch_default", "json_off", "json_on", "user_configure")
 
 
 def module_rank() -> dict:
-    out = {"keywords": keywords_rank(), "verbose": verbose_rank(), "one_sided": one_sided_declaration_rank()}
+    out = {"keywords": keywords_rank(), "verbose": verbose_rank(), "one_sided": one_sided_declaration_rank(),
+           "deepspeeds_own": deepspeeds_own_module_rank()}
     out.update({case: activation_settings_rank(case) for case in SETTINGS})
     return out
 
@@ -193,8 +209,9 @@ def test_constructor_is_quiet_unless_asked(ranks):
         assert "    1: ReLU" in printed[case]
 
 
-def test_one_sided_declaration_is_an_error(ranks):
+def test_one_sided_declaration_and_deepspeeds_own_module_are_errors(ranks):
     assert "set both model._input_grad and model._input_type (or neither" in ranks[0]["one_sided"]
+    assert "is DeepSpeed's own PipelineModule; build it from tds.pipe.PipelineModule" in ranks[0]["deepspeeds_own"]
 
 
 def test_activation_checkpointing_settings(ranks):
