@@ -74,3 +74,17 @@ def test_finetune_loads_weights_only_at_another_layout(gpt2_222, data_prefix):
     np.testing.assert_allclose(losses[0], reference, rtol=RTOL)
     # the loaded weights are trained ones: far below the loss of the fresh model at iteration 1
     assert losses[0] < gpt2_222["losses"][0] - 0.05
+
+
+@pytest.mark.slow
+def test_pp_only_reshape_keeps_default_dropout(data_prefix, tmp_path):
+    """Dropout 0.1 (the default): masks depend on (seed, iteration, micro-batch, site, tp rank), not on pp, so
+    a (2, 2, 2) checkpoint continued at (2, 1, 2) matches the uninterrupted run."""
+    dropout = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
+    save = str(tmp_path / "ckpt")
+    straight = train("gpt2", data_prefix, (2, 2, 2), 6, dropout + ["--save", save, "--save-interval", "3"])
+    out = str(tmp_path / "pp1")
+    run(["reshape", "--load", save, "--tag", "iter_0000003", "--save", out, "--tensor-model-parallel-size", "2",
+         "--pipe-parallel-size", "1", "--data-parallel-size", "2"])
+    resumed = train("gpt2", data_prefix, (2, 1, 2), 6, dropout + ["--load", out])
+    np.testing.assert_allclose(resumed, straight[3:], rtol=RTOL)
