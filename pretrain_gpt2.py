@@ -42,7 +42,8 @@ def model_provider(args):
     if args.pipe_parallel_size == 1:
         return GPT2Model(gpt2_config(args))
     return GPT2ModelPipe(gpt2_config(args), topology=mpu.get_topology(),
-                         partition_method=args.partition_method or "type:TransformerLayer")
+                         partition_method=args.partition_method or "type:TransformerLayer",
+                         verbose=args.deepspeed_verbose or None)  # None: tds default (env TDS_VERBOSE)
 
 
 def train_valid_test_datasets_provider(args, tokenizer, num_samples):

@@ -50,7 +50,8 @@ def model_provider(args):
     if args.pipe_parallel_size == 1:
         return T5Model(t5_config(args))
     return T5ModelPipe(t5_config(args), topology=mpu.get_topology(),
-                       partition_method=args.partition_method or "type:TransformerLayer")
+                       partition_method=args.partition_method or "type:TransformerLayer",
+                       verbose=args.deepspeed_verbose or None)  # None: tds default (env TDS_VERBOSE)
 
 
 def train_valid_test_datasets_provider(args, tokenizer, num_samples):

@@ -69,10 +69,12 @@ class GPT2ModelPipe(ReplayCheckpoint, PipelineModule):
     initialised), or give num_stages for a pipe x data grid. partition_method: 'type:TransformerLayer'
     (balanced layer counts), 'parameters', 'uniform' or an explicit list of num_stages + 1 spec boundaries.
     Activation checkpointing every config.checkpoint_num_layers specs, dropout replayed (`rng`).
+    verbose: DeepSpeed's constructor prints and the per-stage layer listing (default: env TDS_VERBOSE).
     """
 
     def __init__(self, config: GPT2Config, topology=None, num_stages: Optional[int] = None,
-                 partition_method: Union[str, list] = "type:TransformerLayer", tp_group=None):
+                 partition_method: Union[str, list] = "type:TransformerLayer", tp_group=None,
+                 verbose: Optional[bool] = None):
         tp_group = mpu.mappings.resolve_group(tp_group)[0]
         topology = pipe_topology(topology, num_stages, tp_group)
         super().__init__(gpt2_layer_specs(config, tp_group), num_stages=num_stages, topology=topology,
@@ -80,5 +82,5 @@ class GPT2ModelPipe(ReplayCheckpoint, PipelineModule):
                          activation_checkpoint_interval=config.checkpoint_num_layers,
                          activation_checkpoint_func=self._checkpoint,
                          input_grad=[True, False], input_type=["float", "bool"],
-                         input_pipe_partitioned=[True, False])
+                         input_pipe_partitioned=[True, False], verbose=verbose)
         self.config = config

@@ -1,10 +1,12 @@
 """T5 v1.1 through pretrain_t5.py: --feed-forward-proj gated-gelu, --untie-embeddings-and-output-weights,
---decoder-num-layers, --relative-attention-num-buckets / --relative-attention-max-distance.
+--decoder-num-layers, --relative-attention-num-buckets / --relative-attention-max-distance (and
+--deepspeed-verbose).
 
 On 2 gloo ranks: T5ModelPipe at (tp, pp, dp) = (1, 2, 1) and T5Model at (1, 1, 2) train with the same losses
 (fp32, relative error < 1e-5); the model pretrain_t5.py builds from the flags has what they ask for (3 decoder
 layers, a 16-bucket table, the gated feed-forward's 2f rows, an untied head); and a second run on the
-finished checkpoint says in one line that training is already complete instead of evaluating again.
+finished checkpoint says in one line that training is already complete instead of evaluating again; that run
+has --deepspeed-verbose, which lets DeepSpeed's start-up prints through (absent from the first run's log).
 """
 from __future__ import annotations
 
@@ -36,16 +38,18 @@ def _argv(data: dict, pp: int, save: str) -> list:
 
 def _runs(data: dict, tmp: str, world_size: int) -> tuple:
     from pretrain_t5 import HOOKS
-    pipe = train_state(_argv(data, 2, os.path.join(tmp, "pipe")), world_size, HOOKS, DEFAULTS)
+    quiet, log = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(quiet):
+        pipe = train_state(_argv(data, 2, os.path.join(tmp, "pipe")), world_size, HOOKS, DEFAULTS)
     plain = train_state(_argv(data, 1, os.path.join(tmp, "plain")), world_size, HOOKS, DEFAULTS)
-    log = io.StringIO()
     with contextlib.redirect_stdout(log):
-        again = train_state(_argv(data, 2, os.path.join(tmp, "pipe")), world_size, HOOKS, DEFAULTS)
-    return pipe.losses, plain.losses, again.losses, log.getvalue()
+        again = train_state(_argv(data, 2, os.path.join(tmp, "pipe")) + ["--deepspeed-verbose"], world_size,
+                            HOOKS, DEFAULTS)
+    return pipe.losses, plain.losses, again.losses, log.getvalue(), quiet.getvalue()
 
 
 def test_t5_v11_flags_through_pretrain_t5(gpt_data, tmp_path):
-    pipe, plain, again, log = run_distributed(_runs, 2, gpt_data, str(tmp_path), 2, timeout=600)[0]
+    pipe, plain, again, log, quiet = run_distributed(_runs, 2, gpt_data, str(tmp_path), 2, timeout=600)[0]
     assert len(pipe) == len(plain) == 4
     for got, want in zip(pipe, plain):
         assert abs(got - want) <= 1e-5 * abs(want), (pipe, plain)
@@ -62,3 +66,6 @@ def test_t5_v11_flags_through_pretrain_t5(gpt_data, tmp_path):
     assert "decoder_layers.3.mlp.wi.weight" not in sd
     assert again == [] and "training is already complete" in log and "iteration 4 of --train-iters 4" in log
     assert "TRAIN_ITERS=" in log and "test loss" not in log
+    # --deepspeed-verbose lets DeepSpeed's constructor prints through; without it, our summary line only
+    assert "SEED_LAYERS" in log and "Using topology" in log and "(tp, pp, dp) = (1, 2, 1)" in log
+    assert "SEED_LAYERS" not in quiet and "Using topology" not in quiet and "(tp, pp, dp) = (1, 2, 1)" in quiet
