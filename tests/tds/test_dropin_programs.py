@@ -6,7 +6,7 @@ Programs (tests/tds/dropin_programs.py): an AlexNet-like CNN with in-place ReLUs
 with no checkpointing and with every layer its own checkpoint segment in each checkpoint mode; shapes that
 change every micro-batch (`dynamic_shape=True`); tied layers; a tuple of every dtype; a float mask without
 grad next to a gradient that is never produced, evaluated before training; two gradient streams with
-checkpoint intervals set on the module and in the JSON. Three distributed runs cover pp = 1 (x dp 2),
+checkpoint intervals set on the module and in the JSON. Two distributed runs (2 and 4 ranks) cover pp = 1 (x dp 2),
 2 and 4 and pp 2 x dp 2 (ZeRO-1); each runs every program in the same processes."""
 from __future__ import annotations
 
