@@ -114,14 +114,3 @@ def init_ds() -> None:
     from tds import device
     device.init_distributed()
 
-
-def allow_cpu_fp16() -> None:
-    """Make DeepSpeed's CPU accelerator report fp16 support in this process.
-
-    DeepSpeed refuses fp16 at initialize() where `torch.ops.mkldnn._is_mkldnn_fp16_supported()` is False (AMD
-    CPUs without oneDNN fp16), but torch computes fp16 on every x86 CPU, so the fp16 path (loss scaling,
-    overflow skips, the fp16 optimizers) can be tested on any machine. No-op on CUDA."""
-    from deepspeed.accelerator import get_accelerator
-    acc = get_accelerator()
-    if acc.device_name() == "cpu":
-        acc.is_fp16_supported = lambda: True

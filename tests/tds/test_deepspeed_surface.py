@@ -15,6 +15,7 @@ import os
 
 import pytest
 
+from tests.cpu_fp16 import allow_cpu_fp16
 from tests.dist import run_distributed
 from tests.tds import common, harness
 
@@ -145,7 +146,11 @@ def _unwrap(fn):
 
 def live_rank(tmp: str) -> dict:
     """Attributes of live engines: fp32 (with a save), bf16 (BF16_Optimizer), fp16 (FP16_UnfusedOptimizer)."""
-    common.allow_cpu_fp16()
+    with allow_cpu_fp16():
+        return _live(tmp)
+
+
+def _live(tmp: str) -> dict:
     out = {}
     for kind, extra in (("engine", {}), ("bf16", {"bf16": {"enabled": True}}),
                         ("fp16", {"fp16": {"enabled": True}})):

@@ -13,14 +13,15 @@ relative; over 3 Adam steps and 4 micro-batches we allow 4 eps on losses and on 
 at most 0.75 eps).
 
 fp16 on a CPU: DeepSpeed refuses fp16 where oneDNN has no fp16 kernels (some AMD CPUs), although torch
-computes fp16 on every x86 CPU; `tests.tds.common.allow_cpu_fp16` makes DeepSpeed's capability check say
-yes inside the ranks, so this runs on every machine.
+computes fp16 on every x86 CPU; `tests.cpu_fp16.allow_cpu_fp16` makes DeepSpeed's capability check say yes
+inside the ranks, so this runs on every machine.
 """
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.cpu_fp16 import allow_cpu_fp16
 from tests.dist import run_distributed
 from tests.tds import common, harness
 from tests.tds.test_engine_tied import specs
@@ -37,7 +38,11 @@ def batches(dtype: str):
 
 
 def precision_rank(dtype: str, pp: int, dp: int, zero: int, opt: str = "adam") -> dict:
-    common.allow_cpu_fp16()
+    with allow_cpu_fp16():
+        return _train(dtype, pp, dp, zero, opt)
+
+
+def _train(dtype: str, pp: int, dp: int, zero: int, opt: str) -> dict:
     extra = {dtype: {"enabled": True}}
     if dtype == "fp16":
         extra["fp16"].update(initial_scale_power=8, loss_scale_window=1000)
