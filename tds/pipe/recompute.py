@@ -2,6 +2,7 @@
 
     activation_checkpoint_func (module argument)   default: `default_checkpoint`
     pipeline.use_reentrant (DeepSpeed JSON)        True / False: `reentrant_default` / `non_reentrant_default`
+                                                   (replaces only a default, never a function the model gave)
     activation_checkpointing (DeepSpeed JSON)      applied through deepspeed.checkpointing.configure (below)
 
 `default_checkpoint` is torch's non-reentrant `torch.utils.checkpoint` (it saves the RNG state and needs no
@@ -79,6 +80,9 @@ def configure_from_config(ds_config, grid) -> bool:
                                num_checkpoints=cfg.number_checkpoints, checkpoint_in_cpu=cfg.cpu_checkpointing,
                                synchronize=cfg.synchronize_checkpoint_boundary, profile=cfg.profile)
     return True
+
+
+DEFAULTS = (default_checkpoint, reentrant_default, non_reentrant_default)  # what pipeline.use_reentrant may replace
 
 
 def by_reentrancy(use_reentrant: bool) -> Callable:

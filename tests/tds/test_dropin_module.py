@@ -164,6 +164,27 @@ def activation_settings_rank(case: str) -> dict:
     return {"losses": losses, "params": harness.engine_params(engine), "saved": saved}
 
 
+def use_reentrant_rank() -> dict:
+    """pipeline.use_reentrant replaces a default checkpoint function, never one the model gave (GPT2ModelPipe's
+    replays its dropout masks; torch's reentrant checkpoint would draw new ones in the recomputation)."""
+    import tds
+    from tds.pipe import recompute
+
+    def models_own(fn, *args):
+        return recompute.non_reentrant_checkpoint(fn, *args)
+
+    out = {}
+    for name, func in (("default", recompute.default_checkpoint), ("models_own", models_own)):
+        model = tds.pipe.PipelineModule(common.stack_specs(), topology=common.topology(1, 2, 1), loss_fn=common.mse,
+                                        activation_checkpoint_interval=1, activation_checkpoint_func=func)
+        cfg = common.ds_config(2, GAS, 1, 0, use_reentrant=True)
+        engine, _, _, _ = tds.initialize(model=model, optimizer=harness.optimizer(model.parameters(), "sgd"),
+                                         config=cfg)
+        out[name] = engine.module.activation_checkpoint_func is (recompute.reentrant_default if name == "default"
+                                                                 else models_own)
+    return out
+
+
 def batches():
     X, Y = common.make_data(2, GAS * 2)
     return [[(X[t, i * 2:(i + 1) * 2], Y[t, i * 2:(i + 1) * 2]) for i in range(GAS)] for t in range(2)]
@@ -176,6 +197,7 @@ def module_rank() -> dict:
     out = {"keywords": keywords_rank(), "verbose": verbose_rank(), "one_sided": one_sided_declaration_rank(),
            "deepspeeds_own": deepspeeds_own_module_rank()}
     out.update({case: activation_settings_rank(case) for case in SETTINGS})
+    out["use_reentrant"] = use_reentrant_rank()
     return out
 
 
@@ -225,3 +247,8 @@ def test_activation_checkpointing_settings(ranks):
         off, on, user = (r[c]["saved"] for c in ("json_off", "json_on", "user_configure"))
         assert min(off) > 0 and on == user
         assert all(b <= 0.55 * a for a, b in zip(off, on)), (off, on)
+
+
+def test_use_reentrant_never_replaces_the_models_own_checkpoint_function(ranks):
+    for r in ranks:
+        assert r["use_reentrant"] == {"default": True, "models_own": True}
