@@ -128,3 +128,14 @@ def test_previous_pp1_layout_reads_the_same(gpt2_222, tmp_path):
     assert not any(n.startswith("layer_") for n in os.listdir(folder))
     after = read_consolidated(folder)
     assert differences(vars(before), vars(after)) == []
+
+
+@pytest.mark.slow
+def test_previous_pp1_layout_resumes_exactly(data_prefix, tmp_path):
+    """A (1, 1, 1) checkpoint rewritten in the previous layout resumes through pretrain() bit for bit."""
+    from tests.checkpoint.common import train
+    save = str(tmp_path / "ckpt")
+    straight = train("gpt2", data_prefix, (1, 1, 1), 4)
+    train("gpt2", data_prefix, (1, 1, 1), 2, ["--save", save])
+    _to_previous_layout(os.path.join(save, "iter_0000002"))
+    assert train("gpt2", data_prefix, (1, 1, 1), 4, ["--load", save]) == straight[2:]
