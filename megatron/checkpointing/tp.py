@@ -49,5 +49,5 @@ def resize_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     if t.size(0) == rows:
         return t
     if t.size(0) > rows:
-        return t[:rows].contiguous()
+        return t[:rows].clone()  # not a view: torch.save would write the whole storage
     return torch.cat([t, t.new_zeros((rows - t.size(0),) + tuple(t.shape[1:]))])
