@@ -245,7 +245,23 @@ def _resolve_schedule(args: argparse.Namespace) -> None:
     _need(args.eval_iters >= 0, f"--eval-iters must be >= 0, got {args.eval_iters}")
 
 
+def _resolve_split(split: str) -> None:
+    """--split as megatron.data.gpt_dataset.parse_split reads it: up to 3 numbers, >= 0, positive sum."""
+    parts = split.split("," if "," in split else "/")
+    try:
+        weights = [float(p) for p in parts]
+    except ValueError:
+        raise UserError(f"--split {split!r} must be numbers separated by ',' or '/', e.g. 949,50,1") from None
+    _need(len(weights) <= 3 and min(weights) >= 0 and sum(weights) > 0,
+          f"--split {split}: give up to 3 weights (train, valid, test) >= 0 with a positive sum")
+
+
 def _resolve_data(args: argparse.Namespace) -> None:
+    _resolve_split(args.split)
+    for flag in ("hidden_dropout", "attention_dropout"):
+        _need(0 <= getattr(args, flag) < 1, f"{_flag(flag)} must be in [0, 1), got {getattr(args, flag)}")
+    _need(0 < args.mask_prob < 1, f"--mask-prob must be in (0, 1), got {args.mask_prob}")
+    _need(args.num_workers >= 0, f"--num-workers must be >= 0, got {args.num_workers}")
     paths = args.data_path or []
     if len(paths) > 1:
         _need(len(paths) % 2 == 0, f"--data-path with several datasets takes WEIGHT PREFIX pairs, got {len(paths)} "

@@ -184,6 +184,10 @@ def test_t5_defaults_and_v11_flags():
     ("t5", ["--lr-decay-style", "inverse-sqrt"], ["invalid choice: 'inverse-sqrt'"]),
     ("t5", ["--no-such-flag"], ["unrecognized arguments: --no-such-flag", "--help"]),
     ("t5", ["--num-layers", "x"], ["--num-layers: invalid int value: 'x'"]),
+    ("gpt", ["--split", "90,x"], ["--split '90,x' must be numbers"]),
+    ("gpt", ["--split", "1,1,1,1"], ["up to 3 weights"]),
+    ("gpt", ["--hidden-dropout", "1.5"], ["--hidden-dropout must be in [0, 1), got 1.5"]),
+    ("t5", ["--mask-prob", "0"], ["--mask-prob must be in (0, 1)"]),
 ])
 def test_more_errors_are_one_line_user_errors(kind, extra, words):
     with pytest.raises(UserError) as err:
