@@ -35,6 +35,8 @@ PIPE_SPEC_CLASSES = {
            "T5DecoderTransformerLayerPipe", "T5DecoderFinalNormPipe", "T5LMHead"),
 }
 
+DISTRIBUTED_TIMEOUT_MINUTES = 10.0  # Megatron's default
+
 
 def _need(cond: bool, message: str) -> None:
     if not cond:
@@ -242,6 +244,10 @@ def _resolve_schedule(args: argparse.Namespace) -> None:
     _need(args.exit_interval is None or args.exit_interval >= 1,
           f"--exit-interval must be >= 1, got {args.exit_interval}")
     _need(args.eval_interval >= 1, f"--eval-interval must be >= 1, got {args.eval_interval}")
+    if args.distributed_timeout_minutes is None:
+        args.distributed_timeout_minutes = DISTRIBUTED_TIMEOUT_MINUTES
+    _need(args.distributed_timeout_minutes > 0,
+          f"--distributed-timeout-minutes must be > 0, got {args.distributed_timeout_minutes}")
     _need(args.eval_iters >= 0, f"--eval-iters must be >= 0, got {args.eval_iters}")
 
 

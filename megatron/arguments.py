@@ -142,6 +142,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--train-iters", type=int, default=None, help="iterations to train (or give --train-samples)")
     g.add_argument("--train-samples", type=int, default=None,
                    help="samples to train; the iterations follow from the (ramped) global batch")
+    g.add_argument("--distributed-timeout-minutes", type=float, default=None,
+                   help="how long a rank waits for its peers (pipeline sends/receives, every collective) before "
+                        "failing with an error naming the stage, group and operation; default 10. Also "
+                        "pipeline.timeout_s (seconds) in the DeepSpeed JSON; env TDS_TIMEOUT_S overrides both")
     g.add_argument("--exit-interval", type=int, default=None,
                    help="stop (after saving, with --save) when the iteration is a multiple of this")
     g.add_argument("--eval-interval", type=int, default=1000)

@@ -7,7 +7,7 @@ into a copy of the JSON dict, which is what DeepSpeed receives. So `--zero-stage
 with a JSON file that has no `zero_optimization` section (the bug of the original CPM-Pretrain).
 
 Units: the JSON `fp16.loss_scale` 0 means dynamic (argument None); `fp16.initial_scale_power` p is the
-argument `--initial-loss-scale` 2**p.
+argument `--initial-loss-scale` 2**p; `pipeline.timeout_s` is seconds, `--distributed-timeout-minutes` minutes.
 """
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ SHARED: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("loss_scale_window", ("fp16", "loss_scale_window")),
     ("hysteresis", ("fp16", "hysteresis")),
     ("min_loss_scale", ("fp16", "min_loss_scale")),
+    ("distributed_timeout_minutes", ("pipeline", "timeout_s")),
 )
 FLAG = {name: "--" + name.replace("_", "-") for name, _ in SHARED}
 FORBIDDEN_SECTIONS = ("optimizer", "scheduler")
@@ -82,6 +83,8 @@ def _json_to_arg(name: str, value: Any) -> Any:
         return float(2 ** value)
     if name in ("fp16", "bf16"):
         return bool(value)
+    if name == "distributed_timeout_minutes":
+        return float(value) / 60
     return value
 
 
@@ -135,4 +138,5 @@ def build_ds_config(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, 
                     loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
                     min_loss_scale=args.min_loss_scale)
     out.setdefault("bf16", {})["enabled"] = bool(args.bf16)
+    out.setdefault("pipeline", {})["timeout_s"] = 60 * args.distributed_timeout_minutes
     return out

@@ -29,12 +29,13 @@ def initialize_megatron(args: argparse.Namespace) -> mpu.ParallelState:
     check_precision_supported(args)
     # DeepSpeed 0.19's ZeRO-1 calls an all-gather that torch 2.13 marks deprecated, once per step and rank.
     warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.* is deprecated", category=FutureWarning)
-    tds_device.init_distributed()
+    timeout_s = 60 * args.distributed_timeout_minutes
+    tds_device.init_distributed(timeout_s=timeout_s)
     world = dist.get_world_size()
     if world != args.world_size:
         raise ValueError(f"the arguments were resolved for world size {args.world_size} but torch.distributed "
                          f"has {world} ranks")
-    state = mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipe_parallel_size)
+    state = mpu.initialize_model_parallel(args.tensor_model_parallel_size, args.pipe_parallel_size, timeout_s)
     set_random_seed(args.seed, state.pp_rank)
     return state
 

@@ -15,6 +15,7 @@ groups explicitly.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Optional
 
 import torch.distributed as dist
@@ -74,9 +75,10 @@ class ParallelState:
 _STATE: Optional[ParallelState] = None
 
 
-def initialize_model_parallel(tensor_model_parallel_size: int = 1,
-                              pipeline_model_parallel_size: int = 1) -> ParallelState:
-    """Build every group (collective: all ranks must call it) and make it the current state."""
+def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
+                              timeout_s: Optional[float] = None) -> ParallelState:
+    """Build every group (collective: all ranks must call it) and make it the current state. With `timeout_s`
+    a collective on these groups that waits longer fails (torch's default is 30 minutes)."""
     global _STATE
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed must be initialised before initialize_model_parallel()")
@@ -86,7 +88,7 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1,
     mine = {}
     for axis in ("model", "pipe", "data"):
         for ranks in topo.get_axis_comm_lists(axis):  # same order on every rank, as new_group requires
-            group = dist.new_group(ranks)
+            group = dist.new_group(ranks, timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
             if me in ranks:
                 mine[axis] = (group, ranks)
     _STATE = ParallelState(dims, topo, me, mine["model"][0], mine["pipe"][0], mine["data"][0],

@@ -29,3 +29,19 @@ def test_explicit_partition_boundaries():
     with pytest.raises(ValueError, match=r"--partition-method 0,6 gives 2 boundaries but --pipe-parallel-size 4 needs 5"):
         _resolve(["--pipe-parallel-size", "4", "--partition-method", "0,6"], 4)
     assert _resolve(["--partition-method", "parameters"], 1).partition_method == "parameters"
+
+
+def test_distributed_timeout_is_one_setting_in_flag_and_json(tmp_path):
+    """--distributed-timeout-minutes (Megatron's name, default 10) and the JSON's pipeline.timeout_s (seconds)
+    are one setting: either fills the other, both given and different is an error naming both."""
+    import json
+    assert _resolve([], 1).ds_config["pipeline"]["timeout_s"] == 600
+    assert _resolve(["--distributed-timeout-minutes", "0.5"], 1).ds_config["pipeline"]["timeout_s"] == 30
+    cfg = tmp_path / "ds.json"
+    cfg.write_text(json.dumps({"pipeline": {"timeout_s": 90}}))
+    args = _resolve(["--deepspeed_config", str(cfg)], 1)
+    assert args.distributed_timeout_minutes == 1.5 and args.ds_config["pipeline"]["timeout_s"] == 90
+    with pytest.raises(ValueError, match=r"--distributed-timeout-minutes 2.0 conflicts with pipeline.timeout_s = 90"):
+        _resolve(["--deepspeed_config", str(cfg), "--distributed-timeout-minutes", "2"], 1)
+    with pytest.raises(ValueError, match=r"--distributed-timeout-minutes must be > 0, got 0.0"):
+        _resolve(["--distributed-timeout-minutes", "0"], 1)
