@@ -77,7 +77,7 @@ def _reshape(args) -> None:
     r = reshape(args.load, args.save, args.tensor_model_parallel_size, args.pipe_parallel_size,
                 args.data_parallel_size, args.no_optimizer, args.tag)
     print(f"reshaped {r.tag} from (tp, pp, dp) = {r.source} to {r.target} into {args.save} "
-          f"({r.bytes_read / 1e6:.1f} MB read in {r.seconds:.1f} s)")
+          f"({r.source_bytes / 1e6:.1f} MB checkpoint, {r.seconds:.1f} s)")
     if r.note:
         print(r.note)
 

@@ -27,7 +27,7 @@ class ReshapeReport:
     target: tuple
     tag: str
     note: str
-    bytes_read: int
+    source_bytes: int
     seconds: float
 
 

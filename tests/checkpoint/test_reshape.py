@@ -111,3 +111,18 @@ def test_layout_errors_are_one_line(gpt2_222, tmp_path):
         reshape(src, str(tmp_path / "exists"), (1, 1, 1))
     assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
     assert TAG.startswith("iter_")
+
+
+def test_no_optimizer_keeps_weights_and_engine_state(gpt2_222, tmp_path):
+    full = reshape(gpt2_222["dir"], str(tmp_path / "full"), (1, 2, 2))
+    lean = reshape(gpt2_222["dir"], str(tmp_path / "lean"), (1, 2, 2), "--no-optimizer")
+    files, lean_files = load_all(_tag_folder(full)), load_all(_tag_folder(lean))
+    assert sorted(lean_files) == sorted(n for n in files if "zero_pp_rank" not in n)
+    assert lean_files["megatron_args.json"]["checkpoint_content"] == "no_optimizer"
+    for name, content in lean_files.items():
+        if name.startswith("layer_"):
+            assert differences(content, files[name]) == []
+        elif name.startswith("mp_rank_"):
+            assert content["optimizer"] is None and content["param_shapes"] is None
+            assert (content["iteration"], content["lr_scheduler"]) == (files[name]["iteration"],
+                                                                      files[name]["lr_scheduler"])
