@@ -15,41 +15,27 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
 from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
-from deepspeed.runtime.engine import MEMORY_OPT_ALLREDUCE_SIZE, DeepSpeedEngine
+from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.module import PipelineError
 
 from .. import device as tds_device
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
+from .executor import BatchState, Executor
 from .module import PipelineModule
 from .p2p import P2P, PipelineCommError
-from .schedule import Instruction, Op, eval_schedule, train_schedule
+from .schedule import Op, check_schedule, eval_schedule, train_schedule
+from .timeline import TimelineRecorder, write_trace
+from .weight_grad import WeightGradStore, attach
 
 
-@dataclass
-class _BatchState:
-    """Per-batch buffers keyed by micro-batch id (freed as soon as the schedule is done with them)."""
-    training: bool
-    compute_loss: bool = True
-    keep_logits: bool = False
-    last_recv: int = -1
-    inputs: dict = field(default_factory=dict)
-    labels: dict = field(default_factory=dict)
-    outputs: dict = field(default_factory=dict)
-    grads: dict = field(default_factory=dict)
-    loss_graphs: dict = field(default_factory=dict)
-    losses: list = field(default_factory=list)
-    logits: list = field(default_factory=list)
-
-
-class PipelineEngine(DeepSpeedEngine):
+class PipelineEngine(Executor, DeepSpeedEngine):
     """Built by `tds.initialize` for a `tds.pipe.PipelineModule`; use `train_batch` / `eval_batch`."""
 
     def __init__(self, *args, **kwargs):
@@ -75,8 +61,7 @@ class PipelineEngine(DeepSpeedEngine):
             self._build_data_iter(self.training_data)
 
     def _configure_pipeline(self, cfg: dict) -> None:
-        self.schedule_kind = str(cfg.get("schedule", "1f1b")).lower()
-        train_schedule(self.schedule_kind, 1, 0, 1)  # validates the name
+        self._configure_schedule(cfg)
         timeout, source = resolve_timeout(cfg)
         self.module.configure_checkpointing(self._config)  # interval, use_reentrant, activation_checkpointing
         decls = self.module.declarations() if self.num_stages > 1 else []
@@ -85,12 +70,50 @@ class PipelineEngine(DeepSpeedEngine):
                                  self.grid.get_slice_parallel_world_size(), self.grid.get_slice_parallel_rank(),
                                  tds_device.device(), log_layout=self.grid.get_data_parallel_rank() == 0
                                  and self.grid.get_slice_parallel_rank() == 0)
-        self.prev_rank = self.grid.stage_to_global(self.stage_id - 1) if not self.is_first_stage() else None
-        self.next_rank = self.grid.stage_to_global(self.stage_id + 1) if not self.is_last_stage() else None
+        p = self.num_stages  # peers round the ring: interleaved chunks hop from stage p-1 to stage 0 and back
+        self.prev_rank = self.grid.stage_to_global((self.stage_id - 1) % p) if p > 1 else None
+        self.next_rank = self.grid.stage_to_global((self.stage_id + 1) % p) if p > 1 else None
+        # A receive posted ahead takes the next message from the previous stage. With two stages and
+        # interleaving that link also carries gradients (stage 1 -> 0), so receives are posted when reached.
+        self._receive_ahead = not (p == 2 and self.virtual_stages > 1)
         groups = self._process_groups()
         apply_timeout(groups, timeout)
         self.comm = CommGuard(self.stage_id, timeout, source, groups)
         self._broken: str | None = None  # why point-to-point state is unknown after a failed batch
+        self._configure_timeline(cfg)
+
+    def _configure_schedule(self, cfg: dict) -> None:
+        """pipeline.schedule (default: 'interleaved' for a module built with virtual stages, else '1f1b') and
+        pipeline.virtual_stages (default: the module's), checked against the module and the batch."""
+        built = self.module.virtual_stages
+        self.schedule_kind = str(cfg.get("schedule", "interleaved" if built > 1 else "1f1b")).lower()
+        self.virtual_stages = int(cfg.get("virtual_stages", built))
+        if self.virtual_stages != built or (self.schedule_kind == "interleaved" and built == 1):
+            v = max(self.virtual_stages, 2)
+            raise ValueError(f"pipeline.schedule '{self.schedule_kind}' with pipeline.virtual_stages="
+                             f"{self.virtual_stages} needs the model built with as many chunks per stage, but the "
+                             f"PipelineModule has virtual_stages={built}; build it with "
+                             f"PipelineModule(..., virtual_stages={v}) and set \"virtual_stages\": {v}")
+        check_schedule(self.schedule_kind, self.num_stages, self.micro_batches, self.virtual_stages)
+        self.weight_grads = WeightGradStore() if self.schedule_kind == "zb-h1" else None
+        attach(self.module, self.weight_grads)  # layers with a weight_grad_store attribute (weight_grad.py)
+        self._loss_backward = False  # inside the loss unit's DeepSpeedEngine.backward
+        self.last_batch_stats: dict = {}
+
+    def _configure_timeline(self, cfg: dict) -> None:
+        """pipeline.timeline (a Chrome trace path) records the train batches numbered in
+        pipeline.timeline_batches (global step after the batch, as Megatron's iteration; default [3, 4])."""
+        self._timeline_path = cfg.get("timeline")
+        self._timeline = None
+        if not self._timeline_path:
+            return
+        batches = cfg.get("timeline_batches", [3, 4])
+        if isinstance(batches, int):
+            batches = [batches]
+        if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
+            raise ValueError(f"pipeline.timeline_batches must be a list of batch numbers >= 1 (Megatron's "
+                             f"iterations), got {batches!r}")
+        self._timeline = TimelineRecorder(self.stage_id, frozenset(batches))
 
     def _process_groups(self) -> dict:
         """{name: group} of every group this engine (and the model's tied weights) runs collectives on."""
@@ -126,6 +149,8 @@ class PipelineEngine(DeepSpeedEngine):
 
     def set_train_batch_size(self, train_batch_size: int) -> None:
         """Change the global batch by changing the number of micro-batches (micro-batch size stays)."""
+        micro_batches = train_batch_size // (self.micro_batch_size * self.dp_world_size)
+        check_schedule(self.schedule_kind, self.num_stages, max(1, micro_batches), self.virtual_stages)
         super().set_train_batch_size(train_batch_size)
         self.micro_batches = self.gradient_accumulation_steps()
 
@@ -143,10 +168,10 @@ class PipelineEngine(DeepSpeedEngine):
         """One optimizer step over m micro-batches; returns the mean micro-batch loss on every stage."""
         if not torch.is_grad_enabled():
             raise RuntimeError("train_batch() needs gradients enabled; use eval_batch() for inference")
-        state = _BatchState(training=True)
+        state = BatchState(training=True)
         with self._mode(training=True, data_iter=data_iter, keep_iter=True):
-            self._run(train_schedule(self.schedule_kind, self.num_stages, self.stage_id, self.micro_batches),
-                      state)
+            self._run(train_schedule(self.schedule_kind, self.num_stages, self.stage_id, self.micro_batches,
+                                     self.virtual_stages), state, batch=self.global_steps + 1)
             return self._aggregate_loss(state.losses)
 
     def eval_batch(self, data_iter, return_logits: bool = False, compute_loss: bool = True,
@@ -159,10 +184,10 @@ class PipelineEngine(DeepSpeedEngine):
         """
         if reduce_output != "avg":
             raise ValueError(f"reduce_output must be 'avg' (mean over micro-batches), got {reduce_output!r}")
-        state = _BatchState(training=False, compute_loss=compute_loss, keep_logits=return_logits)
+        state = BatchState(training=False, compute_loss=compute_loss, keep_logits=return_logits)
         m = self.micro_batches if num_micro_batches is None else num_micro_batches
         with self._mode(training=False, data_iter=data_iter), torch.no_grad():
-            self._run(eval_schedule(self.num_stages, self.stage_id, m), state)
+            self._run(eval_schedule(self.num_stages, self.stage_id, m, self.virtual_stages), state)
             loss = self._aggregate_loss(state.losses, broadcast=bcast_loss) if compute_loss else None
         if return_logits:
             return loss, (state.logits if self.is_last_stage() else None)
@@ -205,26 +230,8 @@ class PipelineEngine(DeepSpeedEngine):
         return self._force_grad_boundary
 
     def _backward_prologue_per_tensor(self, grad):
-        # Gradients arriving from the next stage are already divided by m on the last stage.
-        return super()._backward_prologue_per_tensor(grad) if self.is_last_stage() else grad
-
-    # --- executor --------------------------------------------------------------------------------------
-    def _run(self, instructions: list[Instruction], state: _BatchState) -> None:
-        handlers = {Op.LOAD: self._exec_load, Op.RECV_ACT: self._exec_recv_act, Op.FORWARD: self._exec_forward,
-                    Op.SEND_ACT: self._exec_send_act, Op.RECV_GRAD: self._exec_recv_grad,
-                    Op.BACKWARD: self._exec_backward, Op.SEND_GRAD: self._exec_send_grad,
-                    Op.REDUCE_TIED: self._exec_reduce_tied, Op.REDUCE_GRADS: self._exec_reduce_grads,
-                    Op.STEP: self._exec_step}
-        recvs = [ins.micro_batch for ins in instructions if ins.op == Op.RECV_ACT]
-        state.last_recv = recvs[-1] if recvs else -1
-        try:  # exceptions: see _mode
-            for ins in instructions:
-                with self.comm.guard(f"instruction {ins}", self._comm_in(ins.op)):
-                    handlers[ins.op](ins, state)
-            if self.p2p is not None:
-                self.p2p.wait_sends()
-        finally:
-            self._force_grad_boundary = False
+        # Gradients arriving from the next (virtual) stage are already divided by m at the loss.
+        return super()._backward_prologue_per_tensor(grad) if self._loss_backward else grad
 
     def _reset_backward_state(self) -> None:
         """Undo what a backward interrupted by an exception leaves behind: partial gradients and ZeRO's
@@ -242,6 +249,8 @@ class PipelineEngine(DeepSpeedEngine):
                 Op.RECV_GRAD: f"the gradient receive / all_gather over {c.describe('tensor-parallel')}",
                 Op.FORWARD: f"a collective inside the layers over {c.describe('tensor-parallel')}",
                 Op.BACKWARD: f"a collective inside the layers over {c.describe('tensor-parallel')}",
+                Op.BACKWARD_INPUT: f"a collective inside the layers over {c.describe('tensor-parallel')}",
+                Op.BACKWARD_WEIGHT: "the weight-gradient computation (no collective)",
                 Op.SEND_ACT: "the activation send", Op.SEND_GRAD: "the gradient send",
                 Op.REDUCE_TIED: "the tied-weight gradient all_reduce over "
                                 + c.describe(*[n for n in c.groups if n.startswith("tied")]),
@@ -254,6 +263,8 @@ class PipelineEngine(DeepSpeedEngine):
         further batches on a multi-stage pipeline (messages of the failed batch may still arrive and would
         be taken for the next batch's), with the reason."""
         self._reset_backward_state()
+        if self.weight_grads is not None:
+            self.weight_grads.clear()
         if self.p2p is None:
             return
         self.p2p.pending.clear()
@@ -262,75 +273,6 @@ class PipelineEngine(DeepSpeedEngine):
                         f"{str(err).splitlines()[0] if str(err) else ''}); point-to-point messages of that batch "
                         f"may still be in flight, so this engine runs no further batch: restart the job (resume "
                         f"from the last checkpoint)")
-
-    def _exec_load(self, ins: Instruction, state: _BatchState) -> None:
-        if self.data_iterator is None:
-            raise RuntimeError(f"pipeline stage {self.stage_id}, {ins}: no data iterator; pass one to "
-                               f"train_batch()/eval_batch() on the first and last stage")
-        batch = next(self.data_iterator)
-        if self.batch_fn is not None:
-            batch = self.batch_fn(batch)
-        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise ValueError(f"pipeline stage {self.stage_id}, {ins}: the data iterator must yield (inputs, labels) "
-                             f"per micro-batch, got {type(batch).__name__}")
-        dev = tds_device.device()
-        if self.is_first_stage():
-            # copied, as DeepSpeed does: a layer that changes its input in place (nn.ReLU(inplace=True),
-            # partitioned activation checkpointing) must not change the user's batch
-            state.inputs[ins.micro_batch] = _to_device(batch[0], dev, detach=True, copy=True)
-        if self.is_last_stage():
-            state.labels[ins.micro_batch] = _to_device(batch[1], dev, detach=True)
-
-    def _exec_recv_act(self, ins: Instruction, state: _BatchState) -> None:
-        more = ins.micro_batch != state.last_recv
-        state.inputs[ins.micro_batch] = self.boundary.recv_activations(self.prev_rank, str(ins), state.training, more)
-
-    def _exec_forward(self, ins: Instruction, state: _BatchState) -> None:
-        mb = ins.micro_batch
-        keep = state.training and not self.is_first_stage()  # kept for send_grads
-        inputs = state.inputs[mb] if keep else state.inputs.pop(mb)
-        outputs = DeepSpeedEngine.forward(self, inputs)
-        if not self.is_last_stage():
-            state.outputs[mb] = outputs
-            return
-        if state.keep_logits:
-            state.logits.append(_detach(outputs))
-        if not state.compute_loss:
-            return
-        loss = self.module.loss_fn(outputs, state.labels.pop(mb)) if self.module.loss_fn else outputs
-        if not (torch.is_tensor(loss) and loss.numel() == 1):
-            raise ValueError(f"pipeline stage {self.stage_id}, {ins}: the loss must be a scalar tensor, got "
-                             f"{type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}")
-        state.losses.append(loss.detach().float().reshape(()))
-        if state.training:
-            state.loss_graphs[mb] = loss
-
-    def _exec_send_act(self, ins: Instruction, state: _BatchState) -> None:
-        out = state.outputs[ins.micro_batch] if state.training else state.outputs.pop(ins.micro_batch)
-        self.boundary.send_activations(out, self.next_rank, str(ins))
-
-    def _exec_recv_grad(self, ins: Instruction, state: _BatchState) -> None:
-        state.grads[ins.micro_batch] = self.boundary.recv_grads(state.outputs[ins.micro_batch], self.next_rank,
-                                                                str(ins))
-
-    def _exec_backward(self, ins: Instruction, state: _BatchState) -> None:
-        """DeepSpeed's backward protocol on every stage: the hooks DeepSpeedEngine.forward put on the stage's
-        outputs run the prologue when the first gradient arrives, `_backward_epilogue` closes it (ZeRO's
-        backward depth back to 0, BF16_Optimizer's fp32 accumulation), as `DeepSpeedEngine.backward` does."""
-        mb = ins.micro_batch
-        if self.is_last_stage():
-            DeepSpeedEngine.backward(self, self._fp16_scaled(state.loss_graphs.pop(mb)))
-            return
-        outputs = (state.outputs.pop(mb),) if torch.is_tensor(state.outputs[mb]) else state.outputs.pop(mb)
-        declared = [t for d, t in zip(self.boundary.decls, outputs) if d.grad]
-        pairs = [(t, g) for t, g in zip(declared, state.grads.pop(mb)) if t.requires_grad]
-        if not pairs:
-            return  # no gradient reaches this stage's parameters: no prologue ran, nothing to close
-        if self.using_bf16_optimizer:
-            self.optimizer.clear_lp_grads()  # as DeepSpeed's pipeline engine; the prologue hook repeats it
-        with self._engine_backward():
-            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
-            self._backward_epilogue()
 
     @contextlib.contextmanager
     def _engine_backward(self):
@@ -353,15 +295,6 @@ class PipelineEngine(DeepSpeedEngine):
             return loss
         return loss.float() * cfg.cur_scale if cfg.use_grad_scaling else loss
 
-    def _exec_send_grad(self, ins: Instruction, state: _BatchState) -> None:
-        self.boundary.send_grads(state.inputs.pop(ins.micro_batch), self.prev_rank, str(ins))
-
-    def _exec_reduce_tied(self, ins: Instruction, state: _BatchState) -> None:
-        """Sum tied-weight gradients over the stages that share them, keys in sorted order on every rank."""
-        for weight, group in self.module.get_tied_weights_and_groups():
-            if weight.requires_grad:  # frozen on every rank alike
-                dist.all_reduce(self._tied_grad(weight), group=group)
-
     def _tied_grad(self, weight: torch.nn.Parameter) -> torch.Tensor:
         """The gradient the optimizer reads for a tied weight; zeros where the weight was unused on this stage
         this batch, so the collective is never skipped. BF16_Optimizer reads its fp32 accumulator, which exists
@@ -383,18 +316,38 @@ class PipelineEngine(DeepSpeedEngine):
         raise RuntimeError(f"pipeline stage {self.stage_id}: tied weight {tuple(weight.shape)} is not in the "
                            f"BF16 optimizer's parameter groups")
 
-    def _exec_reduce_grads(self, ins: Instruction, state: _BatchState) -> None:
-        self._force_grad_boundary = True
-        if self.using_bf16_optimizer:
-            self.buffered_allreduce_fallback(grads=None, elements_per_buffer=MEMORY_OPT_ALLREDUCE_SIZE)
-        else:
-            self.allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE)
-        self._force_grad_boundary = False  # (and in _run's finally, if this raises)
+    # --- timeline ------------------------------------------------------------------------------------------
+    def _timeline_begin(self, batch: int | None):
+        """The recorder when train batch `batch` is a chosen timeline batch (after a barrier over the pipeline,
+        so that the stages' time origins line up), else None."""
+        rec = self._timeline
+        if rec is None or batch is None or batch not in rec.batches:
+            return None
+        if self.num_stages > 1:
+            with self.comm.guard("timeline", f"the barrier over {self.comm.describe('pipeline')}"):
+                dist.barrier(group=self.grid.get_pipe_parallel_group())
+        rec.begin_batch(batch)
+        return rec
 
-    def _exec_step(self, ins: Instruction, state: _BatchState) -> None:
-        self._force_grad_boundary = True
-        self._take_model_step(None)
-        self._force_grad_boundary = False
+    def _timeline_maybe_write(self) -> None:
+        """Once every chosen batch is recorded: gather the stages' spans over the pipeline group and write the
+        trace from global rank 0 (data-parallel / tensor-parallel rank 0 stands for its stage)."""
+        rec = self._timeline
+        if not rec.done:
+            return
+        self._timeline = None
+        spans = rec.spans
+        if self.num_stages > 1:
+            group = self.grid.get_pipe_parallel_group()
+            dst = self.grid.stage_to_global(0)
+            gathered = [None] * self.num_stages if dist.get_rank() == dst else None
+            with self.comm.guard("timeline", f"the span gather over {self.comm.describe('pipeline')}"):
+                dist.gather_object(spans, gathered, dst=dst, group=group)
+            spans = [s for part in gathered or [] for s in part]
+        if dist.get_rank() == 0:
+            write_trace(self._timeline_path, spans, {
+                "schedule": self.schedule_kind, "stages": self.num_stages, "micro_batches": self.micro_batches,
+                "virtual_stages": self.virtual_stages, "time_unit": "s"})
 
     # --- loss ------------------------------------------------------------------------------------------
     def _aggregate_loss(self, losses: list, broadcast: bool = True) -> torch.Tensor:
@@ -444,19 +397,3 @@ class PipelineEngine(DeepSpeedEngine):
         if hasattr(self.optimizer, "refresh_fp32_params"):
             self.optimizer.refresh_fp32_params()
 
-
-def _to_device(value, dev: torch.device, detach: bool, copy: bool = False):
-    if torch.is_tensor(value):
-        value = value.to(dev, copy=copy)
-        return value.detach() if detach else value
-    if isinstance(value, (tuple, list)):
-        return tuple(_to_device(v, dev, detach, copy) for v in value)
-    return value
-
-
-def _detach(value):
-    if torch.is_tensor(value):
-        return value.detach()
-    if isinstance(value, (tuple, list)):
-        return tuple(_detach(v) for v in value)
-    return value

@@ -12,6 +12,13 @@ Partitioning (`partition_method`): stage s builds layers [parts[s], parts[s+1]).
 - 'type:REGEX': balance the number of layers whose class name matches REGEX (case-insensitive);
   only LayerSpecs and nn.Modules are matched, plain functions and lambdas never count.
 
+Virtual stages (`virtual_stages=v`, the interleaved schedule): the layers are cut into p*v parts by the
+same methods (a list then holds p*v+1 boundaries), and stage s builds the v non-contiguous chunks
+c = 0..v-1 made of parts c*p + s, i.e. virtual stage c*p + s. `forward(x, chunk=c)` runs chunk c alone;
+`chunk_bounds` lists each chunk's global layer range. Layers keep their global index everywhere (module
+names, `curr_layer`, checkpoint files `layer_XX-...` via `layer_index`), so the per-layer checkpoint files of
+any v (or none) are the same files. A tied module used by two chunks of one stage is built once there.
+
 Activation checkpointing: with `activation_checkpoint_interval = k > 0` the stage's layers are cut into runs of
 k and a run is recomputed in backward when it is checkpointable (`_is_checkpointable`, DeepSpeed's rule
 without its class-name special case): some layer of it holds parameters (an nn.Module with parameters, or
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import io
 import os
 import sys
@@ -61,6 +69,8 @@ class PipelineModule(_DSPipelineModule):
             group for the hop (default: no position).
         verbose: let DeepSpeed's constructor prints through and list each stage's layers (also env
             TDS_VERBOSE=1).
+        virtual_stages: model chunks per stage, v >= 1 (v >= 2 for the interleaved schedule, with
+            config["pipeline"]["virtual_stages"] = v); see the module docstring.
     Undeclared (neither _input_grad nor _input_type), each stage infers the layout of what it sends from its
     first training micro-batch (`boundary.py`).
     """
@@ -71,8 +81,12 @@ class PipelineModule(_DSPipelineModule):
                  activation_checkpoint_func: Callable = recompute.default_checkpoint,
                  checkpointable_layers: Optional[list] = None, dynamic_shape: bool = False,
                  input_grad: Optional[Sequence[bool]] = None, input_type: Optional[Sequence[str]] = None,
-                 input_pipe_partitioned: Optional[Sequence[bool]] = None, verbose: Optional[bool] = None):
+                 input_pipe_partitioned: Optional[Sequence[bool]] = None, verbose: Optional[bool] = None,
+                 virtual_stages: int = 1):
         verbose = os.environ.get("TDS_VERBOSE", "0") not in ("", "0") if verbose is None else verbose
+        if int(virtual_stages) < 1:
+            raise ValueError(f"virtual_stages must be >= 1 (model chunks per pipeline stage), got {virtual_stages}")
+        self.virtual_stages = int(virtual_stages)  # read by _partition_layers inside DeepSpeed's constructor
         with _without_lines(_DS_PRINTS, enabled=not verbose):
             super().__init__(layers, num_stages=num_stages, topology=topology, loss_fn=loss_fn,
                              seed_layers=seed_layers, seed_fn=seed_fn, base_seed=base_seed,
@@ -86,6 +100,7 @@ class PipelineModule(_DSPipelineModule):
         self._input_grad = input_grad
         self._input_type = input_type
         self._input_pipe_partitioned = input_pipe_partitioned
+        self._chunk_calls = [0] * self.virtual_stages  # forward calls per chunk (DeepSpeed's micro_offset)
 
     # --- boundary layout -------------------------------------------------------------------------------
     def declarations(self) -> Optional[list[TensorDecl]]:
@@ -100,19 +115,24 @@ class PipelineModule(_DSPipelineModule):
 
     # --- partitioning ----------------------------------------------------------------------------------
     def _partition_layers(self, method="parameters"):
-        """DeepSpeed's methods (without its prints) plus an explicit list of boundaries."""
+        """DeepSpeed's methods (without its prints) plus an explicit list of boundaries, over num_stages x
+        virtual_stages parts; this stage's chunks are parts stage_id, stage_id + p, ..."""
         self.parts = self._parts(method)
-        stage_id = self._topo.get_coord(self.global_rank).pipe
-        self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+        stage_id, p = self._topo.get_coord(self.global_rank).pipe, self.num_stages
+        self.chunk_bounds = [(self.parts[c * p + stage_id], self.parts[c * p + stage_id + 1])
+                             for c in range(self.virtual_stages)]
+        self._set_bounds(start=self.chunk_bounds[0][0], stop=self.chunk_bounds[0][1])
 
     def _parts(self, method) -> list[int]:
-        n, stages = len(self._layer_specs), self.num_stages
+        n, stages = len(self._layer_specs), self.num_stages * self.virtual_stages
+        what = f"num_stages={self.num_stages}" + (f" x virtual_stages={self.virtual_stages}"
+                                                  if self.virtual_stages > 1 else "")
         if isinstance(method, (list, tuple)):
             parts = [int(b) for b in method]
             ok = len(parts) == stages + 1 and parts[0] == 0 and parts[-1] == n
             if not ok or any(a > b for a, b in zip(parts, parts[1:])):
                 raise ValueError(f"partition_method as a list must be {stages + 1} non-decreasing layer "
-                                 f"boundaries from 0 to {n} (num_stages={stages}, layers={n}), got {parts}")
+                                 f"boundaries from 0 to {n} ({what}, layers={n}), got {parts}")
             return parts
         name = str(method).lower()
         if name == "uniform":
@@ -128,11 +148,12 @@ class PipelineModule(_DSPipelineModule):
                                   f"'type:REGEX' or a list of {stages + 1} layer boundaries")
 
     def _listing(self) -> str:
-        """DeepSpeed's per-stage layer listing."""
+        """DeepSpeed's per-stage layer listing (per stage and chunk with virtual stages)."""
         lines = []
-        for stage in range(self.num_stages):
-            start, stop = self.parts[stage], self.parts[stage + 1]
-            lines.append(f"stage={stage} layers={stop - start}")
+        for part in range(len(self.parts) - 1):
+            start, stop = self.parts[part], self.parts[part + 1]
+            chunk = f" chunk={part // self.num_stages}" if self.virtual_stages > 1 else ""
+            lines.append(f"stage={part % self.num_stages}{chunk} layers={stop - start}")
             for idx, layer in enumerate(self._layer_specs[start:stop], start):
                 name = layer.typename.__name__ if isinstance(layer, LayerSpec) else \
                     getattr(layer, "__name__", type(layer).__name__)
@@ -157,6 +178,37 @@ class PipelineModule(_DSPipelineModule):
         if not idxs:
             raise RuntimeError(f"partition_method 'type:{layername}' matched no layer class names")
         return idxs
+
+    # --- chunks (virtual stages) and global layer indices --------------------------------------------------
+    def _build(self):
+        """DeepSpeed's build, once per chunk; `layer_index[i]` is the global index of forward_funcs[i]."""
+        self.layer_index: list[int] = []
+        self._chunk_slices: list[tuple[int, int]] = []  # [first, stop) of each chunk in forward_funcs
+        for lo, hi in self.chunk_bounds:
+            first = len(self.forward_funcs)
+            self._set_bounds(start=lo, stop=hi)
+            super()._build()
+            self.layer_index += [lo + i for i in range(len(self.forward_funcs) - first)]
+            self._chunk_slices.append((first, len(self.forward_funcs)))
+        self._set_bounds(start=self.chunk_bounds[0][0], stop=self.chunk_bounds[0][1])
+
+    def stage_owner(self, layer_idx: int) -> int:
+        """The pipeline stage that builds global layer `layer_idx` (part j belongs to stage j mod p)."""
+        if not 0 <= layer_idx < self._num_layers:
+            raise ValueError(f"layer {layer_idx} is not in 0..{self._num_layers - 1}")
+        part = next(j for j in range(len(self.parts) - 1) if self.parts[j] <= layer_idx < self.parts[j + 1])
+        return part % self.num_stages
+
+    def ckpt_layer_path(self, ckpt_dir, local_layer_idx):
+        """`layer_XX[-model_YY]-model_states.pt` of forward_funcs[local_layer_idx], XX its global index."""
+        path = os.path.join(ckpt_dir, f"layer_{self.layer_index[local_layer_idx]:02d}")
+        rank_repr = self._grid._topo.get_rank_repr(rank=self.global_rank)
+        return path + (f"-{rank_repr}" if rank_repr != "" else "") + "-model_states.pt"
+
+    def ckpt_layer_path_list(self, ckpt_dir, local_layer_idx):
+        """Every tensor-parallel rank's file of forward_funcs[local_layer_idx], sorted."""
+        pattern = os.path.join(ckpt_dir, f"layer_{self.layer_index[local_layer_idx]:02d}-*model_states.pt")
+        return sorted(glob.glob(pattern))
 
     @torch.no_grad()
     def _synchronize_tied_weights(self):
@@ -187,13 +239,14 @@ class PipelineModule(_DSPipelineModule):
         self._precompute_checkpointable_values()
 
     def _precompute_checkpointable_values(self):
-        """`is_checkpointable_results[j]`: whether the j-th run of k layers is recomputed (k = the interval)."""
+        """`is_checkpointable_results[j]`: whether the j-th run of k layers is recomputed (k = the interval);
+        runs start at each chunk's first layer (`_segments[c]`: (start, end, recomputed) of chunk c)."""
         k = self.activation_checkpoint_interval
         if k > 0 and self.is_checkpointable_results_interval != k:
-            n = len(self.forward_funcs)
             self.interval_was_zero = False
-            self.is_checkpointable_results = [self._is_checkpointable(self.forward_funcs[s:s + k])
-                                              for s in range(0, n, k)]
+            self._segments = [[(s, min(s + k, hi), self._is_checkpointable(self.forward_funcs[s:min(s + k, hi)]))
+                               for s in range(lo, hi, k)] for lo, hi in self._chunk_slices]
+            self.is_checkpointable_results = [ckpt for chunk in self._segments for _, _, ckpt in chunk]
             self.is_checkpointable_results_interval = k
 
     def _is_checkpointable(self, funcs) -> bool:
@@ -202,24 +255,28 @@ class PipelineModule(_DSPipelineModule):
         return any(_has_parameters(f) for f in funcs)
 
     def _run_layers(self, start: int, end: int, x, micro_offset: int):
-        for idx, layer in enumerate(self.forward_funcs[start:end]):
-            self.curr_layer = start + idx + self._local_start
+        for idx, layer in enumerate(self.forward_funcs[start:end], start):
+            self.curr_layer = self.layer_index[idx]
             if self.seed_layers:
                 seed = self.base_seed * micro_offset + self.curr_layer
                 (self.seed_fn or ds_utils.set_random_seed)(seed)
             x = layer(x)
         return x
 
-    def forward(self, forward_input):
-        self.micro_offset += 1
+    def forward(self, forward_input, chunk: int = 0):
+        """This stage's layers (chunk `chunk` of them with virtual stages) on the tuple `forward_input`."""
+        if not 0 <= chunk < self.virtual_stages:
+            raise ValueError(f"chunk {chunk} is not in 0..{self.virtual_stages - 1} (virtual_stages="
+                             f"{self.virtual_stages})")
+        self._chunk_calls[chunk] += 1
+        self.micro_offset = self._chunk_calls[chunk]  # DeepSpeed's per-micro-batch seed offset, per chunk
         offset = self.micro_offset + 1
-        n, k = len(self.forward_funcs), self.activation_checkpoint_interval
-        if k <= 0 or not torch.is_grad_enabled():
-            return self._run_layers(0, n, forward_input, offset)
+        lo, hi = self._chunk_slices[chunk]
+        if self.activation_checkpoint_interval <= 0 or not torch.is_grad_enabled():
+            return self._run_layers(lo, hi, forward_input, offset)
         self._precompute_checkpointable_values()
         x = forward_input
-        for start, checkpointable in zip(range(0, n, k), self.is_checkpointable_results):
-            end = min(start + k, n)
+        for start, end, checkpointable in self._segments[chunk]:
             x = self._checkpoint_segment(start, end, x, offset) if checkpointable else \
                 self._run_layers(start, end, x, offset)
         return x

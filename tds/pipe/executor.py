@@ -1,0 +1,234 @@
+"""The executor of `PipelineEngine`: runs one stage's instruction list for one batch, one handler per `Op`.
+
+Buffers are keyed by the unit (micro-batch, chunk) an instruction names (chunk 0 unless interleaved), and a
+batch's state lives in a `BatchState` that is dropped when the batch ends. With v model chunks per stage the
+"first unit" (stage 0, chunk 0) takes the inputs from the data iterator and the "last unit" (stage p-1,
+chunk v-1) computes the loss; the other units receive activations from the previous virtual stage and send
+gradients back to it, round the ring of stages (`schedule.route`).
+
+Backward protocol (DeepSpeed's, on every stage):
+    BACKWARD          the loss unit: DeepSpeedEngine.backward(loss); others: autograd.backward(outputs,
+                      received grads) inside `_engine_backward()`, closed by `_backward_epilogue()`
+    BACKWARD_INPUT    (B, ZB-H1) the same, while `weight_grads.defer(unit)` queues each deferrable linear's
+                      weight-gradient work instead of running it (`weight_grad.py`)
+    BACKWARD_WEIGHT   (W) `weight_grads.run(unit)` inside `_engine_backward()`, closed by
+                      `_backward_epilogue()` too: BF16_Optimizer adds the low-precision gradients to its fp32
+                      accumulators there, so W's gradients must reach them before the next B clears them
+
+Counted per batch (`engine.last_batch_stats`): peak live activations = most units whose forward ran and whose
+backward (B under ZB-H1) did not yet, measured by the buffers this stage holds, and the most units with
+weight-gradient work pending (ZB-H1).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from deepspeed.runtime.engine import MEMORY_OPT_ALLREDUCE_SIZE, DeepSpeedEngine
+
+from .. import device as tds_device
+from .schedule import Instruction, Op
+
+Unit = tuple[int, int]  # (micro-batch, chunk)
+
+
+@dataclass
+class BatchState:
+    """Per-batch buffers keyed by unit (freed as soon as the schedule is done with them)."""
+    training: bool
+    compute_loss: bool = True
+    keep_logits: bool = False
+    last_recv: Unit = (-1, -1)  # the batch's last activation receive: no receive is posted ahead after it
+    inputs: dict = field(default_factory=dict)
+    labels: dict = field(default_factory=dict)       # micro-batch -> labels (last unit)
+    outputs: dict = field(default_factory=dict)
+    grads: dict = field(default_factory=dict)
+    loss_graphs: dict = field(default_factory=dict)  # micro-batch -> loss (last unit)
+    losses: list = field(default_factory=list)
+    logits: list = field(default_factory=list)
+    peak_live: int = 0       # most units holding activations (forward ran, backward / B not yet)
+    peak_pending_w: int = 0  # most units with queued weight-gradient work (ZB-H1)
+
+
+class Executor:
+    """Mixin of `PipelineEngine`: `_run` and the instruction handlers (uses the engine's boundary, p2p,
+    module, optimizer, grid, weight_grads and timeline)."""
+
+    def _run(self, instructions: list[Instruction], state: BatchState, batch: int | None = None) -> None:
+        """Run `instructions`; record their spans when `batch` is a chosen timeline batch."""
+        handlers = {Op.LOAD: self._exec_load, Op.RECV_ACT: self._exec_recv_act, Op.FORWARD: self._exec_forward,
+                    Op.SEND_ACT: self._exec_send_act, Op.RECV_GRAD: self._exec_recv_grad,
+                    Op.BACKWARD: self._exec_backward, Op.BACKWARD_INPUT: self._exec_backward_input,
+                    Op.BACKWARD_WEIGHT: self._exec_backward_weight, Op.SEND_GRAD: self._exec_send_grad,
+                    Op.REDUCE_TIED: self._exec_reduce_tied, Op.REDUCE_GRADS: self._exec_reduce_grads,
+                    Op.STEP: self._exec_step}
+        recvs = [(ins.micro_batch, ins.chunk) for ins in instructions if ins.op == Op.RECV_ACT]
+        state.last_recv = recvs[-1] if recvs else (-1, -1)
+        recorder = self._timeline_begin(batch)
+        clock = time.perf_counter
+        try:  # exceptions: see PipelineEngine._mode
+            for ins in instructions:
+                t0 = clock()
+                with self.comm.guard(f"instruction {ins}", self._comm_in(ins.op)):
+                    handlers[ins.op](ins, state)
+                if recorder is not None:
+                    recorder.record(ins, t0, clock())
+            if self.p2p is not None:
+                self.p2p.wait_sends()
+        finally:
+            self._force_grad_boundary = False
+            if recorder is not None:
+                recorder.end_batch()
+        self.last_batch_stats = {"peak_live_activations": state.peak_live,
+                                 "peak_pending_weight_grads": state.peak_pending_w}
+        if recorder is not None:
+            self._timeline_maybe_write()
+
+    # --- where a unit sits in the pipeline ----------------------------------------------------------------
+    def _first_unit(self, ins: Instruction) -> bool:
+        """Stage 0, chunk 0: takes the inputs from the data iterator, sends no gradient back."""
+        return self.is_first_stage() and ins.chunk == 0
+
+    def _last_unit(self, ins: Instruction) -> bool:
+        """Stage p-1, chunk v-1: computes the loss, sends no activation on."""
+        return self.is_last_stage() and ins.chunk == self.virtual_stages - 1
+
+    def _count_live(self, state: BatchState) -> None:
+        state.peak_live = max(state.peak_live, len(state.outputs) + len(state.loss_graphs))
+        pending = len(self.weight_grads.pending()) if self.weight_grads is not None else 0
+        state.peak_pending_w = max(state.peak_pending_w, pending)
+
+    # --- handlers ------------------------------------------------------------------------------------------
+    def _exec_load(self, ins: Instruction, state: BatchState) -> None:
+        if self.data_iterator is None:
+            raise RuntimeError(f"pipeline stage {self.stage_id}, {ins}: no data iterator; pass one to "
+                               f"train_batch()/eval_batch() on the first and last stage")
+        batch = next(self.data_iterator)
+        if self.batch_fn is not None:
+            batch = self.batch_fn(batch)
+        if not isinstance(batch, (tuple, list)) or len(batch) != 2:
+            raise ValueError(f"pipeline stage {self.stage_id}, {ins}: the data iterator must yield (inputs, labels) "
+                             f"per micro-batch, got {type(batch).__name__}")
+        dev = tds_device.device()
+        if self._first_unit(ins):
+            # copied, as DeepSpeed does: a layer that changes its input in place (nn.ReLU(inplace=True),
+            # partitioned activation checkpointing) must not change the user's batch
+            state.inputs[(ins.micro_batch, ins.chunk)] = _to_device(batch[0], dev, detach=True, copy=True)
+        if self._last_unit(ins):
+            state.labels[ins.micro_batch] = _to_device(batch[1], dev, detach=True)
+
+    def _exec_recv_act(self, ins: Instruction, state: BatchState) -> None:
+        unit = (ins.micro_batch, ins.chunk)
+        more = unit != state.last_recv and self._receive_ahead
+        state.inputs[unit] = self.boundary.recv_activations(self.prev_rank, str(ins), state.training, more)
+
+    def _exec_forward(self, ins: Instruction, state: BatchState) -> None:
+        unit = (ins.micro_batch, ins.chunk)
+        keep = state.training and not self._first_unit(ins)  # kept for send_grads
+        inputs = state.inputs[unit] if keep else state.inputs.pop(unit)
+        kwargs = {"chunk": ins.chunk} if self.virtual_stages > 1 else {}
+        outputs = DeepSpeedEngine.forward(self, inputs, **kwargs)
+        if not self._last_unit(ins):
+            state.outputs[unit] = outputs
+            self._count_live(state)
+            return
+        if state.keep_logits:
+            state.logits.append(_detach(outputs))
+        if not state.compute_loss:
+            return
+        loss = self.module.loss_fn(outputs, state.labels.pop(ins.micro_batch)) if self.module.loss_fn else outputs
+        if not (torch.is_tensor(loss) and loss.numel() == 1):
+            raise ValueError(f"pipeline stage {self.stage_id}, {ins}: the loss must be a scalar tensor, got "
+                             f"{type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}")
+        state.losses.append(loss.detach().float().reshape(()))
+        if state.training:
+            state.loss_graphs[ins.micro_batch] = loss
+            self._count_live(state)
+
+    def _exec_send_act(self, ins: Instruction, state: BatchState) -> None:
+        unit = (ins.micro_batch, ins.chunk)
+        out = state.outputs[unit] if state.training else state.outputs.pop(unit)
+        self.boundary.send_activations(out, self.next_rank, str(ins))
+
+    def _exec_recv_grad(self, ins: Instruction, state: BatchState) -> None:
+        unit = (ins.micro_batch, ins.chunk)
+        state.grads[unit] = self.boundary.recv_grads(state.outputs[unit], self.next_rank, str(ins))
+
+    def _exec_backward(self, ins: Instruction, state: BatchState) -> None:
+        """DeepSpeed's backward protocol on every stage: the hooks DeepSpeedEngine.forward put on the stage's
+        outputs run the prologue when the first gradient arrives, `_backward_epilogue` closes it (ZeRO's
+        backward depth back to 0, BF16_Optimizer's fp32 accumulation), as `DeepSpeedEngine.backward` does."""
+        unit = (ins.micro_batch, ins.chunk)
+        if self._last_unit(ins):
+            self._loss_backward = True
+            try:
+                DeepSpeedEngine.backward(self, self._fp16_scaled(state.loss_graphs.pop(ins.micro_batch)))
+            finally:
+                self._loss_backward = False
+            return
+        outputs = (state.outputs.pop(unit),) if torch.is_tensor(state.outputs[unit]) else state.outputs.pop(unit)
+        declared = [t for d, t in zip(self.boundary.decls, outputs) if d.grad]
+        pairs = [(t, g) for t, g in zip(declared, state.grads.pop(unit)) if t.requires_grad]
+        if not pairs:
+            return  # no gradient reaches this stage's parameters: no prologue ran, nothing to close
+        if self.using_bf16_optimizer:
+            self.optimizer.clear_lp_grads()  # as DeepSpeed's pipeline engine; the prologue hook repeats it
+        with self._engine_backward():
+            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+            self._backward_epilogue()
+
+    def _exec_backward_input(self, ins: Instruction, state: BatchState) -> None:
+        """B: the backward with the deferrable linears' weight gradients queued under this unit."""
+        with self.weight_grads.defer((ins.micro_batch, ins.chunk)):
+            self._exec_backward(ins, state)
+        self._count_live(state)
+
+    def _exec_backward_weight(self, ins: Instruction, state: BatchState) -> None:
+        """W: the unit's queued weight gradients, accumulated as a backward would (module docstring)."""
+        if self.using_bf16_optimizer:
+            self.optimizer.clear_lp_grads()  # B's epilogue already moved the low-precision grads to fp32
+        with self._engine_backward():
+            self.weight_grads.run((ins.micro_batch, ins.chunk))
+            self._backward_epilogue()
+
+    def _exec_send_grad(self, ins: Instruction, state: BatchState) -> None:
+        self.boundary.send_grads(state.inputs.pop((ins.micro_batch, ins.chunk)), self.prev_rank, str(ins))
+
+    def _exec_reduce_tied(self, ins: Instruction, state: BatchState) -> None:
+        """Sum tied-weight gradients over the stages that share them, keys in sorted order on every rank."""
+        for weight, group in self.module.get_tied_weights_and_groups():
+            if weight.requires_grad:  # frozen on every rank alike
+                dist.all_reduce(self._tied_grad(weight), group=group)
+
+    def _exec_reduce_grads(self, ins: Instruction, state: BatchState) -> None:
+        self._force_grad_boundary = True
+        if self.using_bf16_optimizer:
+            self.buffered_allreduce_fallback(grads=None, elements_per_buffer=MEMORY_OPT_ALLREDUCE_SIZE)
+        else:
+            self.allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE)
+        self._force_grad_boundary = False  # (and in _run's finally, if this raises)
+
+    def _exec_step(self, ins: Instruction, state: BatchState) -> None:
+        self._force_grad_boundary = True
+        self._take_model_step(None)
+        self._force_grad_boundary = False
+
+
+def _to_device(value, dev: torch.device, detach: bool, copy: bool = False):
+    if torch.is_tensor(value):
+        value = value.to(dev, copy=copy)
+        return value.detach() if detach else value
+    if isinstance(value, (tuple, list)):
+        return tuple(_to_device(v, dev, detach, copy) for v in value)
+    return value
+
+
+def _detach(value):
+    if torch.is_tensor(value):
+        return value.detach()
+    if isinstance(value, (tuple, list)):
+        return tuple(_detach(v) for v in value)
+    return value
