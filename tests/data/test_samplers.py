@@ -41,7 +41,7 @@ def test_drop_last_false_keeps_partial_batch():
 
 
 def test_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="consumed_samples 10"):
+    with pytest.raises(ValueError, match="10 samples already consumed .--load. but the dataset has 10"):
         MegatronPretrainingSampler(10, 10, 1, 0, 1)
     with pytest.raises(ValueError, match="data_parallel_rank 2"):
         MegatronPretrainingSampler(10, 0, 1, 2, 2)
