@@ -70,11 +70,13 @@ class GPT2ModelPipe(ReplayCheckpoint, PipelineModule):
     (balanced layer counts), 'parameters', 'uniform' or an explicit list of num_stages + 1 spec boundaries.
     Activation checkpointing every config.checkpoint_num_layers specs, dropout replayed (`rng`).
     verbose: DeepSpeed's constructor prints and the per-stage layer listing (default: env TDS_VERBOSE).
+    virtual_stages: v model chunks per stage for the interleaved schedule (the specs are cut into pp x v parts,
+    stage s holds parts s, s + pp, ...; `tds.pipe.module`).
     """
 
     def __init__(self, config: GPT2Config, topology=None, num_stages: Optional[int] = None,
                  partition_method: Union[str, list] = "type:TransformerLayer", tp_group=None,
-                 verbose: Optional[bool] = None):
+                 verbose: Optional[bool] = None, virtual_stages: int = 1):
         tp_group = mpu.mappings.resolve_group(tp_group)[0]
         topology = pipe_topology(topology, num_stages, tp_group)
         super().__init__(gpt2_layer_specs(config, tp_group), num_stages=num_stages, topology=topology,
@@ -82,5 +84,5 @@ class GPT2ModelPipe(ReplayCheckpoint, PipelineModule):
                          activation_checkpoint_interval=config.checkpoint_num_layers,
                          activation_checkpoint_func=self._checkpoint,
                          input_grad=[True, False], input_type=["float", "bool"],
-                         input_pipe_partitioned=[True, False], verbose=verbose)
+                         input_pipe_partitioned=[True, False], verbose=verbose, virtual_stages=virtual_stages)
         self.config = config

@@ -132,7 +132,7 @@ class T5ModelPipe(ReplayCheckpoint, PipelineModule):
 
     def __init__(self, config: T5Config, topology=None, num_stages: Optional[int] = None,
                  partition_method: Union[str, list] = "type:TransformerLayer", tp_group=None,
-                 verbose: Optional[bool] = None):
+                 verbose: Optional[bool] = None, virtual_stages: int = 1):
         tp_group = mpu.mappings.resolve_group(tp_group)[0]
         topology = pipe_topology(topology, num_stages, tp_group)
         super().__init__(t5_layer_specs(config, tp_group), num_stages=num_stages, topology=topology,
@@ -141,5 +141,5 @@ class T5ModelPipe(ReplayCheckpoint, PipelineModule):
                          activation_checkpoint_func=self._checkpoint,
                          input_grad=[True, False, True, False, False, True, True],
                          input_type=["float", "bool", "float", "bool", "bool", "float", "float"],
-                         input_pipe_partitioned=[True, False, True, False, False, False, False], verbose=verbose)
+                         input_pipe_partitioned=[True, False, True, False, False, False, False], verbose=verbose, virtual_stages=virtual_stages)
         self.config = config

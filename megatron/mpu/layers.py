@@ -28,6 +28,7 @@ from torch import nn
 from torch.nn import init
 
 from tds.device import device
+from tds.pipe.weight_grad import WeightGradStore, linear
 from .mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
                        reduce_from_tensor_model_parallel_region, resolve_group,
                        scatter_to_tensor_model_parallel_region)
@@ -158,7 +159,9 @@ class ColumnParallelLinear(_TensorParallelModule):
     stride > 1 interleaves the partitions (see the module docstring) and requires gather_output=False,
     since the gathered columns would be in partition order, not master order.
     Returns (output, bias): bias is None unless skip_bias_add, in which case it is not added.
+    `weight_grad_store`: set from outside by `tds.pipe.weight_grad.attach` (ZB-H1 defers dA, db to W).
     """
+    weight_grad_store: Optional[WeightGradStore] = None
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True, gather_output: bool = True,
                  init_method: InitMethod = init.xavier_normal_, stride: int = 1, skip_bias_add: bool = False,
@@ -181,7 +184,7 @@ class ColumnParallelLinear(_TensorParallelModule):
     def forward(self, input_: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         input_parallel = self._copy_to(input_)
         bias = None if self.skip_bias_add else self.bias
-        output_parallel = F.linear(input_parallel, self.weight, bias)  # (..., out/p)
+        output_parallel = linear(input_parallel, self.weight, bias, self.weight_grad_store)  # (..., out/p)
         output = self._gather_from(output_parallel) if self.gather_output else output_parallel
         return output, (self.bias if self.skip_bias_add else None)
 
@@ -192,7 +195,9 @@ class RowParallelLinear(_TensorParallelModule):
     input_is_parallel=True takes X_r (e.g. from a ColumnParallelLinear with gather_output=False);
     otherwise X is scattered along its last dim. The bias is replicated and added after the all-reduce.
     Returns (output, bias): bias is None unless skip_bias_add, in which case it is not added.
+    `weight_grad_store`: as ColumnParallelLinear's (only dA is deferred; the bias is added after the reduce).
     """
+    weight_grad_store: Optional[WeightGradStore] = None
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True, input_is_parallel: bool = False,
                  init_method: InitMethod = init.xavier_normal_, stride: int = 1, skip_bias_add: bool = False,
@@ -212,7 +217,7 @@ class RowParallelLinear(_TensorParallelModule):
 
     def forward(self, input_: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         input_parallel = input_ if self.input_is_parallel else self._scatter_to(input_)  # (..., in/p)
-        output = self._reduce_from(F.linear(input_parallel, self.weight))
+        output = self._reduce_from(linear(input_parallel, self.weight, None, self.weight_grad_store))
         if self.skip_bias_add or self.bias is None:
             return output, (self.bias if self.skip_bias_add else None)
         return output + self.bias, None

@@ -140,26 +140,30 @@ class RecordingSGD(torch.optim.SGD):
 
 def pipe_params(model) -> dict:
     """This stage's parameters keyed by spec index. A tied module is keyed by the spec index of its first
-    use; a stage that only reuses it (the LM head) contributes the tied weights only."""
+    use; a stage that only reuses it (the LM head) contributes the tied weights only. With virtual stages a
+    stage holds several non-contiguous chunks of specs (`model.chunk_bounds`)."""
     from tds.pipe import TiedLayerSpec
     out = {}
-    for idx in range(model._local_start, model._local_stop):
+    layers = [idx for lo, hi in model.chunk_bounds for idx in range(lo, hi)]
+    for idx in layers:
         spec = model._layer_specs[idx]
         if isinstance(spec, TiedLayerSpec):
             first = next(i for i, s in enumerate(model._layer_specs)
                          if isinstance(s, TiedLayerSpec) and s.key == spec.key)
             tied = model.tied_modules[spec.key]
-            names = None if first >= model._local_start else set(spec.tied_weight_attr)
+            names = None if first in layers else set(spec.tied_weight_attr)
             out.update({f"{first}.{n}": p for n, p in tied.named_parameters() if names is None or n in names})
         else:
             out.update({f"{idx}.{n}": p for n, p in model._modules[str(idx)].named_parameters()})
     return out
 
 
-def ds_config(dp: int, precision: str = "fp32", zero: int = 0, gas: int = GAS) -> dict:
+def ds_config(dp: int, precision: str = "fp32", zero: int = 0, gas: int = GAS, pipeline: dict | None = None) -> dict:
     cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": gas,
            "train_batch_size": MBS * gas * dp, "steps_per_print": 10 ** 9, "gradient_clipping": 0.0,
            "zero_optimization": {"stage": zero}, "zero_allow_untested_optimizer": True}
+    if pipeline:
+        cfg["pipeline"] = dict(pipeline)
     if precision == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 100}
     elif precision == "bf16":
@@ -169,10 +173,11 @@ def ds_config(dp: int, precision: str = "fp32", zero: int = 0, gas: int = GAS) -
 
 def pipe_rank(kind: str, tp: int, pp: int, dp: int, config_kw: dict, steps: int, partition="type:TransformerLayer",
               precision: str = "fp32", zero: int = 0, seed: int = 0, repeat_batch: bool = False,
-              gas: int = GAS) -> dict:
+              gas: int = GAS, schedule: str = "1f1b", virtual_stages: int = 1) -> dict:
     """Train `steps` batches of MBS x gas x dp rows (or one batch `steps` times) with the TDS engine in
-    `precision`, then evaluate the first batch; return the losses, the eval loss, the first-step fp32
-    gradients (local slices + how to slice the reference), the tp rank and the partition."""
+    `precision` and pipeline `schedule` (`virtual_stages` chunks per stage), then evaluate the first batch;
+    return the losses, the eval loss, the first-step fp32 gradients (local slices + how to slice the
+    reference), the tp rank and the partition."""
     import torch.distributed as dist
 
     import tds
@@ -184,10 +189,13 @@ def pipe_rank(kind: str, tp: int, pp: int, dp: int, config_kw: dict, steps: int,
     mpu.model_parallel_seed(1234)
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     config = make_config(kind, params_dtype=dtype, **config_kw)
-    model = (GPT2ModelPipe if kind == "gpt2" else T5ModelPipe)(config, partition_method=partition)
+    model = (GPT2ModelPipe if kind == "gpt2" else T5ModelPipe)(config, partition_method=partition,
+                                                               virtual_stages=virtual_stages)
     named = pipe_params(model)
     opt = RecordingSGD(named, LR)
-    engine, _, _, _ = tds.initialize(model=model, optimizer=opt, config=ds_config(dp, precision, zero, gas), mpu=mpu)
+    pipeline = dict(schedule=schedule, **({"virtual_stages": virtual_stages} if virtual_stages > 1 else {}))
+    engine, _, _, _ = tds.initialize(model=model, optimizer=opt, config=ds_config(dp, precision, zero, gas, pipeline),
+                                     mpu=mpu)
     batches = make_batches(kind, config, 1 if repeat_batch else steps, MBS * gas * dp, seed)
     batches = batches * steps if repeat_batch else batches
     it = iter([m for micro_batches in batches for m in micro_batches[state.dp_rank * gas:(state.dp_rank + 1) * gas]])
