@@ -141,5 +141,6 @@ class T5ModelPipe(ReplayCheckpoint, PipelineModule):
                          activation_checkpoint_func=self._checkpoint,
                          input_grad=[True, False, True, False, False, True, True],
                          input_type=["float", "bool", "float", "bool", "bool", "float", "float"],
-                         input_pipe_partitioned=[True, False, True, False, False, False, False], verbose=verbose, virtual_stages=virtual_stages)
+                         input_pipe_partitioned=[True, False, True, False, False, False, False], verbose=verbose,
+                         virtual_stages=virtual_stages)
         self.config = config
