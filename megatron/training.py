@@ -83,12 +83,17 @@ def setup_engine(args: argparse.Namespace, hooks: ModelHooks):
 
 def _keep_fp32_grad_norm(engine) -> None:
     """DeepSpeed's fp32 path without ZeRO (stage 0) clips gradients but drops their norm; keep it so the log
-    and get_global_grad_norm() report it as they do under ZeRO-1."""
-    from deepspeed.runtime.utils import clip_grad_norm_
-
+    and get_global_grad_norm() report it as they do under ZeRO-1. The norm is the whole model's
+    (`mpu.get_grad_norm`: over the tp and pipeline groups, a tied weight's later copies not counted);
+    DeepSpeed's clip_grad_norm_ given the pipeline grid counts replicated gradients on pipeline stage 0 only."""
     def clip_and_record():
-        engine._global_grad_norm = float(clip_grad_norm_(parameters=engine.module.parameters(),
-                                                         max_norm=engine.gradient_clipping(), mpu=engine.mpu))
+        params = [p for p in engine.module.parameters() if p.grad is not None]
+        norm = mpu.get_grad_norm([p for p in params if not getattr(p, "ds_pipe_replicated", False)])
+        coef = engine.gradient_clipping() / (norm + 1e-6)
+        if coef < 1.0:
+            for p in params:
+                p.grad.detach().mul_(coef)
+        engine._global_grad_norm = norm
     engine.clip_fp32_gradients = clip_and_record
 
 
