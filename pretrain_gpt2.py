@@ -43,7 +43,8 @@ def model_provider(args):
         return GPT2Model(gpt2_config(args))
     return GPT2ModelPipe(gpt2_config(args), topology=mpu.get_topology(),
                          partition_method=args.partition_method or "type:TransformerLayer",
-                         verbose=args.deepspeed_verbose or None)  # None: tds default (env TDS_VERBOSE)
+                         verbose=args.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
+                         virtual_stages=args.virtual_pipe_stages)
 
 
 def train_valid_test_datasets_provider(args, tokenizer, num_samples):

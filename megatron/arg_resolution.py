@@ -8,6 +8,9 @@
     LR schedule unit  = iterations, or samples with --train-samples (Megatron's rule): warm-up and decay
                         then come from --lr-warmup-samples / --lr-decay-samples (default train-samples)
     lr warm-up        = lr_warmup_fraction * decay length (when the fraction is given)
+    pipeline schedule = --pipeline-schedule, else interleaved with --virtual-pipe-stages v > 1, else 1f1b;
+                        v = --virtual-pipe-stages, or transformer layers / (pp x --num-layers-per-virtual-
+                        pipeline-stage) (Megatron's flag); the interleaved schedule needs gas a multiple of pp
 
 Every error is a one-line `megatron.errors.UserError` naming the conflicting values. Nothing here imports
 torch or DeepSpeed (see `megatron.preflight`).
@@ -152,6 +155,72 @@ def num_pipe_specs(args: argparse.Namespace) -> Optional[int]:
     return None
 
 
+PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")  # tds.pipe.schedule.SCHEDULES
+
+
+def transformer_layers(args: argparse.Namespace) -> int:
+    """Transformer layers of the model: GPT-2's, or T5's encoder plus decoder."""
+    t5 = getattr(args, "model_type", None) == "t5"
+    return args.num_layers + ((args.decoder_num_layers or 0) if t5 else 0)
+
+
+def _virtual_stages(args: argparse.Namespace) -> Optional[int]:
+    """--virtual-pipe-stages, or what Megatron's --num-layers-per-virtual-pipeline-stage implies."""
+    v, per_chunk, pp = args.virtual_pipe_stages, args.num_layers_per_virtual_pipeline_stage, args.pipe_parallel_size
+    if per_chunk is None:
+        return v
+    layers = transformer_layers(args)
+    _need(per_chunk >= 1 and layers % (pp * per_chunk) == 0, f"--num-layers-per-virtual-pipeline-stage {per_chunk} "
+          f"x --pipe-parallel-size {pp} does not divide the {layers} transformer layers")
+    _need(v is None or v == layers // (pp * per_chunk), f"--virtual-pipe-stages {v} conflicts with "
+          f"--num-layers-per-virtual-pipeline-stage {per_chunk} ({layers} layers / ({pp} x {per_chunk}) = "
+          f"{layers // (pp * per_chunk)} chunks per stage); give one of them")
+    return layers // (pp * per_chunk)
+
+
+def _resolve_pipeline(args: argparse.Namespace) -> None:
+    """The pipeline schedule and its chunks per stage (see the module docstring)."""
+    pp, v = args.pipe_parallel_size, _virtual_stages(args)
+    schedule = args.pipeline_schedule or ("interleaved" if (v or 1) > 1 else "1f1b")
+    _need(schedule in PIPELINE_SCHEDULES,
+          f"pipeline schedule {schedule!r} is not one of {', '.join(PIPELINE_SCHEDULES)}")
+    _need(schedule == "1f1b" or pp > 1, f"--pipeline-schedule {schedule} needs --pipe-parallel-size >= 2 (with one "
+          f"stage there is no pipeline: the plain model runs on DeepSpeed's engine)")
+    if schedule != "interleaved":
+        _need(v in (None, 1), f"--virtual-pipe-stages {v} needs --pipeline-schedule interleaved, got {schedule}")
+        args.pipeline_schedule, args.virtual_pipe_stages = schedule, 1
+        return
+    _need(v is not None and v >= 2, f"--pipeline-schedule interleaved needs --virtual-pipe-stages >= 2 (model chunks "
+          f"per stage), got {v}")
+    _need(args.gas % pp == 0, f"the interleaved schedule runs micro-batches in groups of --pipe-parallel-size {pp}: "
+          f"--gas {args.gas} (global batch {args.global_batch_size} / (micro batch {args.micro_batch_size} x data-"
+          f"parallel size {args.data_parallel_size})) must be a multiple of {pp}")
+    layers = transformer_layers(args)
+    _need(layers >= pp * v, f"--pipe-parallel-size {pp} x --virtual-pipe-stages {v} = {pp * v} chunks, but the model "
+          f"has {layers} transformer layers; every chunk needs one: lower --virtual-pipe-stages")
+    if args.rampup_batch_size is not None:
+        unit = args.micro_batch_size * args.data_parallel_size * pp
+        _need(all(n % unit == 0 for n in args.rampup_batch_size[:2]), f"--rampup-batch-size "
+              f"{' '.join(map(str, args.rampup_batch_size))} with the interleaved schedule: START and INCREMENT must "
+              f"be multiples of micro batch x data-parallel size x pp = {unit} (gas a multiple of pp throughout)")
+    args.pipeline_schedule, args.virtual_pipe_stages = schedule, v
+
+
+def _resolve_timeline(args: argparse.Namespace) -> None:
+    """--pipeline-timeline OUT.json records --pipeline-timeline-batches (default 3 4) of a pipeline run."""
+    path, batches = args.pipeline_timeline, args.pipeline_timeline_batches
+    if not path:
+        _need(batches is None, "--pipeline-timeline-batches needs --pipeline-timeline OUT.json")
+        return
+    _need(args.pipe_parallel_size > 1, f"--pipeline-timeline {path} needs --pipe-parallel-size >= 2 (it records the "
+          f"TDS pipeline engine)")
+    folder = os.path.dirname(os.path.abspath(path))
+    _need(os.path.isdir(folder), f"--pipeline-timeline {path}: folder {folder} does not exist; create it first")
+    args.pipeline_timeline_batches = batches = list(batches or [3, 4])
+    _need(all(1 <= b <= args.train_iters for b in batches), f"--pipeline-timeline-batches {' '.join(map(str, batches))}"
+          f": iterations must be between 1 and --train-iters {args.train_iters}")
+
+
 def _resolve_partition(args: argparse.Namespace) -> None:
     method, pp = args.partition_method, args.pipe_parallel_size
     if method is None or method in ("parameters", "uniform"):
@@ -168,8 +237,10 @@ def _resolve_partition(args: argparse.Namespace) -> None:
     _need(method.replace(",", "").isdigit(), f"--partition-method {method!r} is not type:REGEX, parameters, "
           f"uniform or comma-separated layer boundaries such as 0,5,11")
     bounds = [int(b) for b in method.split(",")]
-    _need(len(bounds) == pp + 1, f"--partition-method {method} gives {len(bounds)} boundaries but "
-          f"--pipe-parallel-size {pp} needs {pp + 1}")
+    parts = pp * args.virtual_pipe_stages  # chunks of the pipeline
+    _need(len(bounds) == parts + 1, f"--partition-method {method} gives {len(bounds)} boundaries but "
+          f"--pipe-parallel-size {pp}" + (f" x --virtual-pipe-stages {args.virtual_pipe_stages}"
+                                           if parts != pp else "") + f" needs {parts + 1}")
     last = num_pipe_specs(args)
     rising = bounds[0] == 0 and all(a <= b for a, b in zip(bounds, bounds[1:]))
     _need(rising and last in (None, bounds[-1]), f"--partition-method {method}: boundaries must rise from 0 to "
@@ -292,9 +363,11 @@ def resolve_args(args: argparse.Namespace, world_size: Optional[int] = None) -> 
     _resolve_parallel(args, world_size)
     _resolve_batch(args)
     _resolve_model(args)
+    _resolve_pipeline(args)
     _resolve_partition(args)
     _resolve_precision(args)
     _resolve_schedule(args)
+    _resolve_timeline(args)
     _resolve_data(args)
     args.ds_config = build_ds_config(args, cfg)
     return args

@@ -80,7 +80,17 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--zero-stage", type=int, default=None, help="ZeRO stage 0 or 1 (overrides the JSON config)")
     g.add_argument("--partition-method", type=str, default=None,
                    help="how the Pipe model splits its layers: type:REGEX (default type:TransformerLayer), parameters, "
-                        "uniform, or explicit layer boundaries such as 0,5,11 (pp + 1 numbers)")
+                        "uniform, or explicit layer boundaries such as 0,5,11 (pp + 1 numbers; pp x v + 1 with "
+                        "--virtual-pipe-stages v)")
+    g.add_argument("--pipeline-schedule", type=str.lower, choices=["1f1b", "gpipe", "interleaved", "zb-h1"],
+                   default=None, help="pipeline schedule (pipeline.schedule in the DeepSpeed JSON): 1f1b (default), "
+                                      "gpipe, interleaved (default with --virtual-pipe-stages > 1), zb-h1 "
+                                      "(zero bubble)")
+    g.add_argument("--virtual-pipe-stages", type=int, default=None,
+                   help="model chunks per pipeline stage for the interleaved schedule (pipeline.virtual_stages)")
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                   help="Megatron's way to give --virtual-pipe-stages: transformer layers per chunk, "
+                        "v = layers / (pp x this)")
     g.add_argument("--local_rank", "--local-rank", type=int, default=None,
                    help="set by the deepspeed launcher; LOCAL_RANK in the environment is what is used")
 
@@ -155,6 +165,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=1234)
     g.add_argument("--deepspeed-verbose", action="store_true",
                    help="keep DeepSpeed's start-up prints (topology, layer listing, INFO log) in the log")
+    g.add_argument("--pipeline-timeline", type=str, default=None, metavar="OUT.json",
+                   help="record when each pipeline stage ran each instruction (Chrome trace; pipeline.timeline); "
+                        "draw it with tools/plot_pipeline.py OUT.json -o timeline.png")
+    g.add_argument("--pipeline-timeline-batches", type=int, nargs="+", default=None, metavar="ITERATION",
+                   help="iterations to record (pipeline.timeline_batches), default 3 4")
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save", type=str, default=None)
     g.add_argument("--load", type=str, default=None)

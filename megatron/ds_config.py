@@ -33,6 +33,10 @@ SHARED: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("hysteresis", ("fp16", "hysteresis")),
     ("min_loss_scale", ("fp16", "min_loss_scale")),
     ("distributed_timeout_minutes", ("pipeline", "timeout_s")),
+    ("pipeline_schedule", ("pipeline", "schedule")),
+    ("virtual_pipe_stages", ("pipeline", "virtual_stages")),
+    ("pipeline_timeline", ("pipeline", "timeline")),
+    ("pipeline_timeline_batches", ("pipeline", "timeline_batches")),
 )
 FLAG = {name: "--" + name.replace("_", "-") for name, _ in SHARED}
 FORBIDDEN_SECTIONS = ("optimizer", "scheduler")
@@ -85,6 +89,10 @@ def _json_to_arg(name: str, value: Any) -> Any:
         return bool(value)
     if name == "distributed_timeout_minutes":
         return float(value) / 60
+    if name == "pipeline_schedule":
+        return str(value).lower()
+    if name == "pipeline_timeline_batches" and isinstance(value, int):
+        return [value]
     return value
 
 
@@ -138,5 +146,9 @@ def build_ds_config(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, 
                     loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
                     min_loss_scale=args.min_loss_scale)
     out.setdefault("bf16", {})["enabled"] = bool(args.bf16)
-    out.setdefault("pipeline", {})["timeout_s"] = 60 * args.distributed_timeout_minutes
+    pipeline = out.setdefault("pipeline", {})
+    pipeline["timeout_s"] = 60 * args.distributed_timeout_minutes
+    pipeline.update(schedule=args.pipeline_schedule, virtual_stages=args.virtual_pipe_stages)
+    if args.pipeline_timeline:
+        pipeline.update(timeline=args.pipeline_timeline, timeline_batches=args.pipeline_timeline_batches)
     return out

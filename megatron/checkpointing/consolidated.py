@@ -18,7 +18,7 @@ import torch
 
 from .files import (CheckpointFileError, layer_file, load_file, mp_rank_file, progress, read_args,
                     zero_file)
-from .names import ModelTable, ParamInfo
+from .names import ModelTable, ParamInfo, virtual_stages
 from .optim import StageOptim, make_groups, optimizer_kind, read_client, read_flat, read_unfused
 from .tp import merge, split
 
@@ -64,10 +64,11 @@ def local_shape(info: ParamInfo, full: torch.Size, tp: int) -> torch.Size:
 
 
 def stage_names(table: ModelTable, bounds: List[int], stage: int, pp: int) -> List[Tuple[str, ParamInfo]]:
-    """(module name, info) in the module's parameter order: plain names at pp = 1, Pipe names otherwise."""
+    """(module name, info) in the module's parameter order: plain names at pp = 1, Pipe names otherwise
+    (`bounds` of pp x v parts with v virtual stages)."""
     if pp == 1:
         return [(p.name, p) for p in table.params]
-    return table.stage_param_names(bounds, stage)
+    return table.stage_param_names(bounds, stage, pp)
 
 
 def read_weights(folder: str, table: ModelTable, tp: int, names=None) -> Dict[str, torch.Tensor]:
@@ -147,7 +148,7 @@ def read_consolidated(folder: str, with_optimizer: bool = True) -> Consolidated:
     tp, pp, dp = layout_of(args)
     weights = read_weights(folder, table, tp)
     shapes = {n: w.shape for n, w in weights.items()}
-    bounds = table.stage_bounds(pp, args.get("partition_method"), tp, shapes)
+    bounds = table.stage_bounds(pp * virtual_stages(args), args.get("partition_method"), tp, shapes)
     kind = optimizer_kind(args)
     out = Consolidated(args=args, weights=weights)
     optim_parts: Dict[str, List[Optional[Dict[str, torch.Tensor]]]] = {}
@@ -169,8 +170,9 @@ def read_consolidated(folder: str, with_optimizer: bool = True) -> Consolidated:
         out.hyper.update(st.hyper)
         out.step.update(st.step)
         out.extras.update(st.extras)
+        owned = set(table.stage_layers(bounds, s, pp))
         for n, p in names:
-            if bounds[s] <= p.layer < bounds[s + 1]:  # the owner stage
+            if p.layer in owned:  # the owner stage
                 optim_parts.setdefault(p.name, [None] * tp)[t] = st.tensors[n]
     if load_optim:
         out.optim = {name: {k: merge([part[k] for part in parts], table.by_name[name]) for k in parts[0]}

@@ -35,7 +35,7 @@ from megatron.logging_utils import print_rank_0
 from .consolidated import NO_OPTIMIZER, WEIGHTS_ONLY, layout_of, read_consolidated
 from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, layer_file, publish_latest,
                     read_args, read_latest, write_args)
-from .names import ModelTable
+from .names import ModelTable, virtual_stages
 from .weights import load_weights_into, reshape_command
 
 # Arguments that fix parameter shapes or the sample layout; a resumed checkpoint must agree on all.
@@ -127,8 +127,9 @@ def check_compatible(saved: Dict[str, Any], args: argparse.Namespace, where: str
 
 def _same_layout(saved: Dict[str, Any], args: argparse.Namespace) -> bool:
     mine = (args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size,
-            args.ds_config["zero_optimization"]["stage"], args.partition_method)
-    theirs = layout_of(saved) + (saved["ds_config"]["zero_optimization"]["stage"], saved.get("partition_method"))
+            args.ds_config["zero_optimization"]["stage"], args.partition_method, args.virtual_pipe_stages or 1)
+    theirs = layout_of(saved) + (saved["ds_config"]["zero_optimization"]["stage"], saved.get("partition_method"),
+                                 virtual_stages(saved))  # chunks per stage decide the stages' parameter lists
     return mine == theirs
 
 
@@ -228,12 +229,15 @@ def _load_reshaped(engine, args, folder: str, tag: str, saved: Dict[str, Any]) -
     mine = (args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size)
     base = args.save or args.load
     work = os.path.join(base, f".reshaped-{tag}")
-    print_rank_0(f"checkpoint {folder} was saved at (tp, pp, dp) = {layout_of(saved)}, this run is {mine}: "
+    chunks = (f" ({virtual_stages(saved)} vs {args.virtual_pipe_stages or 1} chunks per pipeline stage)"
+              if virtual_stages(saved) != (args.virtual_pipe_stages or 1) else "")
+    print_rank_0(f"checkpoint {folder} was saved at (tp, pp, dp) = {layout_of(saved)}, this run is {mine}{chunks}: "
                  f"reshaping it into {work} (what `{reshape_command(folder, saved, args)}` does)")
     if dist.get_rank() == 0:
         shutil.rmtree(work, ignore_errors=True)
         new_args = target_args(saved, *mine)
-        new_args.update(partition_method=args.partition_method, zero_stage=args.zero_stage)
+        new_args.update(partition_method=args.partition_method, zero_stage=args.zero_stage,
+                        virtual_pipe_stages=args.virtual_pipe_stages, pipeline_schedule=args.pipeline_schedule)
         new_args["ds_config"] = args.ds_config
         with_optim = not args.no_load_optim and saved.get("checkpoint_content") != NO_OPTIMIZER
         write_checkpoint(read_consolidated(folder, with_optimizer=with_optim), work, tag, new_args, with_optim)

@@ -23,7 +23,7 @@ from megatron.errors import UserError
 from megatron.model.config import padded_vocab_size
 from .consolidated import NO_OPTIMIZER, WEIGHTS_ONLY, Consolidated, layout_of, stage_names
 from .files import layer_file, mp_rank_file, progress, write_args, zero_file
-from .names import ModelTable
+from .names import ModelTable, virtual_stages
 from .optim import (StageOptim, carry_extras, default_extras, make_groups, optimizer_kind, write_client,
                     write_flat, write_unfused)
 from .tp import resize_rows, split
@@ -42,6 +42,9 @@ def target_args(args: Dict[str, Any], tp: int, pp: int, dp: int) -> Dict[str, An
         new["gas"] = gbs // (mbs * dp)
     ds = new.setdefault("ds_config", {})
     ds["gradient_accumulation_steps"] = new["gas"]
+    if pp != old_pp and virtual_stages(args) > 1:  # chunks were for the old pp: 1F1B, one chunk per stage
+        new.update(virtual_pipe_stages=1, pipeline_schedule="1f1b")
+        ds.setdefault("pipeline", {}).update(schedule="1f1b", virtual_stages=1)
     stage = args.get("zero_stage", 1)
     ds.setdefault("zero_optimization", {})["stage"] = 0 if stage == 1 and dp == 1 and not args.get("fp16") else stage
     return new
@@ -93,7 +96,8 @@ def write_layout(ck: Consolidated, folder: str, new_args: Dict[str, Any], with_o
         for t in range(tp):
             state = OrderedDict((p.local, weights[p.name][t]) for p in table.layer_params(layer))
             torch.save(state, os.path.join(folder, layer_file(layer, t)))
-    bounds = table.stage_bounds(pp, args.get("partition_method"), tp, {n: w.shape for n, w in ck.weights.items()})
+    bounds = table.stage_bounds(pp * virtual_stages(args), args.get("partition_method"), tp,
+                                {n: w.shape for n, w in ck.weights.items()})
     ranks = [(s, t) for s in range(pp) for t in range(tp)]
     for s, t in progress(ranks if ck.engine else [], len(ranks), f"writing {folder} engine/optimizer"):
         _write_rank(ck, folder, args, table, bounds, s, t, weights, optim, with_optimizer)

@@ -51,6 +51,11 @@ class ParamInfo:
         return self.name in VOCAB_PARAMS
 
 
+def virtual_stages(args: Dict[str, Any]) -> int:
+    """Model chunks per pipeline stage of a run (interleaved schedule); 1 for checkpoints that predate them."""
+    return int(args.get("virtual_pipe_stages") or 1)
+
+
 def model_config(args: Dict[str, Any]):
     """GPT2Config / T5Config exactly as pretrain_gpt2.py / pretrain_t5.py build it from these arguments.
 
@@ -184,32 +189,41 @@ class ModelTable:
             total += numel // tp if p.dim is not None else numel
         return total
 
-    def stage_param_names(self, bounds: Sequence[int], stage: int) -> List[Tuple[str, ParamInfo]]:
+    @staticmethod
+    def stage_layers(bounds: Sequence[int], stage: int, pp: Optional[int] = None) -> List[int]:
+        """Pipeline layers stage `stage` builds. `bounds` cut the layers into pp x v parts (v = virtual stages,
+        `virtual_stages(args)`); the stage holds parts stage, stage + pp, ... (pp None: one part per stage)."""
+        pp = len(bounds) - 1 if pp is None else pp
+        return [layer for part in range(stage, len(bounds) - 1, pp) for layer in range(bounds[part], bounds[part + 1])]
+
+    def stage_param_names(self, bounds: Sequence[int], stage: int,
+                          pp: Optional[int] = None) -> List[Tuple[str, ParamInfo]]:
         """(module name, info) of every parameter of pipeline stage `stage`, in the Pipe module's order:
         tied modules first (in order of first use on the stage), then the stage's other layers in order."""
-        lo, hi = bounds[stage], bounds[stage + 1]
+        layers = self.stage_layers(bounds, stage, pp)
         tied_keys, order = [], []
-        for layer in range(lo, hi):
+        for layer in layers:
             key = self.tied_key(layer)
             if key is not None and key not in tied_keys:
                 tied_keys.append(key)
         for key in tied_keys:
             first = self._first_of_key(key)
             order += [(f"tied_modules.{key}.{p.local}", p) for p in self.params if p.layer == first]
-        for layer in range(lo, hi):
+        for layer in layers:
             if self.tied_key(layer) is None:
                 order += [(f"{layer}.{p.local}", p) for p in self.params if p.layer == layer]
         return order
 
-    def unused_copies(self, bounds: Sequence[int], stage: int) -> List[str]:
+    def unused_copies(self, bounds: Sequence[int], stage: int, pp: Optional[int] = None) -> List[str]:
         """Module names of a tied module's parameters that stage `stage` holds but never uses: the parts of a
         tied module other than its tied weight, on a stage without the module's first use (GPT-2's
         position table on the last stage). Their values and optimizer state are not carried by a reshape
         (the written copy is the first stage's)."""
         out = []
-        for name, p in self.stage_param_names(bounds, stage):
+        layers = self.stage_layers(bounds, stage, pp)
+        for name, p in self.stage_param_names(bounds, stage, pp):
             key = self.tied_key(p.layer)
-            if key is not None and not bounds[stage] <= p.layer < bounds[stage + 1]:
+            if key is not None and p.layer not in layers:
                 if p.local not in self.specs[p.layer].tied_weight_attr:
                     out.append(name)
         return out
