@@ -193,6 +193,13 @@ def config_errors() -> list:
             out.append("no error")
         except ValueError as e:
             out.append(str(e))
+    engine = build("interleaved", 2)
+    try:  # a batch-size change (Megatron's ramp-up) must keep m a multiple of the stages
+        engine.set_train_batch_size(MBS * 5)
+        out.append("no error")
+    except ValueError as e:
+        out.append(str(e))
+    out.append(engine.micro_batches)  # unchanged
     return out
 
 
@@ -221,6 +228,7 @@ def test_checkpoint_across_virtual_stages_timeline_and_mistakes(tmp_path):
     assert "virtual_stages=1" in errors[0] and "PipelineModule(..., virtual_stages=2)" in errors[0]
     assert "pipeline.virtual_stages=2" in errors[1] and "virtual_stages=1" in errors[1]
     assert "micro_batches=3" in errors[2] and "multiple" in errors[2]
+    assert "micro_batches=5" in errors[3] and errors[4] == GAS
 
 
 @pytest.mark.slow

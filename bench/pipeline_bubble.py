@@ -1,0 +1,222 @@
+"""Measured pipeline bubble of 1F1B, interleaved 1F1B and ZB-H1 on the TDS engine, beside the formulas.
+
+Protocol: p = 4 processes (gloo, 1 thread each), m in {4, 8, 16} micro-batches. Every stage holds 2 layers whose
+forward, input-gradient (B) and weight-gradient (W) steps sleep for fixed times, so that a stage's F, B and W
+cost `--ms` milliseconds each whatever the 2 shared cores are doing (an interleaved chunk is 1 layer: half of
+it). The engine records the timeline of batches 2 and 3 (`pipeline.timeline`; batch 1 warms up) and
+
+    bubble of a stage = 1 - (time in F, B, W) / (first compute start .. last compute end over all stages)
+
+(`tds.pipe.timeline.bubble_fractions`), averaged over the stages and the two batches. Printed beside it:
+
+    1F1B         (p-1) / (m + p-1)
+    interleaved  (p-1) / (v m + p-1)                    v = 2 chunks per stage
+    ZB-H1        (p-1) / (3m + p-1)                     idle (p-1)(F + B - W) = 1/3 of 1F1B's (p-1)(F + B + W)
+
+and the checks of issue 12: 1F1B and interleaved within 10% of their formula; ZB-H1's bubble at most 40% of
+1F1B's at the same m, as a fraction of the batch (exactly 47% / 41% / 37% at m = 4 / 8 / 16 with F = B = W)
+and as idle time per stage (exactly 33%); ZB-H1's peak live activations (units whose forward ran and whose B
+did not, counted by the engine) not above 1F1B's on any stage. The fraction criterion cannot hold at m = 4
+and 8 (the report marks it FAIL there and the script's exit status ignores it); the idle-time one holds.
+
+The formulas count no communication, but each send and receive instruction of the engine takes ~0.3-0.5 ms of
+Python and gloo time on the stage, which the measurement counts as idle: ~1.6 ms per micro-batch and chunk,
+a deviation that grows with m and with v. With the default 200 ms per op it stays under 6% of the bubble
+(measured: 1F1B 0.4-1.5%, interleaved 1.5-5.1%, ZB-H1 1.4-5.5%); with --ms 30 interleaved at m = 16 is 34%
+above its formula. One run takes about 3.5 minutes.
+
+    .venv/bin/python bench/pipeline_bubble.py [--ms 200] [--micro-batches 4 8 16] [--save-traces DIR]
+
+`--save-traces DIR` keeps the Chrome traces (DIR/{schedule}_m{m}.json) for tools/plot_pipeline.py.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+
+import torch
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+P, LAYERS_PER_STAGE, HIDDEN, MBS = 4, 2, 8, 2
+SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
+
+
+class _Sleep(torch.autograd.Function):
+    """y = x * w with fixed sleeps: forward, B (dx = dy w) and W (dw = sum dy x, deferred while the store
+    defers, as weight_grad.linear does)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, seconds, store):  # x (b, h) -> (b, h)
+        time.sleep(seconds)
+        ctx.save_for_backward(x, weight)
+        ctx.seconds, ctx.store, ctx.weight = seconds, store, weight
+        return x * weight
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        time.sleep(ctx.seconds)
+
+        def weight_grad():
+            time.sleep(ctx.seconds)
+            return [(dy * x).sum().reshape(1)]
+        if ctx.store is not None and ctx.store.deferring:
+            ctx.store.put([ctx.weight], weight_grad)
+            return dy * weight, None, None, None
+        return dy * weight, weight_grad()[0], None, None
+
+
+class SleepLayer(nn.Module):
+    """A layer costing `seconds` in each of F, B and W (the engine attaches its store for ZB-H1)."""
+    weight_grad_store = None
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+        self.weight = nn.Parameter(torch.ones(1))
+
+    def forward(self, x):
+        return _Sleep.apply(x, self.weight, self.seconds, self.weight_grad_store)
+
+
+def mse(out, label):
+    return ((out - label) ** 2).mean()
+
+
+def build(schedule: str, v: int, m: int, seconds: float, trace: str):
+    import tds
+    from tds.pipe import LayerSpec, PipelineModule
+    specs = [LayerSpec(SleepLayer, seconds) for _ in range(P * LAYERS_PER_STAGE)]
+    model = PipelineModule(specs, num_stages=P, loss_fn=mse, partition_method="uniform", virtual_stages=v,
+                           input_grad=[True], input_type=["float"])
+    cfg = {"train_micro_batch_size_per_gpu": MBS, "gradient_accumulation_steps": m, "train_batch_size": MBS * m,
+           "steps_per_print": 10 ** 9, "zero_optimization": {"stage": 0},
+           "pipeline": {"schedule": schedule, "virtual_stages": v, "timeline": trace, "timeline_batches": [2, 3]}}
+    engine, _, _, _ = tds.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=1e-3), config=cfg)
+    return engine
+
+
+def data():
+    g = torch.Generator().manual_seed(0)
+    while True:
+        yield torch.randn(MBS, HIDDEN, generator=g), torch.randn(MBS, HIDDEN, generator=g)
+
+
+def measure(schedule: str, v: int, m: int, args, folder: str) -> dict | None:
+    """Three train batches; on rank 0 the bubble and idle time per stage of batches 2 and 3."""
+    import torch.distributed as dist
+
+    from tds.pipe.timeline import bubble_fractions, read_trace
+    trace = os.path.join(folder, f"{schedule}_m{m}.json")
+    seconds = args.ms / 1e3 / LAYERS_PER_STAGE  # per layer: a stage's F (B, W) costs args.ms
+    engine = build(schedule, v, m, seconds, trace)
+    it = data()
+    for _ in range(3):
+        engine.train_batch(it)
+    peaks = [None] * P
+    dist.all_gather_object(peaks, (engine.last_batch_stats["peak_live_activations"],
+                                   engine.last_batch_stats["peak_pending_weight_grads"]))
+    if dist.get_rank() != 0:
+        return None
+    spans, _ = read_trace(trace)
+    out = {"bubble": [], "idle": []}
+    for batch in (2, 3):
+        fractions = bubble_fractions(spans, batch)
+        compute = [s for s in spans if s.batch == batch and s.op.startswith(("forward", "backward"))]
+        window = max(s.end for s in compute) - min(s.start for s in compute)
+        out["bubble"].append(sum(fractions.values()) / len(fractions))
+        out["idle"].append(sum(f * window for f in fractions.values()) / len(fractions))
+    return {"bubble": sum(out["bubble"]) / 2, "idle_s": sum(out["idle"]) / 2,
+            "peak_live": [p[0] for p in peaks], "peak_pending_w": [p[1] for p in peaks]}
+
+
+def formula(schedule: str, v: int, m: int) -> float:
+    return (P - 1) / ({"1f1b": 1, "interleaved": v, "zb-h1": 3}[schedule] * m + P - 1)
+
+
+def run(args, folder: str) -> dict:
+    return {(s, v, m): measure(s, v, m, args, folder) for m in args.micro_batches for s, v in SCHEDULES}
+
+
+def worker(rank: int, port: int, args, folder: str, queue) -> None:
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(P), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    dist.init_process_group("gloo", rank=rank, world_size=P, timeout=datetime.timedelta(seconds=600))
+    from tds import device
+    device.init_distributed()
+    results = run(args, folder)
+    if rank == 0:
+        queue.put(results)
+
+
+def report(results: dict, args) -> bool:
+    print(f"p = {P} stages, F = B = W = {args.ms:g} ms per stage and micro-batch (sleeps), micro-batch {MBS}, "
+          f"bubble averaged over stages and batches 2-3")
+    print(f"{'schedule':12s} {'m':>3s} {'measured':>9s} {'formula':>8s} {'rel.err':>8s} {'idle/stage':>11s}  "
+          f"peak live activations per stage (pending W)")
+    ok = True
+    for (s, v, m), r in results.items():
+        f = formula(s, v, m)
+        err = abs(r["bubble"] - f) / f
+        pend = f" ({r['peak_pending_w']})" if s == "zb-h1" else ""
+        print(f"{s + (f' v={v}' if v > 1 else ''):12s} {m:3d} {r['bubble']:9.4f} {f:8.4f} {err:8.1%} "
+              f"{r['idle_s'] * 1e3:8.0f} ms  {r['peak_live']}{pend}")
+    print("checks:")
+    for m in args.micro_batches:
+        one, inter, zb = (results[(s, v, m)] for s, v in SCHEDULES)
+        checks = [
+            (f"m={m:2d} 1F1B within 10% of (p-1)/(m+p-1)", abs(one["bubble"] / formula("1f1b", 1, m) - 1) <= 0.10),
+            (f"m={m:2d} interleaved within 10% of (p-1)/(vm+p-1)",
+             abs(inter["bubble"] / formula("interleaved", 2, m) - 1) <= 0.10),
+            (f"m={m:2d} ZB-H1 bubble fraction / 1F1B's = {zb['bubble'] / one['bubble']:.1%} "
+             f"(exact {formula('zb-h1', 1, m) / formula('1f1b', 1, m):.1%}) <= 40%",
+             zb["bubble"] <= 0.4 * one["bubble"]),
+            (f"m={m:2d} ZB-H1 idle time per stage / 1F1B's = {zb['idle_s'] / one['idle_s']:.1%} (exact 33.3%) <= 40%",
+             zb["idle_s"] <= 0.4 * one["idle_s"]),
+            (f"m={m:2d} ZB-H1 peak live activations {zb['peak_live']} <= 1F1B's {one['peak_live']}",
+             all(a <= b for a, b in zip(zb["peak_live"], one["peak_live"]))),
+        ]
+        for text, passed in checks:
+            ok &= passed or "fraction" in text  # the fraction criterion cannot hold at small m (see docstring)
+            print(f"  {'PASS' if passed else 'FAIL'}  {text}")
+    return ok
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--ms", type=float, default=200.0, help="F, B and W time of one stage per micro-batch (ms)")
+    p.add_argument("--micro-batches", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--save-traces", metavar="DIR", help="keep the Chrome traces here")
+    args = p.parse_args()
+    folder = args.save_traces or tempfile.mkdtemp(prefix="bubble-")
+    os.makedirs(folder, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=worker, args=(r, port, args, folder, queue)) for r in range(P)]
+    for proc in procs:
+        proc.start()
+    results = queue.get()
+    for proc in procs:
+        proc.join()
+    if not args.save_traces:
+        shutil.rmtree(folder, ignore_errors=True)
+    ok = report(results, args)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
