@@ -13,7 +13,7 @@ import torch
 
 from .consolidated import has_engine_state, has_optimizer, layout_of
 from .files import checkpoint_folder, layer_file, load_file, mp_rank_file, read_args
-from .names import ModelTable
+from .names import ModelTable, virtual_stages
 from .optim import optimizer_kind
 
 OPTIMIZER_LAYOUTS = {"zero": "ZeRO-1 flat fp32 partitions per dp rank", "client": "torch AdamW in mp_rank files",
@@ -74,7 +74,8 @@ def inspect_lines(load_dir: str, tag: Optional[str] = None) -> List[str]:
              f"(padded {args['padded_vocab_size']})",
              f"iteration        {engine.get('iteration', 0)}",
              f"consumed samples {engine.get('consumed_train_samples', 0)}",
-             f"(tp, pp, dp)     ({tp}, {pp}, {dp})",
+             f"(tp, pp, dp)     ({tp}, {pp}, {dp})" + (f", {virtual_stages(args)} model chunks per pipeline stage "
+                                                     f"(interleaved)" if virtual_stages(args) > 1 else ""),
              f"ZeRO stage       {args.get('zero_stage')} (DeepSpeed ran stage "
              f"{args['ds_config']['zero_optimization']['stage']})",
              f"precision        {_precision(args)}",

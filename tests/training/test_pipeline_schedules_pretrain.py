@@ -7,7 +7,8 @@
   are a function of (iteration, micro-batch, site), which tp > 1 and dp > 1 map differently by design.
 - --pipeline-timeline writes the trace of the chosen iteration, which tools/plot_pipeline.py reads.
 - A checkpoint saved by the interleaved run at iteration 4 resumes with 1F1B (one chunk per stage: the loader
-  reshapes it, since the stages hold other layers) and at pp = 1, continuing exactly as the uninterrupted run.
+  reshapes it, since the stages hold other layers) and at pp = 1, continuing exactly as the uninterrupted run;
+  `tools/convert_checkpoint.py inspect` names its chunks per stage.
 """
 import json
 import os
@@ -80,6 +81,8 @@ def test_interleaved_checkpoint_resumes_with_one_chunk_and_without_pipeline(data
     with open(os.path.join(save, "iter_0000004", "megatron_args.json")) as f:
         saved = json.load(f)
     assert saved["virtual_pipe_stages"] == 2 and saved["pipeline_schedule"] == "interleaved"
+    from megatron.checkpointing.summary import inspect_lines
+    assert "(tp, pp, dp)     (1, 2, 1), 2 model chunks per pipeline stage (interleaved)" in inspect_lines(save)
     with open(os.path.join(save, "latest"), "w") as f:  # resume from iteration 4 (the run also saved 8)
         f.write("iter_0000004")
     tail = (straight[0][4:], straight[1][4:])
