@@ -61,13 +61,14 @@ def stage_params(engine) -> dict:
             for n, p in layer.named_parameters()}
 
 
-def train_job(pp: int, dp: int, tp: int, schedule: str, v: int = 1, zero: int = 1) -> dict:
+def train_job(pp: int, dp: int, tp: int, schedule: str, v: int = 1, zero: int = 1, declared: bool = True) -> dict:
     import tds as deepspeed
     from tds.pipe import PipelineModule
     common.init_ds()
     model = PipelineModule(specs(), topology=common.topology(pp, tp, dp), loss_fn=common.mse,
                            partition_method="uniform", virtual_stages=v)
-    model._input_grad, model._input_type, model._input_pipe_partitioned = [True], ["float"], [True]
+    if declared:  # else each stage infers the layout from its first training micro-batch (boundary.py)
+        model._input_grad, model._input_type, model._input_pipe_partitioned = [True], ["float"], [True]
     pipeline = dict(schedule=schedule, **({"virtual_stages": v} if v > 1 else {}))
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=common.make_optimizer(model.parameters()),
                                            config=common.ds_config(MBS, GAS, dp, zero, **pipeline))
@@ -116,11 +117,13 @@ def grid_jobs(world: int, schedules=("interleaved", "zb-h1")) -> list:
 
 
 DEFAULT = [dict(pp=2, dp=1, tp=2, schedule="interleaved", v=2), dict(pp=4, dp=1, tp=1, schedule="zb-h1"),
-           dict(pp=2, dp=2, tp=1, schedule="zb-h1"), dict(pp=4, dp=1, tp=1, schedule="interleaved", v=2)]
+           dict(pp=2, dp=2, tp=1, schedule="zb-h1"), dict(pp=4, dp=1, tp=1, schedule="interleaved", v=2),
+           dict(pp=2, dp=2, tp=1, schedule="interleaved", v=2, declared=False)]
 
 
 def test_interleaved_and_zb_h1_match_one_process():
-    """One launch of 4 ranks: interleaved at (pp 2, tp 2) and (pp 4), ZB-H1 at (pp 4) and (pp 2, dp 2)."""
+    """One launch of 4 ranks: interleaved at (pp 2, tp 2), (pp 4) and (pp 2, dp 2, layout not declared), ZB-H1
+    at (pp 4) and (pp 2, dp 2)."""
     check(DEFAULT, run_distributed(run_jobs, 4, DEFAULT, timeout=300))
 
 
