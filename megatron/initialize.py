@@ -75,3 +75,16 @@ def set_rng_states(states: Dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     tds_device.set_rng_state(states["device"])
     mpu.get_rng_tracker().set_states(states["tracker"])
+
+
+def shutdown_distributed(wait: bool = True) -> None:
+    """Leave torch.distributed in order at the end of a launched process: with `wait`, once every rank got here
+    (not on an error path, where peers may be elsewhere), then destroy the groups. A process that exits with live
+    gloo groups whose peers have already gone can abort in their destructors (SIGABRT: "terminate called
+    without an active exception"), which the launcher reports as a failed run."""
+    if not dist.is_initialized():
+        return
+    if wait:
+        dist.barrier()
+    mpu.destroy_model_parallel()
+    dist.destroy_process_group()

@@ -31,7 +31,7 @@ from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.data.samplers import build_pretraining_data_loader
 from megatron.errors import UserError, one_line
 from megatron.evaluation import evaluate_and_print
-from megatron.initialize import initialize_megatron
+from megatron.initialize import initialize_megatron, shutdown_distributed
 from megatron.learning_rates import AnnealingLR
 from megatron.logging_utils import TensorBoard, print_rank_0
 from megatron.model.config import padded_vocab_size
@@ -209,4 +209,6 @@ def run(argv: Optional[Sequence[str]], hooks: ModelHooks, defaults: dict) -> Tra
     """Entry-point main: parse and resolve the arguments, check the input files exist, then `pretrain`."""
     args = parse_args(argv, defaults=defaults)
     check_inputs(args)
-    return pretrain(args, hooks)
+    state = pretrain(args, hooks)
+    shutdown_distributed()
+    return state

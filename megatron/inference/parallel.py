@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from megatron import mpu
 from megatron.errors import UserError
+from megatron.initialize import shutdown_distributed
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,8 @@ class Parallel:
     def close(self, wait: bool = True) -> None:
         """Destroy the process group if `setup` created it (a launched process that exits with a live gloo
         group aborts); with `wait`, after every rank got there (not on an error path: peers may be elsewhere)."""
-        if self.owns_process_group and dist.is_initialized():
-            if wait:
-                dist.barrier()
-            mpu.destroy_model_parallel()
-            dist.destroy_process_group()
+        if self.owns_process_group:
+            shutdown_distributed(wait)
 
     @property
     def is_first(self) -> bool:
