@@ -83,9 +83,11 @@ def setup_engine(args: argparse.Namespace, hooks: ModelHooks):
 
 def _keep_fp32_grad_norm(engine) -> None:
     """DeepSpeed's fp32 path without ZeRO (stage 0) clips gradients but drops their norm; keep it so the log
-    and get_global_grad_norm() report it as they do under ZeRO-1. The norm is the whole model's
-    (`mpu.get_grad_norm`: over the tp and pipeline groups, a tied weight's later copies not counted);
-    DeepSpeed's clip_grad_norm_ given the pipeline grid counts replicated gradients on pipeline stage 0 only."""
+    and get_global_grad_norm() report it as they do under ZeRO-1 (`mpu.get_grad_norm` over the tp group).
+    The TDS pipeline engine clips by the whole pipeline's norm and records it itself."""
+    if isinstance(engine, tds.pipe.PipelineEngine):
+        return
+
     def clip_and_record():
         params = [p for p in engine.module.parameters() if p.grad is not None]
         norm = mpu.get_grad_norm([p for p in params if not getattr(p, "ds_pipe_replicated", False)])

@@ -23,6 +23,7 @@ from deepspeed.runtime.base_optimizer import ZeROOptimizer
 from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
 from deepspeed.runtime.engine import DeepSpeedEngine
 from deepspeed.runtime.pipe.module import PipelineError
+from deepspeed.runtime.utils import is_model_parallel_parameter
 
 from .. import device as tds_device
 from .boundary import Boundary
@@ -232,6 +233,31 @@ class PipelineEngine(Executor, DeepSpeedEngine):
     def _backward_prologue_per_tensor(self, grad):
         # Gradients arriving from the next (virtual) stage are already divided by m at the loss.
         return super()._backward_prologue_per_tensor(grad) if self._loss_backward else grad
+
+    def clip_fp32_gradients(self) -> None:
+        """Clip to `gradient_clipping` (fp32 without ZeRO) by the norm of the whole model, and record it.
+
+        DeepSpeed's clip_grad_norm_, given the pipeline grid, counts a gradient that is not tensor-parallel only
+        where the rank in the pipe x tensor group is 0, i.e. on pipeline stage 0: the other stages' norms and
+        biases were left out of the norm. Here every stage counts its own parameters, tensor-parallel rank 0 the
+        replicated ones, and a tied weight's later copies (`ds_pipe_replicated`) not at all:
+
+            norm = sqrt( sum over the pipe x tensor group of the counted squared gradient norms )
+        """
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        tp_rank = self.grid.get_slice_parallel_rank()
+        counted = [p for p in params if not getattr(p, "ds_pipe_replicated", False)
+                   and (tp_rank == 0 or is_model_parallel_parameter(p))]
+        total = torch.zeros((), dtype=torch.float32, device=tds_device.device())
+        for p in counted:
+            total += p.grad.detach().float().norm() ** 2
+        dist.all_reduce(total, group=self.grid.get_model_parallel_group())
+        norm = float(total.sqrt())
+        coef = self.gradient_clipping() / (norm + 1e-6)
+        if coef < 1.0:
+            for p in params:
+                p.grad.detach().mul_(coef)
+        self._global_grad_norm = norm
 
     def _reset_backward_state(self) -> None:
         """Undo what a backward interrupted by an exception leaves behind: partial gradients and ZeRO's
