@@ -14,7 +14,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from tests.dist import run_distributed
-from tests.training.golden_cases import DATA, rank_run
+from tests.training.golden_cases import DATA, rank_run, argv as golden_argv
 
 # T5 gets 32 sentinels: vocabulary 512 + 32 = 544 pads to 544 at tp 1, 2 and 4 (divisor 8), so a chain of
 # reshapes through those tp sizes keeps every row; padding changes are tested on their own.
@@ -22,17 +22,8 @@ T5_EXTRA_IDS = 32
 
 
 def argv(model: str, data_prefix: str, tp: int, pp: int, iters: int, extra: Sequence[str] = ()) -> List[str]:
-    shape = (["--seq-length", "32"] if model == "gpt2" else
-             ["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--vocab-extra-ids", str(T5_EXTRA_IDS)])
-    return ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", *shape,
-            "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(iters),
-            "--lr", "1e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--clip-grad", "0.3",
-            "--zero-stage", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
-            "--tokenizer-type", "GPT2BPETokenizer", "--data-path", data_prefix,
-            "--vocab-file", os.path.join(DATA, "vocab.json"), "--merge-file", os.path.join(DATA, "merges.txt"),
-            "--num-workers", "0", "--log-interval", "100", "--eval-interval", "1000", "--eval-iters", "0",
-            "--split", "90,8,2", "--make-vocab-size-divisible-by", "8",
-            "--tensor-model-parallel-size", str(tp), "--pipe-parallel-size", str(pp), *extra]
+    """The golden runs' small model, without evaluation."""
+    return golden_argv(model, data_prefix, tp, pp, iters, T5_EXTRA_IDS, (100, 1000, 0), extra)
 
 
 def train(model: str, data_prefix: str, layout: Tuple[int, int, int], iters: int,

@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import sys
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 from tests.dist import run_distributed
 from tests.training.runner import train_state
@@ -31,18 +31,21 @@ def preprocess(out_dir: str) -> str:
     return prefix + "_text_document"
 
 
-def argv(model: str, data_prefix: str, tp: int, pp: int) -> List[str]:
+def argv(model: str, data_prefix: str, tp: int, pp: int, iters: int = ITERS, extra_ids: int = 8,
+         intervals: Tuple[int, int, int] = (10, 10, 1), extra: Sequence[str] = ()) -> List[str]:
+    """The golden runs' small model; `intervals` = (log, eval, eval iterations)."""
+    log_interval, eval_interval, eval_iters = intervals
     shape = (["--seq-length", "32"] if model == "gpt2" else
-             ["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--vocab-extra-ids", "8"])
+             ["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--vocab-extra-ids", str(extra_ids)])
     return ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", *shape,
-            "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(ITERS),
+            "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(iters),
             "--lr", "1e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--clip-grad", "0.3",
             "--zero-stage", "1", "--hidden-dropout", "0", "--attention-dropout", "0",
             "--tokenizer-type", "GPT2BPETokenizer", "--data-path", data_prefix,
             "--vocab-file", os.path.join(DATA, "vocab.json"), "--merge-file", os.path.join(DATA, "merges.txt"),
-            "--num-workers", "0", "--log-interval", "10", "--eval-interval", "10", "--eval-iters", "1",
-            "--split", "90,8,2", "--make-vocab-size-divisible-by", "8",
-            "--tensor-model-parallel-size", str(tp), "--pipe-parallel-size", str(pp)]
+            "--num-workers", "0", "--log-interval", str(log_interval), "--eval-interval", str(eval_interval),
+            "--eval-iters", str(eval_iters), "--split", "90,8,2", "--make-vocab-size-divisible-by", "8",
+            "--tensor-model-parallel-size", str(tp), "--pipe-parallel-size", str(pp), *extra]
 
 
 def rank_run(model: str, args: List[str], world_size: int) -> Tuple[List[float], List[float]]:
