@@ -5,6 +5,7 @@ Legend: B = samples per iteration (global batch), s = sequence length, h = hidde
 
 Forward FLOPs of one transformer layer over B sequences of length s (self-attention):
     QKV projections 6Bshd + scores QK^T 2Bs^2d + weighted values 2Bs^2d + output projection 2Bsdh + MLP 4Bshf
+(T5 v1.1's gated-GELU MLP has two input projections: 6Bshf).
 A T5 decoder layer adds cross-attention over the encoder length s_e: Q 2Bshd, KV 4Bs_e hd, QK^T and values
 4Bs s_e d, output projection 2Bsdh. The logits add 2BshV.
 
@@ -21,9 +22,10 @@ from __future__ import annotations
 from typing import Optional
 
 
-def self_attention_layer_flops(b: int, s: int, h: int, d: int, f: int) -> float:
+def self_attention_layer_flops(b: int, s: int, h: int, d: int, f: int, gated: bool = False) -> float:
     """Forward FLOPs of a self-attention + MLP layer (formula in the module docstring)."""
-    return 6 * b * s * h * d + 4 * b * s * s * d + 2 * b * s * d * h + 4 * b * s * h * f
+    mlp = (6 if gated else 4) * b * s * h * f
+    return 6 * b * s * h * d + 4 * b * s * s * d + 2 * b * s * d * h + mlp
 
 
 def cross_attention_flops(b: int, s_dec: int, s_enc: int, h: int, d: int) -> float:
@@ -38,13 +40,13 @@ def gpt_flops_per_iteration(b: int, s: int, num_layers: int, h: int, d: int, f: 
 
 
 def t5_flops_per_iteration(b: int, s_enc: int, s_dec: int, num_layers: int, h: int, d: int, f: int, vocab: int,
-                           recompute: bool, num_decoder_layers: Optional[int] = None) -> float:
+                           recompute: bool, num_decoder_layers: Optional[int] = None, gated: bool = False) -> float:
     """`num_layers` encoder layers + `num_decoder_layers` (default num_layers) decoder layers (self + cross
-    attention + MLP)."""
-    encoder = num_layers * self_attention_layer_flops(b, s_enc, h, d, f)
+    attention + MLP; `gated`: T5 v1.1's gated-GELU MLP)."""
+    encoder = num_layers * self_attention_layer_flops(b, s_enc, h, d, f, gated)
     decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
-    decoder = decoder_layers * (self_attention_layer_flops(b, s_dec, h, d, f) + cross_attention_flops(b, s_dec, s_enc,
-                                                                                                   h, d))
+    decoder = decoder_layers * (self_attention_layer_flops(b, s_dec, h, d, f, gated)
+                                + cross_attention_flops(b, s_dec, s_enc, h, d))
     logits = 2 * b * s_dec * h * vocab
     return (4 if recompute else 3) * (encoder + decoder) + 3 * logits
 
@@ -55,7 +57,8 @@ def flops_per_iteration(args) -> float:
                   f=args.ffn_hidden_size, vocab=args.padded_vocab_size, recompute=args.checkpoint_activations)
     if args.model_type == "t5":
         return t5_flops_per_iteration(args.global_batch_size, args.encoder_seq_length, args.decoder_seq_length,
-                                      num_decoder_layers=getattr(args, "decoder_num_layers", None), **common)
+                                      num_decoder_layers=getattr(args, "decoder_num_layers", None),
+                                      gated=getattr(args, "feed_forward_proj", "relu") == "gated-gelu", **common)
     return gpt_flops_per_iteration(args.global_batch_size, args.seq_length, **common)
 
 

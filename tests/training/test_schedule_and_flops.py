@@ -1,10 +1,11 @@
 """LR schedule against hand-computed values; FLOP formula against Megatron's closed form."""
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
-from megatron.flops import gpt_flops_per_iteration, t5_flops_per_iteration
+from megatron.flops import flops_per_iteration, gpt_flops_per_iteration, t5_flops_per_iteration
 from megatron.learning_rates import AnnealingLR, annealed_lr
 
 
@@ -45,3 +46,16 @@ def test_t5_flops_decoder_adds_cross_attention():
     # encoder + decoder self-attention layers = a 2L-layer GPT; cross-attention with s_e = s adds 8bsh^2 + 4bs^2h (Q 2, KV 4, output 2)
     cross = 3 * L * (8 * b * s * h * h + 4 * b * s * s * h)
     assert gpt_like == pytest.approx(gpt_flops_per_iteration(b, s, 2 * L, h, h, 4 * h, V, False) + cross)
+
+
+def test_t5_flops_gated_gelu_counts_both_input_projections():
+    b, s, L, h, f, V = 2, 64, 2, 32, 80, 100
+    relu = t5_flops_per_iteration(b, s, s, L, h, h, f, V, recompute=False)
+    gated = t5_flops_per_iteration(b, s, s, L, h, h, f, V, recompute=False, gated=True)
+    # one more h x f projection per layer, 2L layers, forward + backward
+    assert gated - relu == pytest.approx(3 * 2 * L * 2 * b * s * h * f)
+    args = SimpleNamespace(model_type="t5", num_layers=L, hidden_size=h, num_attention_heads=4, kv_channels=h // 4,
+                           ffn_hidden_size=f, padded_vocab_size=V, checkpoint_activations=False, global_batch_size=b,
+                           encoder_seq_length=s, decoder_seq_length=s, decoder_num_layers=None,
+                           feed_forward_proj="gated-gelu")
+    assert flops_per_iteration(args) == pytest.approx(gated)
