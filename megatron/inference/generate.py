@@ -95,7 +95,7 @@ def _end_id(config, tokenizer) -> int:
 def _check_stop(c: Completion, tokenizer, stop: Sequence[str]) -> bool:
     """True (and the text cut) if the completion's text contains a stop string."""
     text = tokenizer.detokenize(c.ids)
-    cuts = [text.find(s) for s in stop if s and s in text]
+    cuts = [i for i in (text.find(s) for s in stop if s) if i >= 0]
     if cuts:
         c.text, c.finish = text[:min(cuts)], "stop"
         return True
@@ -125,17 +125,20 @@ def generate_batch(model, tokenizer, batch: List[Completion], params: Generation
     end_id, vocab = _end_id(model.config, tokenizer), model.config.vocab_size
     limits = _row_limits(model.config, [c.prompt_ids for c in batch], params.max_new_tokens)
     runner = make_runner(model, [c.prompt_ids for c in batch], max(limits), tokenizer.pad, params.use_cache)
-    generators = row_generators(params.seed, [c.index for c in batch])
+    greedy = params.sampling.greedy
+    generators = None if greedy else row_generators(params.seed, [c.index for c in batch])
     done = [limit <= 0 for limit in limits]
     logits = runner.first()  # (b, V_r)
     while not all(done):
         full = gather_vocab(logits, vocab, par.tp_group)  # (b, V)
-        tokens = _broadcast_tp(sample(full, params.sampling, draw_uniforms(generators)).to(logits.device), par)
+        uniforms = None if greedy else draw_uniforms(generators)
+        ids = _broadcast_tp(sample(full, params.sampling, uniforms).to(logits.device), par).tolist()
         for i, c in enumerate(batch):
-            done[i] = done[i] or _take(c, int(tokens[i]), end_id, limits[i], tokenizer, params.stop)
+            done[i] = done[i] or _take(c, ids[i], end_id, limits[i], tokenizer, params.stop)
         if all(done):
             break
-        logits = runner.next(torch.where(torch.tensor(done, device=tokens.device), tokenizer.pad, tokens))
+        fed = [tokenizer.pad if d else t for d, t in zip(done, ids)]
+        logits = runner.next(torch.tensor(fed, dtype=torch.long, device=logits.device))
     seconds = time.perf_counter() - start
     for c in batch:
         c.seconds = seconds

@@ -20,6 +20,7 @@ import torch
 
 from megatron.errors import UserError
 from .parallel import Parallel
+from .prompts import right_pad
 from .sampling import gather_vocab
 
 
@@ -79,11 +80,8 @@ def correct_flags(model, batch: Sequence[Tuple[List[int], List[int]]], seq_lengt
     rows = [(context + target)[-(seq_length + 1):] for context, target in batch]
     truncated = sum(len(c) + len(t) > seq_length + 1 for c, t in batch)
     device = model.embedding.word_embeddings.weight.device
-    width = max(len(r) for r in rows) - 1
-    inputs = torch.full((len(rows), width), pad, dtype=torch.long)
-    for i, r in enumerate(rows):
-        inputs[i, :len(r) - 1] = torch.tensor(r[:-1], dtype=torch.long)
-    logits = model(inputs.to(device))  # (b, s', V_r), causal: right padding never reaches real positions
+    inputs = right_pad([r[:-1] for r in rows], pad, device)[0]
+    logits = model(inputs)  # (b, s', V_r), causal: right padding never reaches real positions
     picks = [logits[i, len(r) - 1 - len(t):len(r) - 1] for i, (r, (_, t)) in enumerate(zip(rows, batch))]
     predicted = gather_vocab(torch.cat(picks), model.config.vocab_size, tp_group).argmax(-1).tolist()
     flags, at = [], 0

@@ -28,6 +28,7 @@ from megatron import mpu
 from megatron.errors import UserError
 from . import detokenize
 from .parallel import Parallel
+from .prompts import right_pad
 
 
 @dataclass
@@ -93,14 +94,11 @@ def windows(num_tokens: int, seq_length: int, stride: int) -> List[Tuple[int, in
 def _window_batch(tokens: Sequence[int], spans: Sequence[Tuple[int, int]], seq_length: int, pad: int, device):
     """inputs (w, s'), labels (w, s'), scored (w, s') bool; s' = longest window's length, at most s."""
     rows = [tokens[start:start + seq_length + 1] for start, _ in spans]
-    width = max(len(r) for r in rows) - 1
-    data = torch.full((len(rows), width + 1), pad, dtype=torch.long)
-    scored = torch.zeros(len(rows), width, dtype=torch.bool)
+    data = right_pad(rows, pad, device)[0]  # (w, s' + 1)
+    scored = torch.zeros(len(rows), data.size(1) - 1, dtype=torch.bool)
     for i, (row, (_, first)) in enumerate(zip(rows, spans)):
-        data[i, :len(row)] = torch.tensor(row, dtype=torch.long)
         scored[i, first:len(row) - 1] = True
-    data, scored = data.to(device), scored.to(device)
-    return data[:, :-1], data[:, 1:], scored
+    return data[:, :-1], data[:, 1:], scored.to(device)
 
 
 @torch.no_grad()

@@ -16,23 +16,25 @@ data's decoder start) at position 0 and every row has the same length, so only c
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import Sequence
 
 import torch
 
 from megatron.model.attention import mask_to_bias
-from megatron.model.t5_model import attention_bias
-from megatron.model.transformer import run_layers
-from .kv_cache import LayerCache, decoder_caches
+from .kv_cache import decoder_caches
 from .prompts import left_pad, right_pad
 
 
 class _Runner:
     """The step protocol; subclasses define `_forward(start, end)` over positions [start, end)."""
 
-    def __init__(self, use_cache: bool):
-        self.use_cache = use_cache
-        self.length = 0  # positions fed so far
+    def __init__(self, model, rows: int, length: int, capacity: int, pad_id: int, caches):
+        """`length` positions fed so far of `capacity`; `caches` one per decoder layer, or None to recompute."""
+        self.model = model
+        self.device = model.embedding.word_embeddings.weight.device
+        self.tokens = torch.full((rows, capacity), pad_id, dtype=torch.long, device=self.device)
+        self.length = length
+        self.caches = caches
 
     def first(self) -> torch.Tensor:
         return self._forward(0, self.length)
@@ -41,7 +43,7 @@ class _Runner:
         """tokens (b,) -> logits (b, V_r) after them."""
         self.tokens[:, self.length] = tokens
         self.length += 1
-        return self._forward(self.length - 1 if self.use_cache else 0, self.length)
+        return self._forward(self.length - 1 if self.caches is not None else 0, self.length)
 
     def _forward(self, start: int, end: int) -> torch.Tensor:
         raise NotImplementedError
@@ -52,18 +54,14 @@ class GPT2Runner(_Runner):
 
     def __init__(self, model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int,
                  use_cache: bool = True):
-        super().__init__(use_cache)
-        self.model = model
-        device = model.embedding.word_embeddings.weight.device
-        batch = left_pad(prompts, pad_id, device)
-        b, self.length = batch.tokens.shape
-        capacity = self.length + max_new_tokens
-        self.tokens = torch.full((b, capacity), pad_id, dtype=torch.long, device=device)
-        self.tokens[:, :self.length] = batch.tokens
+        batch = left_pad(prompts, pad_id, model.embedding.word_embeddings.weight.device)
+        b, length = batch.tokens.shape
+        capacity = length + max_new_tokens
+        super().__init__(model, b, length, capacity, pad_id,
+                         decoder_caches(len(model.layers), capacity) if use_cache else None)
+        self.tokens[:, :length] = batch.tokens
         self.pads = batch.pads  # (b,)
         self.max_position = model.config.max_position_embeddings - 1
-        self.caches: Optional[List[LayerCache]] = (decoder_caches(len(model.layers), capacity)
-                                                   if use_cache else None)
 
     def _mask(self, start: int, end: int) -> torch.Tensor:
         """(b, 1, q, end) bool, True = masked: future columns and pad columns, except each query's own."""
@@ -85,37 +83,22 @@ class GPT2Runner(_Runner):
         return m.embedding.logits(m.final_layernorm(x[:, -1:]))[:, 0]  # (b, V_r)
 
 
-def t5_head(model, hidden: torch.Tensor) -> torch.Tensor:
-    """Decoder output (b, q, h) -> vocab-parallel logits (b, q, V_r): tied table or the untied head."""
-    head = getattr(model, "lm_head", None)
-    return model.embedding.logits(hidden) if head is None else head(hidden)
-
-
 class T5Runner(_Runner):
     """T5Model: encoder over right-padded prompts once, then the decoder one token at a time."""
 
     def __init__(self, model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int,
                  use_cache: bool = True):
-        super().__init__(use_cache)
-        self.model = model
-        device = model.embedding.word_embeddings.weight.device
-        enc_tokens, lengths = right_pad(prompts, pad_id, device)
-        pad_key = torch.arange(enc_tokens.size(1), device=device).unsqueeze(0) >= lengths.unsqueeze(1)  # (b, L)
-        self.encoder_output = self._encode(enc_tokens, pad_key)  # (b, L, h)
-        self.cross_bias = mask_to_bias(pad_key[:, None, None, :], self.encoder_output.dtype)  # (b, 1, 1, L)
-        capacity = 1 + max_new_tokens
-        self.tokens = torch.full((len(prompts), capacity), pad_id, dtype=torch.long, device=device)
-        self.length = 1  # the decoder start token, pad
-        self.caches = (decoder_caches(len(model.decoder_layers), capacity, cross_attention=True)
-                       if use_cache else None)
-
-    def _encode(self, enc_tokens: torch.Tensor, pad_key: torch.Tensor) -> torch.Tensor:
-        m = self.model
+        capacity = 1 + max_new_tokens  # the decoder start token (pad, already in place) and the new ones
+        super().__init__(model, len(prompts), 1, capacity, pad_id,
+                         decoder_caches(len(model.decoder_layers), capacity, cross_attention=True)
+                         if use_cache else None)
+        enc_tokens, lengths = right_pad(prompts, pad_id, self.device)
         length = enc_tokens.size(1)
+        pad_key = torch.arange(length, device=self.device).unsqueeze(0) >= lengths.unsqueeze(1)  # (b, L)
         enc_mask = pad_key[:, None, None, :].expand(-1, 1, length, length)  # (b, 1, L, L) pad keys masked
-        x = m.embedding.encoder_embedding_dropout(m.embedding.word_embeddings(enc_tokens))
-        bias = attention_bias(m.encoder_layers[0].position_bias.compact(length, length), enc_mask)
-        return m.encoder_final(run_layers(m.encoder_layers, x, 0, bias))
+        x = model.embedding.encoder_embedding_dropout(model.embedding.word_embeddings(enc_tokens))
+        self.encoder_output = model.encode(x, enc_mask)  # (b, L, h)
+        self.cross_bias = mask_to_bias(pad_key[:, None, None, :], self.encoder_output.dtype)  # (b, 1, 1, L)
 
     def _forward(self, start: int, end: int) -> torch.Tensor:
         m = self.model
@@ -126,7 +109,7 @@ class T5Runner(_Runner):
             bias = bias + mask_to_bias(torch.arange(end, device=x.device).unsqueeze(0) > i, bias.dtype)
         for layer, cache in zip(m.decoder_layers, self.caches or [None] * len(m.decoder_layers)):
             x = layer(x, bias, self.encoder_output, self.cross_bias, kv_cache=cache)
-        return t5_head(m, m.decoder_final(x[:, -1:]))[:, 0]  # (b, V_r)
+        return m.head(m.decoder_final(x[:, -1:]))[:, 0]  # (b, V_r)
 
 
 def make_runner(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int,

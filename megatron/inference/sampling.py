@@ -15,7 +15,7 @@ seed, the prompt and the model: not on the tp size, the data-parallel rank, the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -61,8 +61,8 @@ def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tenso
     return logits
 
 
-def sample(logits: torch.Tensor, sampling: Sampling, uniforms: torch.Tensor) -> torch.Tensor:
-    """Next ids (b,) int64 from full logits (b, V); uniforms (b,) in [0, 1) are used only when sampling."""
+def sample(logits: torch.Tensor, sampling: Sampling, uniforms: Optional[torch.Tensor]) -> torch.Tensor:
+    """Next ids (b,) int64 from full logits (b, V); uniforms (b,) in [0, 1), needed only when sampling."""
     if sampling.greedy:
         return logits.argmax(dim=-1)
     probs = torch.softmax(filter_logits(logits / sampling.temperature, sampling.top_k, sampling.top_p), dim=-1)

@@ -136,11 +136,19 @@ class T5Model(nn.Module):
                 dec_mask: torch.Tensor, cross_mask: torch.Tensor) -> torch.Tensor:
         n = self.config.checkpoint_num_layers
         enc, dec = self.embedding(enc_tokens, dec_tokens)  # (b, se, h), (b, sd, h)
-        enc_bias = attention_bias(self.encoder_layers[0].position_bias.compact(*enc_mask.shape[-2:]), enc_mask)
-        enc = self.encoder_final(run_layers(self.encoder_layers, enc, n, enc_bias))
+        enc = self.encode(enc, enc_mask)
         dec_bias = attention_bias(self.decoder_layers[0].position_bias.compact(*dec_mask.shape[-2:]), dec_mask)
         cross_bias = mask_to_bias(cross_mask, dec.dtype)
         dec = self.decoder_final(run_layers(self.decoder_layers, dec, n, dec_bias, enc, cross_bias))
+        return self.head(dec)
+
+    def encode(self, enc: torch.Tensor, enc_mask: torch.Tensor) -> torch.Tensor:
+        """Embedded encoder input (b, se, h) -> the encoder's output (b, se, h)."""
+        enc_bias = attention_bias(self.encoder_layers[0].position_bias.compact(*enc_mask.shape[-2:]), enc_mask)
+        return self.encoder_final(run_layers(self.encoder_layers, enc, self.config.checkpoint_num_layers, enc_bias))
+
+    def head(self, dec: torch.Tensor) -> torch.Tensor:
+        """Decoder output (b, q, h) -> vocab-parallel logits (b, q, V_r): the tied table or the untied head."""
         return self.embedding.logits(dec) if self.lm_head is None else self.lm_head(dec)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
