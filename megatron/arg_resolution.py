@@ -283,8 +283,7 @@ def _resolve_length(args: argparse.Namespace) -> None:
         args.lr_warmup_iters = _warmup(args, args.lr_warmup_iters, args.lr_decay_iters, "iters")
         return
     _resolve_rampup(args)
-    schedule = BatchSchedule(args.global_batch_size, args.micro_batch_size, args.data_parallel_size,
-                             args.rampup_batch_size)
+    schedule = BatchSchedule.from_args(args)
     args.train_iters = schedule.train_iters(args.train_samples)
     _need(args.train_iters >= 1, f"--train-samples {args.train_samples} is less than one global batch "
           f"({schedule.global_batch(0)})")

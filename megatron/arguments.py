@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Dict, NoReturn, Optional, Sequence
 
-from megatron.arg_resolution import resolve_args
+from megatron.arg_resolution import PIPELINE_SCHEDULES, resolve_args
 from megatron.errors import UserError
+from megatron.tokenizer import TOKENIZER_TYPES
 
 ExtraArgsProvider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 
@@ -82,7 +83,7 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
                    help="how the Pipe model splits its layers: type:REGEX (default type:TransformerLayer), parameters, "
                         "uniform, or explicit layer boundaries such as 0,5,11 (pp + 1 numbers; pp x v + 1 with "
                         "--virtual-pipe-stages v)")
-    g.add_argument("--pipeline-schedule", type=str.lower, choices=["1f1b", "gpipe", "interleaved", "zb-h1"],
+    g.add_argument("--pipeline-schedule", type=str.lower, choices=PIPELINE_SCHEDULES,
                    default=None, help="pipeline schedule (pipeline.schedule in the DeepSpeed JSON): 1f1b (default), "
                                       "gpipe, interleaved (default with --virtual-pipe-stages > 1), zb-h1 "
                                       "(zero bubble)")
@@ -134,7 +135,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="*", default=None, help="PREFIX, or WEIGHT PREFIX WEIGHT PREFIX ...")
     g.add_argument("--split", type=str, default="969,30,1", help="train,valid,test proportions")
-    g.add_argument("--tokenizer-type", choices=["GPT2BPETokenizer", "SentencePieceTokenizer"], default=None,
+    g.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, default=None,
                    help="default: GPT2BPETokenizer for GPT-2, SentencePieceTokenizer for T5")
     g.add_argument("--vocab-file", type=str, default=None)
     g.add_argument("--merge-file", type=str, default=None)

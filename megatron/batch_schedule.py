@@ -34,6 +34,10 @@ class BatchSchedule:
             self.rampup = (start, increment, samples / ((global_batch_size - start) // increment))
             self.rampup_samples = samples
 
+    @classmethod
+    def from_args(cls, args) -> "BatchSchedule":
+        return cls(args.global_batch_size, args.micro_batch_size, args.data_parallel_size, args.rampup_batch_size)
+
     def global_batch(self, consumed_samples: int) -> int:
         if self.rampup is None or consumed_samples > self.rampup_samples:
             return self.global_batch_size

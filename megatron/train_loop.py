@@ -44,11 +44,6 @@ def train_step(engine, data_iter: Iterator[Batch], loss_fn: LossFn, args: argpar
     return forward_micro_batches(engine, data_iter, loss_fn, micro_batches, train=True)
 
 
-def batch_schedule(args: argparse.Namespace) -> BatchSchedule:
-    return BatchSchedule(args.global_batch_size, args.micro_batch_size, args.data_parallel_size,
-                         args.rampup_batch_size)
-
-
 def set_iteration_batch(engine, args: argparse.Namespace, schedule: BatchSchedule, consumed: int) -> int:
     """Size the engine (and an LR schedule in samples) for the next iteration's global batch; returns it."""
     batch = schedule.global_batch(consumed)
@@ -84,7 +79,7 @@ def train(engine, args: argparse.Namespace, state: TrainState, train_iter: Itera
           make_valid_iter: Optional[Callable[[], Iterator[Batch]]], tb: TensorBoard) -> TrainState:
     """Iterate from state.iteration + 1 to --train-iters (or the next multiple of --exit-interval);
     log, evaluate and save on their intervals."""
-    stats, schedule = IntervalStats(), batch_schedule(args)
+    stats, schedule = IntervalStats(), BatchSchedule.from_args(args)
     engine.train()
     while state.iteration < args.train_iters:
         batch = set_iteration_batch(engine, args, schedule, state.consumed_train_samples)

@@ -89,13 +89,7 @@ def _keep_fp32_grad_norm(engine) -> None:
         return
 
     def clip_and_record():
-        params = [p for p in engine.module.parameters() if p.grad is not None]
-        norm = mpu.get_grad_norm([p for p in params if not getattr(p, "ds_pipe_replicated", False)])
-        coef = engine.gradient_clipping() / (norm + 1e-6)
-        if coef < 1.0:
-            for p in params:
-                p.grad.detach().mul_(coef)
-        engine._global_grad_norm = norm
+        engine._global_grad_norm = mpu.clip_grad_norm(list(engine.module.parameters()), engine.gradient_clipping())
     engine.clip_fp32_gradients = clip_and_record
 
 
