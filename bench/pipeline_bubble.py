@@ -32,19 +32,17 @@ above its formula. One run takes about 3.5 minutes.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
 
 import torch
-import torch.multiprocessing as mp
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _spawn import run_on_ranks  # noqa: E402  (bench/ is on the path when a script runs)
 
 P, LAYERS_PER_STAGE, HIDDEN, MBS = 4, 2, 8, 2
 SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))
@@ -147,19 +145,6 @@ def run(args, folder: str) -> dict:
     return {(s, v, m): measure(s, v, m, args, folder) for m in args.micro_batches for s, v in SCHEDULES}
 
 
-def worker(rank: int, port: int, args, folder: str, queue) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(P), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    import torch.distributed as dist
-    dist.init_process_group("gloo", rank=rank, world_size=P, timeout=datetime.timedelta(seconds=600))
-    from tds import device
-    device.init_distributed()
-    results = run(args, folder)
-    if rank == 0:
-        queue.put(results)
-
-
 def report(results: dict, args) -> bool:
     print(f"p = {P} stages, F = B = W = {args.ms:g} ms per stage and micro-batch (sleeps), micro-batch {MBS}, "
           f"bubble averaged over stages and batches 2-3")
@@ -201,17 +186,7 @@ def main() -> None:
     args = p.parse_args()
     folder = args.save_traces or tempfile.mkdtemp(prefix="bubble-")
     os.makedirs(folder, exist_ok=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, port, args, folder, queue)) for r in range(P)]
-    for proc in procs:
-        proc.start()
-    results = queue.get()
-    for proc in procs:
-        proc.join()
+    results = run_on_ranks(run, P, args, folder)
     if not args.save_traces:
         shutil.rmtree(folder, ignore_errors=True)
     ok = report(results, args)

@@ -23,18 +23,16 @@ are reported, no MFU (a shared CPU has no meaningful peak).
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import socket
 import statistics
 import sys
 import time
 
 import torch
-import torch.multiprocessing as mp
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from _spawn import run_on_ranks  # noqa: E402  (bench/ is on the path when a script runs)
 
 
 class Embed(nn.Module):
@@ -190,19 +188,6 @@ def run(args) -> dict:
     return out
 
 
-def worker(rank: int, port: int, args, queue) -> None:
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    import torch.distributed as dist
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=600))
-    from tds import device
-    device.init_distributed()
-    results = run(args)
-    if rank == 0:
-        queue.put(results)
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=20, help="measured steps per engine (alternating)")
@@ -218,17 +203,7 @@ def main() -> None:
     p.add_argument("--schedules", nargs="+", default=["1f1b"], choices=["1f1b", "interleaved", "zb-h1", "gpipe"],
                    help="TDS schedules to run beside DeepSpeed's 1F1B (the first also reports header traffic)")
     args = p.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, port, args, queue)) for r in range(2)]
-    for proc in procs:
-        proc.start()
-    results = queue.get()
-    for proc in procs:
-        proc.join()
+    results = run_on_ranks(run, 2, args)
     print(f"config: {vars(args)}")
     ds = results["deepspeed"]
     for name, r in results.items():
