@@ -77,10 +77,6 @@ def _gpt2_classes():
     from megatron.model.gpt2_model import GPT2Embedding, final_layernorm
     from megatron.model.transformer import TransformerLayer
 
-    class GPT2Embed(GPT2Embedding):
-        def forward(self, tokens):  # (b, s) -> (b, s, h), positions 0..s-1
-            return super().forward(tokens)
-
     class GPT2Layer(TransformerLayer):
         def forward(self, x):  # (b, s, h) -> (b, s, h)
             return super().forward(x, None)
@@ -92,11 +88,7 @@ def _gpt2_classes():
 
         def forward(self, x):
             return self.final_layernorm(x)
-    return GPT2Embed, GPT2Layer, GPT2FinalNorm
-
-
-def gpt2_head(embedding, x):  # (b, s, h) -> (b, s, V)
-    return embedding.logits(x)
+    return GPT2Embedding, GPT2Layer, GPT2FinalNorm  # the embedding: (b, s) -> (b, s, h), positions 0..s-1
 
 
 def specs(args):
@@ -106,7 +98,7 @@ def specs(args):
         config, tied = gpt2_config(args), dict(tied_weight_attr="word_embeddings.weight")
         return ([TiedLayerSpec("embed", embed, config, **tied)]
                 + [LayerSpec(layer, config, i + 1) for i in range(args.layers)] + [LayerSpec(norm, config)]
-                + [TiedLayerSpec("embed", embed, config, forward_fn=gpt2_head, **tied)])
+                + [TiedLayerSpec("embed", embed, config, forward_fn=embed.logits, **tied)])
     return ([LayerSpec(Embed, args.vocab, args.hidden)] + [LayerSpec(Block, args.hidden) for _ in range(args.layers)]
             + [LayerSpec(Head, args.hidden, args.vocab)])
 
