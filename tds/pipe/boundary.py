@@ -86,21 +86,19 @@ class Boundary:
     tp_rank: int
     device: torch.device
     log_layout: bool = True                  # this rank logs its inferred layout (one rank per stage)
-    send_decls: list[meta.TensorDecl] | None = None  # outgoing layout: declared, or inferred when training
+    send_decls: list[meta.TensorDecl] | None = None  # undeclared: the outgoing layout inferred when training
     _sent_layout: tuple | None = field(default=None, repr=False)   # (specs, was_tuple, grads) last sent
     _recv_layout: tuple | None = field(default=None, repr=False)   # (specs, was_tuple, grads) last received
     _next_first: tuple | None = field(default=None, repr=False)    # receive posted ahead of time
     _told_unused: bool = field(default=False, repr=False)
 
     def __post_init__(self):
-        if self.declared is not None:
-            self.send_decls = list(self.declared)
         self._anchor = torch.empty(0, device=self.device, requires_grad=True)
 
     @property
     def decls(self) -> list[meta.TensorDecl]:
         """The layout of the tuple this stage sends (what its backward takes gradients for)."""
-        return self.send_decls or []
+        return self.declared if self.declared is not None else self.send_decls or []
 
     def discard_posted(self) -> None:
         """Forget a receive posted ahead (after a failed batch)."""
@@ -172,6 +170,7 @@ class Boundary:
                 raise meta.PipelineLayoutError(f"position {pos}: got {got} where the first training micro-batch "
                                                f"sent a {d.type!r} tensor {inferred}; keep each position's dtype "
                                                f"family")
+            meta.check_ndim(pos, t)
             if t.requires_grad and not d.grad and torch.is_grad_enabled():
                 grads = [e.grad or i == pos for i, e in enumerate(decls)]
                 raise meta.PipelineLayoutError(

@@ -80,6 +80,8 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         groups = self._process_groups()
         apply_timeout(groups, timeout)
         self.comm = CommGuard(self.stage_id, timeout, source, groups)
+        self._comm_in = self._describe_comms()  # {Op: text}, looked up per instruction (the groups never change)
+        self._loss_comm = f"the loss all_reduce / broadcast over {self.comm.describe('data-parallel', 'pipeline')}"
         self._broken: str | None = None  # why point-to-point state is unknown after a failed batch
         self._configure_timeline(cfg)
 
@@ -117,12 +119,12 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         self._timeline = TimelineRecorder(self.stage_id, frozenset(batches))
 
     def _process_groups(self) -> dict:
-        """{name: group} of every group this engine (and the model's tied weights) runs collectives on."""
+        """{name: group} of every group this engine (and the model's tied weights) runs collectives on; the
+        point-to-point group is not among them: `P2P.create` gives it the timeout when it creates it."""
         groups = {"data-parallel": self.grid.get_data_parallel_group(),
                   "pipeline": self.grid.get_pipe_parallel_group(),
                   "tensor-parallel": self.grid.get_slice_parallel_group(),
-                  "model-parallel": self.grid.get_model_parallel_group(),
-                  "point-to-point": self.p2p.group if self.p2p is not None else None}
+                  "model-parallel": self.grid.get_model_parallel_group()}
         for key in sorted(self.module.tied_comms):
             groups[f"tied-weight '{key}'"] = self.module.tied_comms[key]["group"]
         return groups
@@ -267,8 +269,8 @@ class PipelineEngine(Executor, DeepSpeedEngine):
             self.optimizer._backward_active_depth = 0
         self.optimizer.zero_grad()
 
-    def _comm_in(self, op: Op) -> str:
-        """What communicates inside an instruction, for the error message when it fails."""
+    def _describe_comms(self) -> dict:
+        """{Op: what communicates inside an instruction of that op}, for the error message when it fails."""
         c = self.comm
         return {Op.LOAD: f"a collective of the data iterator over {c.describe('tensor-parallel')}",
                 Op.RECV_ACT: f"the activation receive / all_gather over {c.describe('tensor-parallel')}",
@@ -282,7 +284,7 @@ class PipelineEngine(Executor, DeepSpeedEngine):
                                 + c.describe(*[n for n in c.groups if n.startswith("tied")]),
                 Op.REDUCE_GRADS: f"the gradient all_reduce over {c.describe('data-parallel')}",
                 Op.STEP: f"the optimizer step's all_gather / grad-norm all_reduce over "
-                         f"{c.describe('data-parallel', 'model-parallel')}"}[op]
+                         f"{c.describe('data-parallel', 'model-parallel')}"}
 
     def _abandon_batch(self, err: BaseException) -> None:
         """After a failure inside a batch: drop its receives posted ahead and sends in flight, and refuse
@@ -379,8 +381,7 @@ class PipelineEngine(Executor, DeepSpeedEngine):
     def _aggregate_loss(self, losses: list, broadcast: bool = True) -> torch.Tensor:
         """mean over micro-batches (last stage), mean over DP replicas, broadcast over the pipeline."""
         dev = tds_device.device()
-        with self.comm.guard("loss", f"the loss all_reduce / broadcast over "
-                                     f"{self.comm.describe('data-parallel', 'pipeline')}"):
+        with self.comm.guard("loss", self._loss_comm):
             if self.is_last_stage():
                 loss = torch.stack(losses).mean() if losses else torch.zeros((), device=dev)
                 if self.dp_world_size > 1:

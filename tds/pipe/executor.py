@@ -55,7 +55,7 @@ class BatchState:
 
 class Executor:
     """Mixin of `PipelineEngine`: `_run` and the instruction handlers (uses the engine's boundary, p2p,
-    module, optimizer, grid, weight_grads and timeline)."""
+    module, optimizer, grid, weight_grads, timeline and comm)."""
 
     def _run(self, instructions: list[Instruction], state: BatchState, batch: int | None = None) -> None:
         """Run `instructions`; record their spans when `batch` is a chosen timeline batch."""
@@ -72,7 +72,7 @@ class Executor:
         try:  # exceptions: see PipelineEngine._mode
             for ins in instructions:
                 t0 = clock()
-                with self.comm.guard(f"instruction {ins}", self._comm_in(ins.op)):
+                with self.comm.guard(f"instruction {ins}", self._comm_in[ins.op]):
                     handlers[ins.op](ins, state)
                 if recorder is not None:
                     recorder.record(ins, t0, clock())

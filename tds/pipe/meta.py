@@ -97,9 +97,11 @@ def infer_declarations(tensors: tuple) -> list[TensorDecl]:
     for pos, t in enumerate(tensors):
         if not torch.is_tensor(t):
             raise PipelineLayoutError(f"position {pos}: a stage must send tensors, got {type(t).__name__}")
-        if family(t.dtype) is None or t.dtype not in DTYPE_TO_ID:
+        fam = family(t.dtype)  # every dtype of a family has a wire id (DTYPE_TO_ID)
+        if fam is None:
             raise PipelineLayoutError(f"position {pos}: dtype {t.dtype} cannot be sent (known: {ID_TO_DTYPE[:10]})")
-        decls.append(TensorDecl(bool(t.requires_grad), family(t.dtype), False))
+        check_ndim(pos, t)
+        decls.append(TensorDecl(bool(t.requires_grad), fam, False))
     return decls
 
 
@@ -129,11 +131,16 @@ def check_layout(tensors: tuple, decls: list[TensorDecl]) -> None:
         if not d.accepts(t.dtype):
             raise PipelineLayoutError(f"position {pos}: declared type {d.type!r} (grad={d.grad}, partitioned="
                                       f"{d.partitioned}) but got dtype {t.dtype} shape {tuple(t.shape)}")
-        if t.dim() > MAX_NDIM:
-            raise PipelineLayoutError(f"position {pos}: {t.dim()} dims exceed MAX_NDIM={MAX_NDIM} "
-                                      f"(shape {tuple(t.shape)})")
+        check_ndim(pos, t)
         if t.dtype not in DTYPE_TO_ID:
             raise PipelineLayoutError(f"position {pos}: dtype {t.dtype} cannot be sent (known: {ID_TO_DTYPE})")
+
+
+def check_ndim(pos: int, t: torch.Tensor) -> None:
+    """Raise PipelineLayoutError when tensor `t` at position `pos` has more dims than a header holds."""
+    if t.dim() > MAX_NDIM:
+        raise PipelineLayoutError(f"position {pos}: {t.dim()} dims exceed MAX_NDIM={MAX_NDIM} "
+                                  f"(shape {tuple(t.shape)})")
 
 
 def header_len(n: int) -> int:

@@ -52,7 +52,6 @@ from deepspeed.runtime.pipe.module import LayerSpec, PipelineModule as _DSPipeli
 from .. import device as tds_device
 from . import recompute
 from .meta import PipelineLayoutError, TensorDecl, make_declarations
-from .recompute import non_reentrant_checkpoint, reentrant_checkpoint  # noqa: F401 - public names
 
 _DS_PRINTS = ("SEED_LAYERS=", "Using topology:")  # what DeepSpeed's constructor prints (rank 0)
 
@@ -94,7 +93,6 @@ class PipelineModule(_DSPipelineModule):
                              activation_checkpoint_interval=activation_checkpoint_interval,
                              activation_checkpoint_func=activation_checkpoint_func,
                              checkpointable_layers=checkpointable_layers, dynamic_shape=dynamic_shape)
-        self.verbose = verbose
         if verbose and self.global_rank == 0:
             print(self._listing(), flush=True)
         self._input_grad = input_grad
@@ -243,7 +241,6 @@ class PipelineModule(_DSPipelineModule):
         runs start at each chunk's first layer (`_segments[c]`: (start, end, recomputed) of chunk c)."""
         k = self.activation_checkpoint_interval
         if k > 0 and self.is_checkpointable_results_interval != k:
-            self.interval_was_zero = False
             self._segments = [[(s, min(s + k, hi), self._is_checkpointable(self.forward_funcs[s:min(s + k, hi)]))
                                for s in range(lo, hi, k)] for lo, hi in self._chunk_slices]
             self.is_checkpointable_results = [ckpt for chunk in self._segments for _, _, ckpt in chunk]

@@ -69,17 +69,16 @@ class TensorParallelView:
         return self.grid.get_slice_parallel_group()
 
 
-def configure_from_config(ds_config, grid) -> bool:
+def configure_from_config(ds_config, grid) -> None:
     """Apply the JSON's "activation_checkpointing" section unless the user configured deepspeed.checkpointing
-    already (their call wins). Returns whether DeepSpeed's checkpointing is configured afterwards."""
+    already (their call wins)."""
     if ds_checkpointing.is_configured() or "activation_checkpointing" not in ds_config._param_dict:
-        return ds_checkpointing.is_configured()
+        return
     cfg = ds_config.activation_checkpointing_config
     ds_checkpointing.configure(TensorParallelView(grid), partition_activations=cfg.partition_activations,
                                contiguous_checkpointing=cfg.contiguous_memory_optimization,
                                num_checkpoints=cfg.number_checkpoints, checkpoint_in_cpu=cfg.cpu_checkpointing,
                                synchronize=cfg.synchronize_checkpoint_boundary, profile=cfg.profile)
-    return True
 
 
 DEFAULTS = (default_checkpoint, reentrant_default, non_reentrant_default)  # what pipeline.use_reentrant may replace

@@ -170,6 +170,21 @@ def test_first_send_that_cannot_travel_is_named():
         b0.send_activations((torch.zeros(2), torch.zeros(2, dtype=torch.complex64)), 1, "send")
 
 
+@pytest.mark.parametrize("after_first_hop", [False, True])
+def test_undeclared_tensor_with_too_many_dims_is_named(after_first_hop):
+    """A header holds meta.MAX_NDIM dims per position: a deeper tensor is an error naming its position, on the
+    hop the layout is inferred from and on later hops, never a header whose shapes overrun the next position."""
+    b0, b1 = chain(2)
+    if after_first_hop:
+        hop(b0, b1, (torch.zeros(2), torch.zeros(2)))
+    sent = len(b0.p2p.sizes)
+    deep = torch.zeros((2,) + (1,) * meta.MAX_NDIM)
+    with pytest.raises(meta.PipelineLayoutError, match=rf"pipeline stage 0, send: position 1: {meta.MAX_NDIM + 1} "
+                                                       rf"dims exceed MAX_NDIM={meta.MAX_NDIM} \(shape \(2, 1,"):
+        b0.send_activations((torch.zeros(2), deep), 1, "send")
+    assert len(b0.p2p.sizes) == sent  # nothing of the failed hop was sent
+
+
 def test_declared_layout_stays_the_source_of_truth():
     """Declared: a tensor that requires grad at a position declared without grad gets none (as declared), and the
     header's grad bits match the declaration."""
