@@ -154,10 +154,8 @@ def read_consolidated(folder: str, with_optimizer: bool = True) -> Consolidated:
     optim_parts: Dict[str, List[Optional[Dict[str, torch.Tensor]]]] = {}
     load_optim = with_optimizer and has_optimizer(args)
     ranks = [(s, t) for s in range(pp) for t in range(tp)]
-    for s, t in progress(ranks, len(ranks), f"reading {folder} engine/optimizer"):
+    for s, t in progress(ranks if has_engine_state(args) else [], len(ranks), f"reading {folder} engine/optimizer"):
         mp = s * tp + t
-        if not has_engine_state(args):
-            break
         mp_state = load_file(os.path.join(folder, mp_rank_file(mp)))
         if mp == 0:
             out.engine = {k: v for k, v in mp_state.items() if k not in LAYOUT_KEYS}

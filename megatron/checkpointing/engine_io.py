@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from megatron.initialize import rng_states, set_rng_states
 from megatron.logging_utils import print_rank_0
-from .consolidated import NO_OPTIMIZER, WEIGHTS_ONLY, layout_of, read_consolidated
+from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
 from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, layer_file, publish_latest,
                     read_args, read_latest, write_args)
 from .names import ModelTable, virtual_stages
@@ -142,7 +142,7 @@ def load_checkpoint(engine, args: argparse.Namespace) -> Tuple[int, int]:
         return 0, 0
     folder = checkpoint_folder(args.load, tag)
     saved = read_args(folder)
-    if getattr(args, "finetune", False) or saved.get("checkpoint_content") == WEIGHTS_ONLY:
+    if getattr(args, "finetune", False) or not has_engine_state(saved):
         why = "--finetune" if getattr(args, "finetune", False) else "it holds weights only"
         print_rank_0(f"loading the weights of {folder} ({why}): iteration 0, fresh optimizer and LR schedule")
         load_weights_into(engine.module, folder, saved)
@@ -174,8 +174,8 @@ def _refresh_master_weights(engine) -> None:
 def _load_same_layout(engine, args, load_dir: str, tag: str, saved: Dict[str, Any]) -> Tuple[int, int]:
     where = os.path.join(load_dir, tag)
     print_rank_0(f"loading checkpoint {where} ...")
-    load_optim = not args.no_load_optim and saved.get("checkpoint_content") != NO_OPTIMIZER
-    with _load_overrides(engine, where):
+    load_optim = not args.no_load_optim and has_optimizer(saved)
+    with _load_overrides(engine, where, saved):
         path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=load_optim,
                                                     load_lr_scheduler_states=not args.no_load_optim)
     if path is None:
@@ -198,7 +198,7 @@ def _load_same_layout(engine, args, load_dir: str, tag: str, saved: Dict[str, An
 
 
 @contextlib.contextmanager
-def _load_overrides(engine, folder: str) -> Iterator[None]:
+def _load_overrides(engine, folder: str, saved: Dict[str, Any]) -> Iterator[None]:
     """pp = 1 reads the per-layer files (a checkpoint of the previous layout has the module in its mp_rank
     file and loads as before); DeepSpeed 0.19's BF16_Optimizer (bf16, stage 0, pp > 1) is given the list its
     loader indexes by dp rank, and its fp32 master weights are restored from the checkpoint."""
@@ -209,7 +209,7 @@ def _load_overrides(engine, folder: str) -> Iterator[None]:
         def load_module_state_dict(checkpoint, strict=True, **kwargs):
             if checkpoint.get("module") is not None:
                 return plain_load(checkpoint, strict, **kwargs)
-            load_weights_into(engine.module, folder, read_args(folder), strict=strict)
+            load_weights_into(engine.module, folder, saved, strict=strict)
         overrides["load_module_state_dict"] = load_module_state_dict
     opt = engine.optimizer
     if type(opt).__name__ == "BF16_Optimizer" and not engine.zero_optimization():
@@ -232,14 +232,14 @@ def _load_reshaped(engine, args, folder: str, tag: str, saved: Dict[str, Any]) -
     chunks = (f" ({virtual_stages(saved)} vs {args.virtual_pipe_stages or 1} chunks per pipeline stage)"
               if virtual_stages(saved) != (args.virtual_pipe_stages or 1) else "")
     print_rank_0(f"checkpoint {folder} was saved at (tp, pp, dp) = {layout_of(saved)}, this run is {mine}{chunks}: "
-                 f"reshaping it into {work} (what `{reshape_command(folder, saved, args)}` does)")
+                 f"reshaping it into {work} (what `{reshape_command(folder, args)}` does)")
     if dist.get_rank() == 0:
         shutil.rmtree(work, ignore_errors=True)
         new_args = target_args(saved, *mine)
         new_args.update(partition_method=args.partition_method, zero_stage=args.zero_stage,
                         virtual_pipe_stages=args.virtual_pipe_stages, pipeline_schedule=args.pipeline_schedule)
         new_args["ds_config"] = args.ds_config
-        with_optim = not args.no_load_optim and saved.get("checkpoint_content") != NO_OPTIMIZER
+        with_optim = not args.no_load_optim and has_optimizer(saved)
         write_checkpoint(read_consolidated(folder, with_optimizer=with_optim), work, tag, new_args, with_optim)
     dist.barrier()
     try:

@@ -111,6 +111,11 @@ def write_args(folder: str, args: Dict[str, Any]) -> None:
         json.dump(args, f, indent=1, sort_keys=True)
 
 
+def folder_bytes(folder: str, names: Optional[Iterable[str]] = None) -> int:
+    """Total size of the files in `folder` (or of its files `names`, a listing the caller already has)."""
+    return sum(os.path.getsize(os.path.join(folder, f)) for f in (os.listdir(folder) if names is None else names))
+
+
 def load_file(path: str, mmap: bool = True) -> Any:
     """torch.load of a checkpoint file on CPU; CheckpointFileError naming the file if missing or truncated.
 

@@ -17,7 +17,7 @@ import torch
 
 from megatron.errors import UserError
 from .consolidated import Consolidated, layout_of, read_weights
-from .files import CheckpointFileError, atomic_folder, checkpoint_folder, publish_latest, read_args, write_args
+from .files import CheckpointFileError, atomic_folder, checkpoint_folder, publish_latest, read_args
 from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, import_tokenizer, layout_args, read_json,
                         sentinel_order, t5_args, t5_hf_config, write_json, write_tokenizer)
 from .hf_names import Rule, gpt2_rules, t5_rules
@@ -147,8 +147,9 @@ def import_hf(hf_dir: str, save_dir: str, tp: int, pp: int) -> Dict:
     with atomic_folder(save_dir) as tmp:
         folder = os.path.join(tmp, IMPORT_TAG)
         os.makedirs(folder)
-        tok_args, tokenizer = import_tokenizer(hf_dir, folder)
-        args.update(tok_args, vocab_size=tokenizer.vocab_size if tokenizer else cfg["vocab_size"])
+        tok_args, tokenizer = import_tokenizer(hf_dir, folder)  # files copied into the temporary folder
+        args.update(_final_paths(tok_args, tmp, save_dir),
+                    vocab_size=tokenizer.vocab_size if tokenizer else cfg["vocab_size"])
         args.update(layout_args(args, tp, pp))
         table = ModelTable(args)
         check_layout(table, args, tp, pp)
@@ -156,13 +157,11 @@ def import_hf(hf_dir: str, save_dir: str, tp: int, pp: int) -> Dict:
         write_layout(Consolidated(args=args, weights=weights), folder, args, with_optimizer=False)
         publish_latest(tmp, IMPORT_TAG)
         args = read_args(folder)
-    return _relocated(args, tmp, save_dir)
+    return args
 
 
-def _relocated(args: Dict, tmp: str, final: str) -> Dict:
-    """Tokenizer paths were written inside the temporary folder; point them at the final one."""
-    fixed = {k: (v.replace(os.path.abspath(tmp), os.path.abspath(final)) if isinstance(v, str) else v)
-             for k, v in args.items()}
-    if fixed != args:
-        write_args(os.path.join(final, IMPORT_TAG), fixed)
-    return fixed
+def _final_paths(tok_args: Dict, tmp: str, final: str) -> Dict:
+    """The tokenizer paths inside the temporary folder -> the same files in the final one, so the
+    megatron_args.json written before the rename already names where they will be after it."""
+    return {k: (v.replace(os.path.abspath(tmp), os.path.abspath(final)) if isinstance(v, str) else v)
+            for k, v in tok_args.items()}

@@ -99,20 +99,29 @@ def write_layout(ck: Consolidated, folder: str, new_args: Dict[str, Any], with_o
     bounds = table.stage_bounds(pp * virtual_stages(args), args.get("partition_method"), tp,
                                 {n: w.shape for n, w in ck.weights.items()})
     ranks = [(s, t) for s in range(pp) for t in range(tp)]
+    extras = _target_extras(ck, args) if with_optimizer else None
     for s, t in progress(ranks if ck.engine else [], len(ranks), f"writing {folder} engine/optimizer"):
-        _write_rank(ck, folder, args, table, bounds, s, t, weights, optim, with_optimizer)
+        _write_rank(ck, folder, args, table, bounds, s, t, weights, optim, extras)
     write_args(folder, args)
 
 
-def _write_rank(ck, folder, args, table, bounds, stage, tp_rank, weights, optim, with_optimizer) -> None:
+def _target_extras(ck: Consolidated, args: Dict[str, Any]) -> Dict[str, Any]:
+    """The loss-scaling and clipping state every rank's optimizer carries (the same on all ranks)."""
+    defaults = default_extras(args, ck.engine.get("global_steps", 0), ck.engine.get("skipped_steps", 0))
+    return carry_extras(ck.extras, defaults)
+
+
+def _write_rank(ck, folder, args, table, bounds, stage, tp_rank, weights, optim, extras) -> None:
+    """The mp_rank file of (stage, tp_rank) and its ZeRO / BF16 partitions; `extras` is the optimizer's
+    loss-scaling state (`_target_extras`), None to write no optimizer state."""
     tp, pp, dp = layout_of(args)
     mp = stage * tp + tp_rank
     kind = optimizer_kind(args)
     state = _engine_state(ck, args, stage, tp_rank)
-    if with_optimizer:
+    if extras is not None:
         names = stage_names(table, bounds, stage, pp)
-        st = _stage_optim(ck, args, table, names, tp_rank, weights, optim)
         shapes = {n: weights[p.name][tp_rank].shape for n, p in names}
+        st = _stage_optim(ck, names, shapes, tp_rank, optim, extras)
         if kind == "zero":
             state["param_shapes"] = [OrderedDict((n, shapes[n]) for n in names_g) for _, names_g in st.groups]
             state["shared_params"] = {}
@@ -152,18 +161,14 @@ def _engine_state(ck: Consolidated, args: Dict[str, Any], stage: int, tp_rank: i
     return state
 
 
-def _stage_optim(ck, args, table, names, tp_rank, weights, optim) -> StageOptim:
-    shapes = {n: weights[p.name][tp_rank].shape for n, p in names}
+def _stage_optim(ck, names, shapes, tp_rank, optim, extras) -> StageOptim:
     st = StageOptim(groups=make_groups([n for n, _ in names], {n: len(s) for n, s in shapes.items()}))
     for n, p in names:
         st.tensors[n] = optim[p.name][tp_rank]
     for kind, _ in st.groups:
         st.hyper[kind] = ck.hyper[kind]
         st.step[kind] = ck.step[kind]
-    engine = ck.engine
-    defaults = default_extras(optimizer_kind(args), args, engine.get("global_steps", 0),
-                              engine.get("skipped_steps", 0))
-    st.extras = carry_extras(ck.extras, defaults)
+    st.extras = extras
     return st
 
 

@@ -30,7 +30,6 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
-GROUP_KINDS = ("decay", "no_decay")
 
 
 @dataclass
@@ -248,7 +247,7 @@ def read_unfused(sd: dict, groups, shapes: Dict[str, torch.Size]) -> StageOptim:
     return st
 
 
-def default_extras(kind: str, args: Dict[str, Any], iteration: int, skipped: int) -> Dict[str, Any]:
+def default_extras(args: Dict[str, Any], iteration: int, skipped: int) -> Dict[str, Any]:
     """Loss-scaling state of a run that never overflowed, for a layout the source did not have.
     (fp16 always runs ZeRO-1, so its dynamic scaler is only ever carried from a zero source.)"""
     from deepspeed.runtime.fp16.loss_scaler import LossScaler

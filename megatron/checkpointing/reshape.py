@@ -16,7 +16,7 @@ from typing import Optional
 
 from .consolidated import Consolidated, layout_of, read_consolidated
 from megatron.errors import UserError
-from .files import atomic_folder, checkpoint_folder, publish_latest, read_args
+from .files import atomic_folder, checkpoint_folder, folder_bytes, publish_latest, read_args
 from .layouts import check_layout, source_layout_note, target_args, write_layout
 from .names import ModelTable
 
@@ -29,10 +29,6 @@ class ReshapeReport:
     note: str
     source_bytes: int
     seconds: float
-
-
-def folder_bytes(folder: str) -> int:
-    return sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
 
 
 def reshape(load_dir: str, save_dir: str, tp: int, pp: int, dp: Optional[int] = None, no_optimizer: bool = False,

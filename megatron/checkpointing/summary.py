@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .consolidated import has_engine_state, has_optimizer, layout_of
-from .files import checkpoint_folder, layer_file, load_file, mp_rank_file, read_args
+from .files import checkpoint_folder, folder_bytes, layer_file, load_file, mp_rank_file, read_args
 from .names import ModelTable, virtual_stages
 from .optim import optimizer_kind
 
@@ -24,7 +24,9 @@ def _precision(args: Dict) -> str:
     return "fp16" if args.get("fp16") else "bf16" if args.get("bf16") else "fp32"
 
 
-def _file_roles(folder: str, table: ModelTable, tp: int, pp: int) -> List[Tuple[str, str]]:
+def _file_roles(files: List[str], table: ModelTable, tp: int) -> List[Tuple[str, str]]:
+    """(file name, what it holds): the layer files the table names, then the engine and optimizer files among
+    `files` (the folder's listing, sorted)."""
     roles = []
     for layer in range(len(table.specs)):
         params = table.layer_params(layer)
@@ -32,7 +34,7 @@ def _file_roles(folder: str, table: ModelTable, tp: int, pp: int) -> List[Tuple[
             prefix = os.path.commonprefix([p.name for p in params]).rstrip(".") or params[0].name
             for t in range(tp):
                 roles.append((layer_file(layer, t), f"pipeline layer {layer}, tp rank {t}: {prefix}*"))
-    for name in sorted(os.listdir(folder)):
+    for name in files:
         if name.startswith("mp_rank_"):
             mp = int(name.split("_")[2])
             roles.append((name, f"stage {mp // tp}, tp rank {mp % tp}: engine, LR scheduler, client state, RNG"))
@@ -66,9 +68,9 @@ def inspect_lines(load_dir: str, tag: Optional[str] = None) -> List[str]:
     tp, pp, dp = layout_of(args)
     engine = load_file(os.path.join(folder, mp_rank_file(0)), mmap=True) if has_engine_state(args) else {}
     shapes = full_shapes(folder, table, tp)
-    size = sum(os.path.getsize(os.path.join(folder, f)) for f in os.listdir(folder))
+    files = sorted(os.listdir(folder))
     kind = optimizer_kind(args) if has_optimizer(args) else None
-    lines = [f"checkpoint       {folder} ({size / 1e6:.1f} MB in {len(os.listdir(folder))} files)",
+    lines = [f"checkpoint       {folder} ({folder_bytes(folder, files) / 1e6:.1f} MB in {len(files)} files)",
              f"model            {args['model_type']}: {args['num_layers']} layers, hidden {args['hidden_size']}, "
              f"{args['num_attention_heads']} heads, ffn {args['ffn_hidden_size']}, vocabulary {args['vocab_size']} "
              f"(padded {args['padded_vocab_size']})",
@@ -82,5 +84,5 @@ def inspect_lines(load_dir: str, tag: Optional[str] = None) -> List[str]:
              f"optimizer        {OPTIMIZER_LAYOUTS[kind] if kind else 'none (weights only)'}",
              f"parameters       {sum(s.numel() for s in shapes.values()):,}", "", "parameter shapes (full, tp = 1):"]
     lines += [f"  {name:60s} {tuple(shape)}" for name, shape in shapes.items()]
-    lines += ["", "files:"] + [f"  {name:50s} {role}" for name, role in _file_roles(folder, table, tp, pp)]
+    lines += ["", "files:"] + [f"  {name:50s} {role}" for name, role in _file_roles(files, table, tp)]
     return lines

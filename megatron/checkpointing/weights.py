@@ -9,7 +9,7 @@ with other arguments gets one line naming the argument.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
 import torch
 
@@ -80,11 +80,10 @@ def load_weights_into(module: torch.nn.Module, folder: str, saved: Dict[str, Any
         param.copy_(part)
 
 
-def reshape_command(folder: str, saved: Dict[str, Any], args: Optional[Any] = None) -> str:
-    """The converter command that writes `folder`'s checkpoint at the run's (tp, pp, dp)."""
+def reshape_command(folder: str, args: Any) -> str:
+    """The converter command that writes `folder`'s checkpoint at the run's (tp, pp, dp) (`args`: the run's)."""
     load_dir = os.path.dirname(os.path.normpath(folder))
-    tp, pp, dp = ((args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size)
-                  if args is not None else layout_of(saved))
+    tp, pp, dp = args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size
     return (f"python tools/convert_checkpoint.py reshape --load {load_dir} --save {load_dir}_tp{tp}_pp{pp}_dp{dp} "
             f"--tensor-model-parallel-size {tp} --pipe-parallel-size {pp} --data-parallel-size {dp}")
 

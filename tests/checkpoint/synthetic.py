@@ -64,7 +64,7 @@ def synthetic(args: Dict, seed: int = 0) -> Consolidated:
     return Consolidated(args=args, weights=weights, optim=optim,
                         hyper={"decay": _hyper(args["weight_decay"]), "no_decay": _hyper(0.0)},
                         step={"decay": torch.tensor(10.0), "no_decay": torch.tensor(10.0)},
-                        extras=default_extras("zero", args, 10, 0), engine=engine)
+                        extras=default_extras(args, 10, 0), engine=engine)
 
 
 def write_synthetic(save_dir: str, args: Dict, seed: int = 0) -> str:
