@@ -16,9 +16,7 @@ from megatron.data.gpt_dataset import build_train_valid_test_datasets
 from megatron.data.masks import get_ltor_masks_and_position_ids
 from megatron.errors import exit_on_user_error
 from megatron.model.config import GPT2Config
-from megatron.model.gpt2_model import GPT2Model
 from megatron.model.gpt2_pipe import GPT2ModelPipe
-from megatron.model.language_model import LMLoss
 from megatron.training import ModelHooks, run
 
 DEFAULTS = ENTRY_DEFAULTS["gpt"]
@@ -38,9 +36,7 @@ def gpt2_config(args) -> GPT2Config:
 
 
 def model_provider(args):
-    """GPT2Model when pp == 1, GPT2ModelPipe (layers split over args.pipe_parallel_size stages) otherwise."""
-    if args.pipe_parallel_size == 1:
-        return GPT2Model(gpt2_config(args))
+    """GPT2ModelPipe: the layers split over args.pipe_parallel_size stages (one stage at pp = 1)."""
     return GPT2ModelPipe(gpt2_config(args), topology=mpu.get_topology(),
                          partition_method=args.partition_method or "type:TransformerLayer",
                          verbose=args.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
@@ -60,7 +56,7 @@ def get_batch(raw, args, tokenizer):
     return (tokens, position_ids, attention_mask), (labels, loss_mask)
 
 
-HOOKS = ModelHooks(model_provider, train_valid_test_datasets_provider, get_batch, LMLoss())
+HOOKS = ModelHooks(model_provider, train_valid_test_datasets_provider, get_batch)
 
 if __name__ == "__main__":
     exit_on_user_error(lambda: run(sys.argv[1:], HOOKS, DEFAULTS))

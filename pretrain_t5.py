@@ -19,8 +19,6 @@ from megatron.arguments import ENTRY_DEFAULTS
 from megatron.data.t5_dataset import build_t5_datasets
 from megatron.errors import exit_on_user_error
 from megatron.model.config import T5Config
-from megatron.model.language_model import LMLoss
-from megatron.model.t5_model import T5Model
 from megatron.model.t5_pipe import T5ModelPipe
 from megatron.training import ModelHooks, run
 
@@ -46,9 +44,7 @@ def t5_config(args) -> T5Config:
 
 
 def model_provider(args):
-    """T5Model when pp == 1, T5ModelPipe (encoder then decoder layers over the stages) otherwise."""
-    if args.pipe_parallel_size == 1:
-        return T5Model(t5_config(args))
+    """T5ModelPipe: encoder then decoder layers over the pipeline stages (one stage at pp = 1)."""
     return T5ModelPipe(t5_config(args), topology=mpu.get_topology(),
                        partition_method=args.partition_method or "type:TransformerLayer",
                        verbose=args.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
@@ -68,7 +64,7 @@ def get_batch(raw, args, tokenizer):
     return (data["text_enc"], data["text_dec"], *masks), (data["labels"], data["loss_mask"].float())
 
 
-HOOKS = ModelHooks(model_provider, train_valid_test_datasets_provider, get_batch, LMLoss())
+HOOKS = ModelHooks(model_provider, train_valid_test_datasets_provider, get_batch)
 
 if __name__ == "__main__":
     exit_on_user_error(lambda: run(sys.argv[1:], HOOKS, DEFAULTS))

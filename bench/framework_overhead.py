@@ -9,7 +9,7 @@ micro-batches (same dataset, sampler and batch function). Each side runs --warmu
 tokens/s per side is the median over rounds, measured two ways: per wall-clock second and per CPU second of
 this process (time.process_time; robust to other processes sharing the machine, exact with --threads 1). One iteration = gas micro-batches of forward, backward, then
 clipping (1.0) and an AdamW step with the linear-warm-up / cosine schedule.
-  framework: megatron.train_loop.train (DeepSpeed engine, ZeRO stage --zero-stage, logging, grad norm)
+  framework: megatron.train_loop.train (TDS engine, one stage, ZeRO stage --zero-stage, logging, grad norm)
   baseline:  for each micro-batch: loss = LMLoss(model(*inputs)); (loss / gas).backward();
              then clip_grad_norm_, optimizer.step(), scheduler.step(), zero_grad()
 Prints tokens/s of each and the ratio framework / baseline (target >= 0.95), per wall-clock and CPU second.
@@ -108,7 +108,7 @@ def main() -> None:
 
     def run_framework(iters: int) -> Tuple[float, float]:
         args.train_iters = state.iteration + iters
-        return timed(lambda: train(engine, args, state, framework_iter, loss_fn, None, tb))
+        return timed(lambda: train(engine, args, state, framework_iter, None, tb))
 
     def run_baseline(iters: int) -> Tuple[float, float]:
         return timed(lambda: plain_loop(args, baseline_iter, iters, model, optimizer, scheduler, loss_fn))

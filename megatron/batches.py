@@ -1,19 +1,15 @@
-"""Micro-batches: the iterator the engines read, and the forward(/backward) of the non-pipeline path.
+"""Micro-batches: the iterator the engine reads.
 
-A micro-batch is `(inputs, labels)`: tuples of tensors; the model is called as `model(*inputs)` and the
-loss as `loss_fn(output, labels)` (the Pipe models hold the same loss function).
+A micro-batch is `(inputs, labels)`: tuples of tensors; the first pipeline stage reads `inputs`, the last
+one `labels`, and the Pipe model's `loss_fn(output, labels)` gives the micro-batch's loss.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
-import torch.distributed as dist
-
-from megatron import mpu
 
 Batch = Tuple[tuple, tuple]  # (inputs, labels) of one micro-batch
-LossFn = Callable[[object, tuple], torch.Tensor]
 
 
 class BatchIterator:
@@ -32,30 +28,3 @@ class BatchIterator:
 
     def __next__(self) -> Batch:
         return self._get_batch(next(self._raw) if self._raw is not None else None)
-
-
-def data_parallel_mean(value: torch.Tensor) -> float:
-    group = mpu.get_data_parallel_group()
-    if mpu.get_data_parallel_world_size() > 1:
-        value = value.clone()
-        dist.all_reduce(value, group=group)
-        value /= mpu.get_data_parallel_world_size()
-    return float(value)
-
-
-def forward_micro_batches(engine, data_iter: Iterator[Batch], loss_fn: LossFn, gas: int, train: bool) -> float:
-    """Non-pipeline path: gas micro-batches, backward + step when training; mean loss over dp.
-
-    The accumulation boundary is set explicitly (the last of the gas micro-batches): DeepSpeed's own rule,
-    (micro steps so far + 1) % gas == 0, is wrong once the number of micro-batches changes (batch ramp-up)."""
-    losses = []
-    for i in range(gas):
-        inputs, labels = next(data_iter)
-        if train:
-            engine.set_gradient_accumulation_boundary(i == gas - 1)
-        loss = loss_fn(engine(*inputs), labels)
-        if train:
-            engine.backward(loss)
-            engine.step()
-        losses.append(loss.detach())
-    return data_parallel_mean(torch.stack(losses).mean())

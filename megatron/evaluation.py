@@ -8,32 +8,21 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import Callable, Iterator
+from typing import Iterator
 
-import torch
-
-from megatron.batches import forward_micro_batches
 from megatron.logging_utils import TensorBoard, print_rank_last
 
 
-def evaluate(engine, args: argparse.Namespace, data_iter: Iterator, loss_fn: Callable) -> float:
+def evaluate(engine, args: argparse.Namespace, data_iter: Iterator) -> float:
     """Mean loss over eval_iters x gas micro-batches and the data-parallel replicas."""
-    losses = []
-    if args.pipe_parallel_size > 1:
-        for _ in range(args.eval_iters):  # full global batches, also while the training batch ramps up
-            losses.append(float(engine.eval_batch(data_iter, num_micro_batches=args.gas)))
-        return sum(losses) / len(losses)
-    engine.eval()
-    with torch.no_grad():
-        for _ in range(args.eval_iters):
-            losses.append(forward_micro_batches(engine, data_iter, loss_fn, args.gas, train=False))
-    engine.train()
+    # full global batches, also while the training batch ramps up
+    losses = [float(engine.eval_batch(data_iter, num_micro_batches=args.gas)) for _ in range(args.eval_iters)]
     return sum(losses) / len(losses)
 
 
-def evaluate_and_print(engine, args: argparse.Namespace, data_iter: Iterator, loss_fn: Callable, where: str,
+def evaluate_and_print(engine, args: argparse.Namespace, data_iter: Iterator, where: str,
                        tb: TensorBoard, step: int, split: str) -> float:
-    loss = evaluate(engine, args, data_iter, loss_fn)
+    loss = evaluate(engine, args, data_iter)
     ppl = math.exp(min(20.0, loss))
     print_rank_last(f"{split} loss at {where} | lm loss {loss:.6f} | lm loss PPL {ppl:.3f}")
     tb.scalars(dict(loss=loss, ppl=ppl), step, prefix=f"{split}/")

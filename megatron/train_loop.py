@@ -1,10 +1,8 @@
 """One training iteration and the loop around it (logging, evaluation, checkpoints).
 
 An iteration consumes one global batch = m micro-batches on every data-parallel replica:
-    pipeline (pp > 1):  engine.train_batch(data_iter) runs the TDS schedule over the m micro-batches
-    otherwise:          m x (loss = loss_fn(engine(*inputs), labels); engine.backward(loss); engine.step())
-                        (DeepSpeed divides by m and applies the update at the accumulation boundary)
-The reported loss is the mean over micro-batches and data-parallel replicas, in both cases.
+engine.train_batch(data_iter) runs the TDS schedule over the m micro-batches, at every layout (pp = 1 is a
+one-stage pipeline). The reported loss is the mean over micro-batches and data-parallel replicas.
 
 m is --gas, or with --rampup-batch-size the ramp's value for the samples consumed so far
 (`megatron.batch_schedule`): before each iteration `engine.set_train_batch_size` gets the iteration's global
@@ -19,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional
 
 from megatron.batch_schedule import BatchSchedule
-from megatron.batches import Batch, LossFn, forward_micro_batches
+from megatron.batches import Batch
 from megatron.checkpointing import save_checkpoint
 from megatron.evaluation import evaluate_and_print
 from megatron.flops import flops_per_iteration, tokens_per_sample
@@ -35,13 +33,6 @@ class TrainState:
     losses: List[float] = field(default_factory=list)  # per iteration, from the first one of this run
     grad_norms: List[Optional[float]] = field(default_factory=list)  # before clipping, per iteration
     saved_iteration: int = -1
-
-
-def train_step(engine, data_iter: Iterator[Batch], loss_fn: LossFn, args: argparse.Namespace,
-               micro_batches: int) -> float:
-    if args.pipe_parallel_size > 1:
-        return float(engine.train_batch(data_iter=data_iter))
-    return forward_micro_batches(engine, data_iter, loss_fn, micro_batches, train=True)
 
 
 def set_iteration_batch(engine, args: argparse.Namespace, schedule: BatchSchedule, consumed: int) -> int:
@@ -75,7 +66,7 @@ def _log_interval(engine, args, state: TrainState, stats: IntervalStats, lr: flo
     tb.scalars({**metrics, **extra}, state.iteration)
 
 
-def train(engine, args: argparse.Namespace, state: TrainState, train_iter: Iterator[Batch], loss_fn: LossFn,
+def train(engine, args: argparse.Namespace, state: TrainState, train_iter: Iterator[Batch],
           make_valid_iter: Optional[Callable[[], Iterator[Batch]]], tb: TensorBoard) -> TrainState:
     """Iterate from state.iteration + 1 to --train-iters (or the next multiple of --exit-interval);
     log, evaluate and save on their intervals."""
@@ -86,7 +77,7 @@ def train(engine, args: argparse.Namespace, state: TrainState, train_iter: Itera
         lr = engine.lr_scheduler.get_lr()
         start = time.perf_counter()
         start_iteration(engine.module, state.iteration)  # dropout masks follow (iteration, micro-batch)
-        loss = train_step(engine, train_iter, loss_fn, args, schedule.micro_batches(state.consumed_train_samples))
+        loss = float(engine.train_batch(data_iter=train_iter))
         tds_device.synchronize()
         state.iteration += 1
         state.consumed_train_samples += batch
@@ -97,7 +88,7 @@ def train(engine, args: argparse.Namespace, state: TrainState, train_iter: Itera
             _log_interval(engine, args, state, stats, lr, tb)
             stats = IntervalStats()
         if make_valid_iter is not None and args.eval_iters > 0 and state.iteration % args.eval_interval == 0:
-            evaluate_and_print(engine, args, make_valid_iter(), loss_fn, f"iteration {state.iteration}", tb,
+            evaluate_and_print(engine, args, make_valid_iter(), f"iteration {state.iteration}", tb,
                                state.iteration, "valid")
         exiting = args.exit_interval is not None and state.iteration % args.exit_interval == 0
         if args.save and (exiting or (args.save_interval and state.iteration % args.save_interval == 0)):

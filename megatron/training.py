@@ -1,10 +1,10 @@
 """`pretrain()`: the driver shared by pretrain_gpt2.py and pretrain_t5.py.
 
-    initialise (distributed, groups, seeds) -> tokenizer, padded vocabulary -> model (plain when pp == 1,
-    the Pipe model otherwise) + AdamW + LR schedule -> TDS engine -> --load -> datasets and loaders
+    initialise (distributed, groups, seeds) -> tokenizer, padded vocabulary -> the Pipe model (one stage at
+    pp = 1) + AdamW + LR schedule -> TDS engine -> --load -> datasets and loaders
     (the train sampler resumes after the consumed samples) -> train loop -> final test evaluation
 
-An entry point supplies a `ModelHooks`: how to build the model, the datasets, a micro-batch and the loss.
+An entry point supplies a `ModelHooks`: how to build the model (with its loss), the datasets and a micro-batch.
 
 User mistakes are `megatron.errors.UserError`s (one line, exit 2 through the entry point's
 `exit_on_user_error`): the arguments and input files (`megatron.preflight.check_inputs`, on every rank
@@ -45,15 +45,13 @@ from megatron.train_loop import TrainState, train
 class ModelHooks:
     """What an entry point provides.
 
-    model_provider(args) -> nn.Module                 plain model when args.pipe_parallel_size == 1, else Pipe
+    model_provider(args) -> tds.pipe.PipelineModule   this rank's stage(s), holding the loss function
     datasets_provider(args, tokenizer, [n_train, n_valid, n_test]) -> [train, valid, test] (None = empty)
     get_batch(raw, args, tokenizer) -> (inputs, labels)  raw: the loader's dict on tp rank 0, None elsewhere
-    loss_fn(output, labels) -> scalar loss             used by the non-pipeline path
     """
     model_provider: Callable
     datasets_provider: Callable
     get_batch: Callable
-    loss_fn: Callable
 
 
 def lr_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> AnnealingLR:
@@ -66,7 +64,7 @@ def lr_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> 
 
 
 def setup_engine(args: argparse.Namespace, hooks: ModelHooks):
-    """Model, AdamW, LR schedule, wrapped by tds.initialize (TDS PipelineEngine or DeepSpeedEngine)."""
+    """Pipe model, AdamW, LR schedule, wrapped by tds.initialize in the TDS PipelineEngine."""
     try:
         model = hooks.model_provider(args)
         optimizer = build_optimizer(model, args)
@@ -77,20 +75,7 @@ def setup_engine(args: argparse.Namespace, hooks: ModelHooks):
             raise
         raise UserError(f"tds/DeepSpeed refused the configuration: {one_line(err)} (from --partition-method, "
                         f"--fp16/--bf16 or --deepspeed_config {args.deepspeed_config})") from err
-    _keep_fp32_grad_norm(engine)
     return engine
-
-
-def _keep_fp32_grad_norm(engine) -> None:
-    """DeepSpeed's fp32 path without ZeRO (stage 0) clips gradients but drops their norm; keep it so the log
-    and get_global_grad_norm() report it as they do under ZeRO-1 (`mpu.get_grad_norm` over the tp group).
-    The TDS pipeline engine clips by the whole pipeline's norm and records it itself."""
-    if isinstance(engine, tds.pipe.PipelineEngine):
-        return
-
-    def clip_and_record():
-        engine._global_grad_norm = mpu.clip_grad_norm(list(engine.module.parameters()), engine.gradient_clipping())
-    engine.clip_fp32_gradients = clip_and_record
 
 
 def _reads_data() -> bool:
@@ -190,12 +175,12 @@ def pretrain(args: argparse.Namespace, hooks: ModelHooks) -> TrainState:
         return lambda: BatchIterator(data_loader(datasets[split], 0, args), get_batch)
 
     train_iter = BatchIterator(data_loader(datasets[0], consumed, args), get_batch)
-    train(engine, args, state, train_iter, hooks.loss_fn, eval_iter(1), tb)
+    train(engine, args, state, train_iter, eval_iter(1), tb)
     if args.save and state.saved_iteration != state.iteration:
         save_checkpoint(engine, args, state.iteration, state.consumed_train_samples)
     test_iter = eval_iter(2)
     if test_iter is not None and args.eval_iters > 0 and state.iteration == args.train_iters:
-        evaluate_and_print(engine, args, test_iter(), hooks.loss_fn, "the end of training", tb, state.iteration,
+        evaluate_and_print(engine, args, test_iter(), "the end of training", tb, state.iteration,
                            "test")
     tb.close()
     return state

@@ -18,7 +18,7 @@ import torch
 
 from .files import (CheckpointFileError, layer_file, load_file, mp_rank_file, progress, read_args,
                     zero_file)
-from .names import ModelTable, ParamInfo, virtual_stages
+from .names import ModelTable, ParamInfo, plain_pp1, virtual_stages
 from .optim import StageOptim, make_groups, optimizer_kind, read_client, read_flat, read_unfused
 from .tp import merge, split
 
@@ -63,12 +63,12 @@ def local_shape(info: ParamInfo, full: torch.Size, tp: int) -> torch.Size:
     return torch.Size(shape)
 
 
-def stage_names(table: ModelTable, bounds: List[int], stage: int, pp: int) -> List[Tuple[str, ParamInfo]]:
-    """(module name, info) in the module's parameter order: plain names at pp = 1, Pipe names otherwise
-    (`bounds` of pp x v parts with v virtual stages)."""
-    if pp == 1:
+def stage_names(table: ModelTable, bounds: List[int], stage: int, args: Dict[str, Any]) -> List[Tuple[str, ParamInfo]]:
+    """(module name, info) in the module's parameter order: Pipe names (`bounds` of pp x v parts with v
+    virtual stages), or plain names for a pp = 1 checkpoint of the earlier plain-model path."""
+    if plain_pp1(args):
         return [(p.name, p) for p in table.params]
-    return table.stage_param_names(bounds, stage, pp)
+    return table.stage_param_names(bounds, stage, layout_of(args)[1])
 
 
 def read_weights(folder: str, table: ModelTable, tp: int, names=None) -> Dict[str, torch.Tensor]:
@@ -163,7 +163,7 @@ def read_consolidated(folder: str, with_optimizer: bool = True) -> Consolidated:
             out.rng[(s, t)] = mp_state["rng_states"]
         if not load_optim:
             continue
-        names = stage_names(table, bounds, s, pp)
+        names = stage_names(table, bounds, s, args)
         st = _stage_optim(folder, kind, mp, dp, bool(args.get("bf16")), mp_state, names, weights, tp)
         out.hyper.update(st.hyper)
         out.step.update(st.step)

@@ -2,10 +2,11 @@
 
 Order of a save: every rank writes its files -> barrier -> rank 0 replaces `latest` atomically (write a
 temporary file, fsync, os.replace) -> barrier. A process killed at any point before os.replace leaves
-`latest` naming the previous complete checkpoint. Every layout writes the per-layer files: with pp = 1 the
-plain model's weights go through the name table into the files a Pipe model would write (`names.py`), so
-one format serves every layout and tool. DeepSpeed's zero_to_fp32.py is not copied into the save directory
-(it cannot read these checkpoints; `tools/convert_checkpoint.py to-fp32` does that job).
+`latest` naming the previous complete checkpoint. Every layout trains the Pipe model (one stage at pp = 1),
+so every layout writes the same per-layer files and one format serves every layout and tool
+(`module_form` 'pipe' in megatron_args.json; pp = 1 checkpoints of the earlier plain-model path are read
+through the reshape below). DeepSpeed's zero_to_fp32.py is not copied into the save directory (it cannot
+read these checkpoints; `tools/convert_checkpoint.py to-fp32` does that job).
 
 Client state: iteration, consumed_train_samples and this rank's RNG states (python, numpy, torch, device,
 tensor-parallel tracker). DeepSpeed stores it once per (pipeline stage, tensor-parallel rank), written by
@@ -33,9 +34,9 @@ import torch.distributed as dist
 from megatron.initialize import rng_states, set_rng_states
 from megatron.logging_utils import print_rank_0
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
-from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, layer_file, publish_latest,
+from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, publish_latest,
                     read_args, read_latest, write_args)
-from .names import ModelTable, virtual_stages
+from .names import PIPE_FORM, plain_pp1, virtual_stages
 from .weights import load_weights_into, reshape_command
 
 # Arguments that fix parameter shapes or the sample layout; a resumed checkpoint must agree on all.
@@ -56,60 +57,14 @@ def json_args(args: argparse.Namespace) -> Dict[str, Any]:
     return json.loads(json.dumps(vars(args), default=str))
 
 
-def _plain_project_model(engine) -> bool:
-    """A GPT2Model / T5Model under DeepSpeed's engine (pp = 1): saved as per-layer files. Other models
-    keep DeepSpeed's own layout (the whole module in the mp_rank file)."""
-    from megatron.model import GPT2Model, T5Model
-    return isinstance(engine.module, (GPT2Model, T5Model))
-
-
-@contextlib.contextmanager
-def _plain_model_as_layer_files(engine, args: argparse.Namespace) -> Iterator[None]:
-    """pp = 1: during the save, the engine writes the per-layer files (data-parallel rank 0) instead of
-    putting the module into mp_rank_XX_model_states.pt; DeepSpeed's recovery script is not copied."""
-    from megatron import mpu
-
-    def module_state_dict(exclude_frozen_parameters: bool = False):
-        if mpu.get_data_parallel_rank() == 0:
-            table = ModelTable(json_args(args))
-            state = engine.module.state_dict()
-            tp_rank = mpu.get_tensor_model_parallel_rank()
-            for layer in range(len(table.specs)):
-                params = table.layer_params(layer)
-                if params:
-                    layer_state = {p.local: state[p.name].detach().clone() for p in params}
-                    engine.checkpoint_engine.save(layer_state, os.path.join(engine._curr_ckpt_path,
-                                                                            layer_file(layer, tp_rank)))
-        return None
-
-    overrides = dict(_copy_recovery_script=lambda save_path: None)
-    if _plain_project_model(engine):
-        overrides["module_state_dict"] = module_state_dict
-    with _instance_overrides(engine, overrides):
-        yield
-
-
-@contextlib.contextmanager
-def _instance_overrides(obj, attrs: Dict[str, Any]) -> Iterator[None]:
-    """Set instance attributes that shadow methods; removed again on every path."""
-    for name, value in attrs.items():
-        setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        for name in attrs:
-            obj.__dict__.pop(name, None)
-
-
 def save_checkpoint(engine, args: argparse.Namespace, iteration: int, consumed_train_samples: int) -> str:
     """Collective: every rank calls it. Returns the checkpoint folder."""
     tag = checkpoint_tag(iteration)
     print_rank_0(f"saving checkpoint at iteration {iteration} to {args.save}/{tag}")
     client_state = dict(iteration=iteration, consumed_train_samples=consumed_train_samples, rng_states=rng_states())
-    with _plain_model_as_layer_files(engine, args):
-        engine.save_checkpoint(args.save, tag=tag, client_state=client_state, save_latest=False)
+    engine.save_checkpoint(args.save, tag=tag, client_state=client_state, save_latest=False)
     if dist.get_rank() == 0:
-        write_args(os.path.join(args.save, tag), json_args(args))
+        write_args(os.path.join(args.save, tag), {**json_args(args), "module_form": PIPE_FORM})
     dist.barrier()  # every rank's files are complete
     commit(args.save, tag)
     print_rank_0(f"saved checkpoint {args.save}/{tag}")
@@ -130,7 +85,7 @@ def _same_layout(saved: Dict[str, Any], args: argparse.Namespace) -> bool:
             args.ds_config["zero_optimization"]["stage"], args.partition_method, args.virtual_pipe_stages or 1)
     theirs = layout_of(saved) + (saved["ds_config"]["zero_optimization"]["stage"], saved.get("partition_method"),
                                  virtual_stages(saved))  # chunks per stage decide the stages' parameter lists
-    return mine == theirs
+    return mine == theirs and not plain_pp1(saved)
 
 
 def load_checkpoint(engine, args: argparse.Namespace) -> Tuple[int, int]:
@@ -175,7 +130,7 @@ def _load_same_layout(engine, args, load_dir: str, tag: str, saved: Dict[str, An
     where = os.path.join(load_dir, tag)
     print_rank_0(f"loading checkpoint {where} ...")
     load_optim = not args.no_load_optim and has_optimizer(saved)
-    with _load_overrides(engine, where, saved):
+    with _bf16_optimizer_load(engine):
         path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=load_optim,
                                                     load_lr_scheduler_states=not args.no_load_optim)
     if path is None:
@@ -198,28 +153,29 @@ def _load_same_layout(engine, args, load_dir: str, tag: str, saved: Dict[str, An
 
 
 @contextlib.contextmanager
-def _load_overrides(engine, folder: str, saved: Dict[str, Any]) -> Iterator[None]:
-    """pp = 1 reads the per-layer files (a checkpoint of the previous layout has the module in its mp_rank
-    file and loads as before); DeepSpeed 0.19's BF16_Optimizer (bf16, stage 0, pp > 1) is given the list its
-    loader indexes by dp rank, and its fp32 master weights are restored from the checkpoint."""
-    overrides: Dict[str, Any] = {}
-    if _plain_project_model(engine):
-        plain_load = engine.load_module_state_dict
+def _instance_overrides(obj, attrs: Dict[str, Any]) -> Iterator[None]:
+    """Set instance attributes that shadow methods; removed again on every path."""
+    for name, value in attrs.items():
+        setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        for name in attrs:
+            obj.__dict__.pop(name, None)
 
-        def load_module_state_dict(checkpoint, strict=True, **kwargs):
-            if checkpoint.get("module") is not None:
-                return plain_load(checkpoint, strict, **kwargs)
-            load_weights_into(engine.module, folder, saved, strict=strict)
-        overrides["load_module_state_dict"] = load_module_state_dict
+
+@contextlib.contextmanager
+def _bf16_optimizer_load(engine) -> Iterator[None]:
+    """DeepSpeed 0.19's BF16_Optimizer (bf16, stage 0) is given the list its loader indexes by dp rank, and
+    its fp32 master weights are restored from the checkpoint."""
     opt = engine.optimizer
     if type(opt).__name__ == "BF16_Optimizer" and not engine.zero_optimization():
         def bf16_load(state_dict, load_optimizer_states=True, **kwargs):
             opt._load_legacy_checkpoint([state_dict], load_optimizer_states, load_from_fp32_weights=True)
-        with _instance_overrides(opt, {"load_state_dict": bf16_load}), _instance_overrides(engine, overrides):
+        with _instance_overrides(opt, {"load_state_dict": bf16_load}):
             yield
         return
-    with _instance_overrides(engine, overrides):
-        yield
+    yield
 
 
 def _load_reshaped(engine, args, folder: str, tag: str, saved: Dict[str, Any]) -> Tuple[int, int]:

@@ -23,7 +23,7 @@ from megatron.errors import UserError
 from megatron.model.config import padded_vocab_size
 from .consolidated import NO_OPTIMIZER, WEIGHTS_ONLY, Consolidated, layout_of, stage_names
 from .files import layer_file, mp_rank_file, progress, write_args, zero_file
-from .names import ModelTable, virtual_stages
+from .names import PIPE_FORM, ModelTable, virtual_stages
 from .optim import (StageOptim, carry_extras, default_extras, make_groups, optimizer_kind, write_client,
                     write_flat, write_unfused)
 from .tp import resize_rows, split
@@ -34,6 +34,7 @@ def target_args(args: Dict[str, Any], tp: int, pp: int, dp: int) -> Dict[str, An
     new = copy.deepcopy(args)
     old_pp = max(1, args["pipe_parallel_size"])
     new.update(tensor_model_parallel_size=tp, pipe_parallel_size=pp, data_parallel_size=dp, world_size=tp * pp * dp,
+               module_form=PIPE_FORM,
                padded_vocab_size=padded_vocab_size(args["vocab_size"], args["make_vocab_size_divisible_by"], tp))
     if isinstance(args.get("partition_method"), list) and pp != old_pp:
         new["partition_method"] = None  # boundaries were for the old pp; the default balances layers
@@ -119,7 +120,7 @@ def _write_rank(ck, folder, args, table, bounds, stage, tp_rank, weights, optim,
     kind = optimizer_kind(args)
     state = _engine_state(ck, args, stage, tp_rank)
     if extras is not None:
-        names = stage_names(table, bounds, stage, pp)
+        names = stage_names(table, bounds, stage, args)
         shapes = {n: weights[p.name][tp_rank].shape for n, p in names}
         st = _stage_optim(ck, names, shapes, tp_rank, optim, extras)
         if kind == "zero":

@@ -30,6 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from megatron.errors import UserError
 
 MODEL_TYPES = ("gpt", "t5")
+PIPE_FORM = "pipe"  # the saved `module_form` of checkpoints whose every stage is a Pipe module
 VOCAB_PARAMS = ("embedding.word_embeddings.weight", "lm_head.weight")
 # Model arguments added after the first checkpoints were written, with the value those checkpoints imply
 # (T5 v1.0: ReLU feed-forward, tied head, 32 buckets up to distance 128, decoder as deep as the encoder).
@@ -49,6 +50,14 @@ class ParamInfo:
     def vocab(self) -> bool:
         """Rows are the padded vocabulary (re-padded when tp changes)."""
         return self.name in VOCAB_PARAMS
+
+
+def plain_pp1(args: Dict[str, Any]) -> bool:
+    """A pp = 1 checkpoint of the earlier training path, which ran the plain model under DeepSpeed's engine:
+    its optimizer state follows the plain model's parameter names and order (and, in bf16 without ZeRO,
+    DeepSpeed's unfused layout). Every run now trains the Pipe model, one stage at pp = 1, and its
+    checkpoints say so (`module_form` 'pipe')."""
+    return args["pipe_parallel_size"] <= 1 and args.get("module_form") != PIPE_FORM
 
 
 def virtual_stages(args: Dict[str, Any]) -> int:

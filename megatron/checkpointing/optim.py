@@ -8,8 +8,9 @@ follows from its precision, DeepSpeed's ZeRO stage (ZeRO-1 at dp = 1 runs as sta
     kind     when                          where                                   master weights
     zero     ZeRO-1 (fp32, bf16, fp16)     [bf16_]zero_pp_rank_D_mp_rank_MM files  flat fp32 partition per dp rank
     client   stage 0, fp32                 mp_rank file 'optimizer' (torch AdamW)  the module's own weights
-    unfused  stage 0, bf16, pp = 1         mp_rank file 'optimizer'                fp32_groups (per parameter)
-    bf16     stage 0, bf16, pp > 1         mp_rank file 'optimizer' and            flat fp32 partition (dp = 1)
+    unfused  stage 0, bf16, plain pp = 1   mp_rank file 'optimizer'                fp32_groups (per parameter)
+             (the earlier path's checkpoints, `names.plain_pp1`)
+    bf16     stage 0, bf16                 mp_rank file 'optimizer' and            flat fp32 partition (dp = 1)
              (DeepSpeed's BF16_Optimizer)  bf16_zero_pp_rank_0_mp_rank_MM file
 
 Flat layouts (zero, bf16). A group's parameters are concatenated in module order (N elements), padded with
@@ -29,6 +30,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import torch
 
+from .names import plain_pp1
+
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
 
 
@@ -47,7 +50,7 @@ def optimizer_kind(args: Dict[str, Any]) -> str:
     if stage >= 1:
         return "zero"
     if args.get("bf16"):
-        return "bf16" if args["pipe_parallel_size"] > 1 else "unfused"
+        return "unfused" if plain_pp1(args) else "bf16"
     return "client"
 
 

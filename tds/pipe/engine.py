@@ -103,6 +103,12 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         self._loss_backward = False  # inside the loss unit's DeepSpeedEngine.backward
         self.last_batch_stats: dict = {}
 
+    def _copy_recovery_script(self, save_path: str) -> None:
+        """DeepSpeed copies zero_to_fp32.py into every save; `"pipeline": {"recovery_script": false}` skips it
+        (for checkpoints the script cannot read, such as those whose layers are saved in another format)."""
+        if self._config.pipeline.get("recovery_script", True):
+            super()._copy_recovery_script(save_path)
+
     def _configure_timeline(self, cfg: dict) -> None:
         """pipeline.timeline (a Chrome trace path) records the train batches numbered in
         pipeline.timeline_batches (global step after the batch, as Megatron's iteration; default [3, 4])."""

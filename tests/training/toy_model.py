@@ -1,7 +1,7 @@
-"""A tiny language model (embedding -> residual tanh blocks with dropout -> linear head), plain and Pipe,
+"""A tiny language model (embedding -> residual tanh blocks with dropout -> linear head) as a Pipe model,
 for exercising the training driver without the real GPT-2: same data path, loss and batch layout.
 
-Module k is built under torch.manual_seed(seed + k), so both variants start from the same weights.
+Module k is built under torch.manual_seed(seed + k), so every layout starts from the same weights.
 Shapes: b = micro-batch, s = sequence, h = hidden, V = padded vocabulary.
 """
 import torch
@@ -63,21 +63,7 @@ def _specs(args):
             + [tds.pipe.LayerSpec(ToyHead, h, V, seed + 1 + args.num_layers)])
 
 
-class ToyModel(nn.Module):
-    def __init__(self, args):
-        super().__init__()
-        self.layers = nn.ModuleList(spec.build() for spec in _specs(args))
-
-    def forward(self, tokens):
-        x = tokens
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
 def toy_model_provider(args):
-    if args.pipe_parallel_size == 1:
-        return ToyModel(args)
     return tds.pipe.PipelineModule(_specs(args), topology=mpu.get_topology(), loss_fn=toy_loss,
                                    partition_method="uniform", input_grad=[True], input_type=["float"])
 
@@ -89,4 +75,4 @@ def toy_get_batch(raw, args, tokenizer):
     return (tokens,), (labels, loss_mask)
 
 
-TOY_HOOKS = ModelHooks(toy_model_provider, train_valid_test_datasets_provider, toy_get_batch, toy_loss)
+TOY_HOOKS = ModelHooks(toy_model_provider, train_valid_test_datasets_provider, toy_get_batch)
