@@ -139,3 +139,27 @@ def test_previous_pp1_layout_resumes_exactly(data_prefix, tmp_path):
     train("gpt2", data_prefix, (1, 1, 1), 2, ["--save", save])
     _to_previous_layout(os.path.join(save, "iter_0000002"))
     assert train("gpt2", data_prefix, (1, 1, 1), 4, ["--load", save]) == straight[2:]
+
+
+def test_checkpoint_of_the_earlier_plain_pp1_path_resumes_exactly(data_prefix, tmp_path):
+    """Before one training path, pp = 1 ran the plain model under DeepSpeed's engine: in bf16 without ZeRO
+    its optimizer state is DeepSpeed's unfused layout in the plain model's parameter order, and
+    megatron_args.json has no module_form. Such a checkpoint loads through the reshape into the one-stage
+    Pipe model (BF16_Optimizer's flat layout) and resumes bit for bit."""
+    from megatron.checkpointing.layouts import write_layout
+    from tests.checkpoint.common import train
+    save, bf16 = str(tmp_path / "ckpt"), ["--bf16"]
+    straight = train("gpt2", data_prefix, (1, 1, 1), 4, bf16)
+    train("gpt2", data_prefix, (1, 1, 1), 2, ["--save", save, *bf16])
+    folder = os.path.join(save, "iter_0000002")
+    ck, args = read_consolidated(folder), read_args(folder)
+    assert args.pop("module_form") == "pipe"
+    shutil.rmtree(folder)
+    os.makedirs(folder)
+    write_layout(ck, folder, args)  # as the earlier path wrote it
+    optimizer = torch.load(os.path.join(folder, "mp_rank_00_model_states.pt"), weights_only=False)["optimizer"]
+    assert "fp32_groups" in optimizer and not any("zero" in name for name in os.listdir(folder))
+    plain = read_consolidated(folder)
+    for part in ("weights", "optim", "hyper", "step", "engine", "rng"):  # args and loss-scale extras differ by form
+        assert differences(getattr(plain, part), getattr(ck, part)) == [], part
+    assert train("gpt2", data_prefix, (1, 1, 1), 4, ["--load", save, *bf16]) == straight[2:]
