@@ -204,6 +204,8 @@ class Executor:
                 dist.all_reduce(self._tied_grad(weight), group=group)
 
     def _exec_reduce_grads(self, ins: Instruction, state: BatchState) -> None:
+        if self.dp_world_size == 1 and not self.zero_optimization():
+            return  # one replica: DeepSpeed would flatten, all-reduce over one rank and copy back, for nothing
         self._force_grad_boundary = True
         if self.using_bf16_optimizer:
             self.buffered_allreduce_fallback(grads=None, elements_per_buffer=MEMORY_OPT_ALLREDUCE_SIZE)
