@@ -1,7 +1,8 @@
 """TDS pipeline parallelism: `PipelineModule` with a declared or inferred boundary layout, its `PipelineEngine`.
 
 LayerSpec, TiedLayerSpec and the topologies are DeepSpeed's own; DeepSpeed's schedule classes are in
-`tds.pipe.schedule` (views of TDS's instruction lists, `ds_schedule.py`).
+`tds.pipe.schedule` (views of TDS's instruction lists, `ds_schedule.py`, beside the lists themselves from
+`instructions.py`).
 """
 from deepspeed.runtime.pipe.module import LayerSpec, TiedLayerSpec
 from deepspeed.runtime.pipe.topology import (PipeDataParallelTopology, PipeModelDataParallelTopology,
@@ -12,7 +13,7 @@ from .meta import PipelineLayoutError, TensorDecl
 from .module import PipelineModule
 from .recompute import default_checkpoint, non_reentrant_checkpoint, reentrant_checkpoint
 from .p2p import PipelineCommError
-from .schedule import Instruction, Op, eval_schedule, train_schedule
+from .instructions import Instruction, Op, eval_schedule, train_schedule
 
 __all__ = ["PipelineModule", "PipelineEngine", "LayerSpec", "TiedLayerSpec", "ProcessTopology",
            "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineLayoutError",

@@ -28,18 +28,14 @@ from deepspeed.runtime.pipe.schedule import (BackwardPass, BufferOpInstruction, 
                                              PipeSchedule, RecvActivation, RecvGrad, ReduceGrads,
                                              ReduceTiedGrads, SendActivation, SendGrad)
 
+from .instructions import Op, eval_schedule, train_schedule
+
 __all__ = ["PipeSchedule", "TrainSchedule", "InferenceSchedule", "DataParallelSchedule", "PipeInstruction",
            "BufferOpInstruction", "LoadMicroBatch", "ForwardPass", "BackwardPass", "SendActivation",
            "RecvActivation", "SendGrad", "RecvGrad", "ReduceTiedGrads", "ReduceGrads", "OptimizerStep", "CommitP2P"]
 
 
-def _ops():
-    from .schedule import Op  # late: schedule.py re-exports this module at its end
-    return Op
-
-
 def _ds_instruction(op, buffer_id: int):
-    Op = _ops()
     buffered = {Op.LOAD: LoadMicroBatch, Op.FORWARD: ForwardPass, Op.BACKWARD: BackwardPass,
                 Op.SEND_ACT: SendActivation, Op.RECV_ACT: RecvActivation, Op.SEND_GRAD: SendGrad,
                 Op.RECV_GRAD: RecvGrad}
@@ -53,7 +49,6 @@ def _ds_instruction(op, buffer_id: int):
 
 def _place(stage_lists: list, alternate: bool) -> dict:
     """{(stage, op, micro_batch): step} for every compute op, on DeepSpeed's clock (module docstring)."""
-    Op = _ops()
     p = len(stage_lists)
     orders = [[(i.op, i.micro_batch) for i in lst if i.op in (Op.FORWARD, Op.BACKWARD)] for lst in stage_lists]
     for lst in stage_lists:
@@ -82,7 +77,6 @@ def _place(stage_lists: list, alternate: bool) -> dict:
 
 def _steps(stage_lists: list, stage_id: int, alternate: bool, buffers: int) -> list[list]:
     """DeepSpeed-style steps of `stage_id` from every stage's TDS instruction list."""
-    Op = _ops()
     placed = _place(stage_lists, alternate)
     total = max(placed.values()) + 1
     # rank within a step: training forward / backward step and inference step orders (module docstring)
@@ -105,7 +99,6 @@ def _steps(stage_lists: list, stage_id: int, alternate: bool, buffers: int) -> l
 
 
 def _peak_in_flight(instructions: list) -> int:
-    Op = _ops()
     live = peak = 0
     for ins in instructions:
         live += (ins.op == Op.FORWARD) - (ins.op == Op.BACKWARD)
@@ -119,7 +112,6 @@ class TrainSchedule(PipeSchedule):
 
     def __init__(self, micro_batches: int, stages: int, stage_id: int, kind: str = "1f1b"):
         super().__init__(micro_batches, stages, stage_id)
-        from .schedule import train_schedule
         self.kind = kind
         self.instructions = [train_schedule(kind, stages, s, micro_batches) for s in range(stages)]
 
@@ -135,7 +127,6 @@ class InferenceSchedule(PipeSchedule):
 
     def __init__(self, micro_batches: int, stages: int, stage_id: int):
         super().__init__(micro_batches, stages, stage_id)
-        from .schedule import eval_schedule
         self.instructions = [eval_schedule(stages, s, micro_batches) for s in range(stages)]
 
     def num_pipe_buffers(self) -> int:
@@ -153,8 +144,6 @@ class DataParallelSchedule(PipeSchedule):
         return 1
 
     def steps(self):
-        from .schedule import train_schedule
-        Op = _ops()
         steps: list[list] = [[] for _ in range(self.micro_batches)]
         for ins in train_schedule("1f1b", 1, 0, self.micro_batches):
             if ins.micro_batch >= 0:

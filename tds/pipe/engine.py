@@ -1,5 +1,5 @@
 """TDS `PipelineEngine`: DeepSpeedEngine (ZeRO-1, fp16/bf16 optimizers, checkpoint files) driven by a
-schedule from `schedule.py`, moving the model's declared boundary tuple with `boundary.py`.
+schedule from `instructions.py`, moving the model's declared boundary tuple with `boundary.py`.
 
 Batch protocol (p stages, m = gradient_accumulation_steps micro-batches of train_micro_batch_size_per_gpu):
 - The data iterator yields one `(inputs, labels)` pair per micro-batch. The first and the last stage each
@@ -31,7 +31,7 @@ from .collectives import CommGuard, apply_timeout, resolve_timeout
 from .executor import BatchState, Executor
 from .module import PipelineModule
 from .p2p import P2P, PipelineCommError
-from .schedule import Op, check_schedule, eval_schedule, train_schedule
+from .instructions import Op, check_schedule, eval_schedule, train_schedule
 from .timeline import TimelineRecorder, write_trace
 from .weight_grad import WeightGradStore, attach
 

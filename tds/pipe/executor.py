@@ -30,7 +30,7 @@ import torch.distributed as dist
 from deepspeed.runtime.engine import MEMORY_OPT_ALLREDUCE_SIZE, DeepSpeedEngine
 
 from .. import device as tds_device
-from .schedule import Instruction, Op
+from .instructions import Instruction, Op
 
 Unit = tuple[int, int]  # (micro-batch, chunk)
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from .schedule import Instruction, Op, route, simulate
+from .instructions import Instruction, Op, route, simulate
 from .timeline import Span
 
 __all__ = ["Costs", "simulate_timed", "expected_idle", "expected_bubble"]

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
-from .schedule import COMPUTE_OPS, Instruction
+from .instructions import COMPUTE_OPS, Instruction
 
 __all__ = ["Span", "TimelineRecorder", "write_trace", "read_trace", "bubble_fractions"]
 
