@@ -38,7 +38,8 @@ from megatron.model.language_model import LMLoss  # noqa: E402
 from megatron.optimizer import param_groups  # noqa: E402
 from megatron.train_loop import TrainState, train  # noqa: E402
 from megatron.training import data_loader, initialize_and_build, split_sample_counts  # noqa: E402
-from pretrain_gpt2 import DEFAULTS, HOOKS, gpt2_config, get_batch  # noqa: E402
+from megatron.model.specs import gpt2_batch, gpt2_config  # noqa: E402
+from pretrain_gpt2 import DEFAULTS, SPEC  # noqa: E402
 from tests.training.conftest import build_data  # noqa: E402
 
 
@@ -88,9 +89,9 @@ def main() -> None:
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="bench_")
     data = build_data(data_dir, max_mb=1.0, vocab_size=2048)
     args = bench_args(opts, data)
-    engine, tokenizer = initialize_and_build(args, HOOKS)
-    datasets = HOOKS.datasets_provider(args, tokenizer, split_sample_counts(args))
-    batch_fn = lambda raw: get_batch(raw, args, tokenizer)  # noqa: E731
+    engine, tokenizer = initialize_and_build(args, SPEC)
+    datasets = SPEC.datasets(args, tokenizer, split_sample_counts(args))
+    batch_fn = lambda raw: gpt2_batch(raw, args, tokenizer)  # noqa: E731
     framework_iter = BatchIterator(data_loader(datasets[0], 0, args), batch_fn)
     baseline_iter = BatchIterator(data_loader(datasets[0], 0, args), batch_fn)
 

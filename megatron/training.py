@@ -4,7 +4,8 @@
     pp = 1) + AdamW + LR schedule -> TDS engine -> --load -> datasets and loaders
     (the train sampler resumes after the consumed samples) -> train loop -> final test evaluation
 
-An entry point supplies a `ModelHooks`: how to build the model (with its loss), the datasets and a micro-batch.
+An entry point names a `megatron.model.specs.ModelSpec`: how to build the Pipe model (with its loss), the
+datasets and a micro-batch.
 
 User mistakes are `megatron.errors.UserError`s (one line, exit 2 through the entry point's
 `exit_on_user_error`): the arguments and input files (`megatron.preflight.check_inputs`, on every rank
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass
 from functools import partial
 from typing import Callable, List, Optional, Sequence
 
@@ -31,27 +31,16 @@ from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.data.samplers import build_pretraining_data_loader
 from megatron.errors import UserError, one_line
 from megatron.evaluation import evaluate_and_print
-from megatron.initialize import initialize_megatron, shutdown_distributed
+from megatron.initialize import initialize_megatron
+from megatron.mpu import shutdown_distributed
 from megatron.learning_rates import AnnealingLR
 from megatron.logging_utils import TensorBoard, print_rank_0
 from megatron.model.config import padded_vocab_size
+from megatron.model.specs import ModelSpec
 from megatron.optimizer import build_optimizer
 from megatron.preflight import check_inputs
 from megatron.tokenizer import build_tokenizer
 from megatron.train_loop import TrainState, train
-
-
-@dataclass
-class ModelHooks:
-    """What an entry point provides.
-
-    model_provider(args) -> tds.pipe.PipelineModule   this rank's stage(s), holding the loss function
-    datasets_provider(args, tokenizer, [n_train, n_valid, n_test]) -> [train, valid, test] (None = empty)
-    get_batch(raw, args, tokenizer) -> (inputs, labels)  raw: the loader's dict on tp rank 0, None elsewhere
-    """
-    model_provider: Callable
-    datasets_provider: Callable
-    get_batch: Callable
 
 
 def lr_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> AnnealingLR:
@@ -63,10 +52,10 @@ def lr_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> 
     return AnnealingLR(optimizer, args.lr, args.min_lr, warmup, decay, args.lr_decay_style)
 
 
-def setup_engine(args: argparse.Namespace, hooks: ModelHooks):
+def setup_engine(args: argparse.Namespace, spec: ModelSpec):
     """Pipe model, AdamW, LR schedule, wrapped by tds.initialize in the TDS PipelineEngine."""
     try:
-        model = hooks.model_provider(args)
+        model = spec.build_pipe(args)
         optimizer = build_optimizer(model, args)
         engine, _, _, _ = tds.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler(optimizer, args),
                                          config=args.ds_config, mpu=mpu)
@@ -108,7 +97,7 @@ def build_tokenizer_from_args(args: argparse.Namespace):
         raise UserError(f"cannot build the {args.tokenizer_type}: {one_line(err)}") from err
 
 
-def initialize_and_build(args: argparse.Namespace, hooks: ModelHooks):
+def initialize_and_build(args: argparse.Namespace, spec: ModelSpec):
     """Distributed start-up, tokenizer (sets args.padded_vocab_size), engine; returns (engine, tokenizer)."""
     initialize_megatron(args)
     tokenizer = build_tokenizer_from_args(args)
@@ -116,7 +105,7 @@ def initialize_and_build(args: argparse.Namespace, hooks: ModelHooks):
     args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
                                                args.tensor_model_parallel_size)
     set_deepspeed_verbosity(args.deepspeed_verbose)
-    engine = setup_engine(args, hooks)
+    engine = setup_engine(args, spec)
     print_rank_0(layout_summary(args, engine, tokenizer.vocab_size))
     return engine, tokenizer
 
@@ -155,17 +144,17 @@ def already_complete(args: argparse.Namespace, iteration: int) -> str:
             f"--save/--load directory (WORK_DIR=... with the example scripts)")
 
 
-def pretrain(args: argparse.Namespace, hooks: ModelHooks) -> TrainState:
+def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     """Train to --train-iters (resuming from --load), save at the end, evaluate on the test split."""
-    engine, tokenizer = initialize_and_build(args, hooks)
+    engine, tokenizer = initialize_and_build(args, spec)
     iteration, consumed = load_checkpoint(engine, args) if args.load else (0, 0)
     if iteration >= args.train_iters:
         print_rank_0(already_complete(args, iteration))
         return TrainState(iteration, consumed, saved_iteration=iteration)
-    datasets = hooks.datasets_provider(args, tokenizer, split_sample_counts(args))
+    datasets = spec.datasets(args, tokenizer, split_sample_counts(args))
     if datasets[0] is None:
         raise UserError(f"--split {args.split} leaves no training documents in --data-path {' '.join(args.data_path)}")
-    get_batch = partial(hooks.get_batch, args=args, tokenizer=tokenizer)
+    get_batch = partial(spec.get_batch, args=args, tokenizer=tokenizer)
     state = TrainState(iteration, consumed, saved_iteration=iteration if args.load else -1)
     tb = TensorBoard(args.tensorboard_dir)
 
@@ -186,10 +175,10 @@ def pretrain(args: argparse.Namespace, hooks: ModelHooks) -> TrainState:
     return state
 
 
-def run(argv: Optional[Sequence[str]], hooks: ModelHooks, defaults: dict) -> TrainState:
+def run(argv: Optional[Sequence[str]], spec: ModelSpec, defaults: dict) -> TrainState:
     """Entry-point main: parse and resolve the arguments, check the input files exist, then `pretrain`."""
     args = parse_args(argv, defaults=defaults)
     check_inputs(args)
-    state = pretrain(args, hooks)
+    state = pretrain(args, spec)
     shutdown_distributed()
     return state

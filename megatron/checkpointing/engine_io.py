@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.initialize import rng_states, set_rng_states
+from megatron.mpu import rng_states, set_rng_states
 from megatron.logging_utils import print_rank_0
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
 from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, publish_latest,

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from megatron.errors import UserError
+from megatron.model.specs import spec_for
 
-MODEL_TYPES = ("gpt", "t5")
 PIPE_FORM = "pipe"  # the saved `module_form` of checkpoints whose every stage is a Pipe module
 VOCAB_PARAMS = ("embedding.word_embeddings.weight", "lm_head.weight")
 # Model arguments added after the first checkpoints were written, with the value those checkpoints imply
@@ -66,19 +66,11 @@ def virtual_stages(args: Dict[str, Any]) -> int:
 
 
 def model_config(args: Dict[str, Any]):
-    """GPT2Config / T5Config exactly as pretrain_gpt2.py / pretrain_t5.py build it from these arguments.
+    """GPT2Config / T5Config exactly as the model's spec builds it for training from these arguments.
 
     Arguments that a checkpoint predates take the value that reproduces the model it was trained as."""
-    kind = args.get("model_type")
     ns = argparse.Namespace(**{**LATER_ARGUMENTS, **args, "checkpoint_activations": False})
-    # the pretraining scripts own the argument -> config mapping; they live at the repository root
-    if kind == "gpt":
-        from pretrain_gpt2 import gpt2_config
-        return gpt2_config(ns)
-    if kind == "t5":
-        from pretrain_t5 import t5_config
-        return t5_config(ns)
-    raise UserError(f"checkpoint model_type {kind!r} is not one this tool handles ({', '.join(MODEL_TYPES)})")
+    return spec_for(args.get("model_type")).config(ns)
 
 
 def _probe_config(config):
@@ -118,11 +110,10 @@ class ModelTable:
     """Names, partitioning and pipeline placement of one model's parameters; see the module docstring."""
 
     def __init__(self, args: Dict[str, Any]):
-        from megatron.model import GPT2Model, T5Model
         self.args, self.kind = args, args.get("model_type")
         self.config = model_config(args)
         gpt = self.kind == "gpt"
-        probe = (GPT2Model if gpt else T5Model)(_probe_config(self.config))
+        probe = spec_for(self.kind).plain(_probe_config(self.config))
         rules = (_gpt2_location if gpt else _t5_location)(self.config)
         self.params: List[ParamInfo] = []
         for name, p in probe.named_parameters():

@@ -1,8 +1,8 @@
 """A model and its tokenizer from a checkpoint of this project, at the current tensor-parallel size, pp = 1.
 
     saved = read_checkpoint_args(load_dir, tag)      the resolved training arguments (megatron_args.json)
-    config = model_config(saved)                     as pretrain_gpt2.py / pretrain_t5.py build it
-    model = GPT2Model / T5Model(config, tp_group)    then load_model_weights: any saved tp / pp / dp layout
+    config = model_config(saved)                     as the model spec builds it for training
+    model = spec.plain(config, tp_group)             then load_model_weights: any saved tp / pp / dp layout
     tokenizer = build_tokenizer(saved tokenizer arguments, or the overrides given here)
 
 Tokenizer files are looked up as saved (absolute, or relative to the current directory); a checkpoint
@@ -105,8 +105,8 @@ def load_model(checkpoint: Checkpoint, load_dir: str, tag: Optional[str] = None,
                dtype: str = "fp32") -> torch.nn.Module:
     """GPT2Model / T5Model at this tp size with the checkpoint's weights, eval mode; collective over tp."""
     from megatron.checkpointing import load_model_weights
-    from megatron.model import GPT2Model, T5Model
-    model = (T5Model if checkpoint.kind == "t5" else GPT2Model)(checkpoint.config, tp_group)
+    from megatron.model.specs import spec_for
+    model = spec_for(checkpoint.kind).plain(checkpoint.config, tp_group)
     load_model_weights(model, load_dir, tag)
     return model.to(DTYPES[dtype]).eval()
 

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from megatron import mpu
 from megatron.errors import UserError
-from megatron.initialize import shutdown_distributed
+from megatron.mpu import shutdown_distributed
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,17 @@ from .parallel_state import (ParallelDims, ParallelState, destroy_model_parallel
                              get_tensor_model_parallel_group, get_tensor_model_parallel_rank,
                              get_tensor_model_parallel_src_rank, get_tensor_model_parallel_world_size,
                              get_topology, initialize_model_parallel, model_parallel_is_initialized,
-                             set_parallel_state)
+                             set_parallel_state, shutdown_distributed)
 from .random import (RNGStatesTracker, checkpoint, get_cuda_rng_tracker, get_rng_tracker,
-                     model_parallel_cuda_manual_seed, model_parallel_seed)
+                     model_parallel_cuda_manual_seed, model_parallel_seed, rng_states, set_random_seed,
+                     set_rng_states)
 from .utils import (VocabUtility, divide, ensure_divisibility, merge_partitions, partition_master,
                     split_tensor_along_last_dim)
 
 __all__ = [
     # parallel_state
     "ParallelDims", "ParallelState", "initialize_model_parallel", "destroy_model_parallel", "set_parallel_state",
+    "shutdown_distributed",
     "model_parallel_is_initialized", "get_parallel_state", "get_topology",
     "get_model_parallel_group", "get_model_parallel_rank", "get_model_parallel_world_size",
     "get_model_parallel_src_rank", "get_tensor_model_parallel_group", "get_tensor_model_parallel_rank",
@@ -45,7 +47,8 @@ __all__ = [
     "param_is_not_tensor_parallel_duplicate",
     # cross_entropy, random, grads, data
     "vocab_parallel_cross_entropy",
-    "RNGStatesTracker", "get_rng_tracker", "get_cuda_rng_tracker", "model_parallel_seed",
+    "RNGStatesTracker", "get_rng_tracker", "get_cuda_rng_tracker", "model_parallel_seed", "set_random_seed",
+    "rng_states", "set_rng_states",
     "model_parallel_cuda_manual_seed", "checkpoint",
     "clip_grad_norm", "get_grad_norm",
     "broadcast_data",

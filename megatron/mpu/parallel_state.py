@@ -180,3 +180,16 @@ def get_pipe_parallel_world_size() -> int:
 get_pipeline_model_parallel_group = get_pipe_parallel_group
 get_pipeline_model_parallel_rank = get_pipe_parallel_rank
 get_pipeline_model_parallel_world_size = get_pipe_parallel_world_size
+
+
+def shutdown_distributed(wait: bool = True) -> None:
+    """Leave torch.distributed in order at the end of a launched process: with `wait`, once every rank got here
+    (not on an error path, where peers may be elsewhere), then destroy the groups. A process that exits with live
+    gloo groups whose peers have already gone can abort in their destructors (SIGABRT: "terminate called
+    without an active exception"), which the launcher reports as a failed run."""
+    if not dist.is_initialized():
+        return
+    if wait:
+        dist.barrier()
+    destroy_model_parallel()
+    dist.destroy_process_group()

@@ -3,7 +3,7 @@
 The models in megatron/model do not draw from these streams: their dropout masks are a pure function of
 (seed, iteration, micro-batch, site) (megatron/model/rng.py), which need no state. The tracker is kept for
 code written against Megatron (`get_cuda_rng_tracker().fork()`, `model_parallel_cuda_manual_seed(seed)`);
-its states are in every checkpoint (megatron/initialize.py `rng_states`), so such code resumes exactly too.
+its states are in every checkpoint (`rng_states` below), so such code resumes exactly too.
 
 Two streams per process (Megatron):
     default stream         seed                    same on every tp rank: dropout on replicated activations
@@ -12,12 +12,19 @@ Two streams per process (Megatron):
                                                    (attention probabilities of this rank's heads)
 The default stream is the device generator (`tds.device`: CUDA on GPU, torch's CPU generator on CPU); the
 tracker keeps the other streams' states and swaps one in for the body of `fork(name)`.
+
+Process seeding (Megatron, `set_random_seed`): python, numpy, torch's CPU generator and the device generator
+of pipeline stage `pp_rank` start from seed + 100 * pp_rank, then the tracker's streams. `rng_states()` /
+`set_rng_states()` capture and restore all of them for checkpoints. The models' weight initialisation and
+dropout do not draw from these generators, so they are the same in every layout and need nothing saved.
 """
 from __future__ import annotations
 
 import contextlib
+import random
 from typing import Any, Callable, Dict, Iterator, Optional
 
+import numpy as np
 import torch
 import torch.utils.checkpoint
 
@@ -127,3 +134,25 @@ def checkpoint(function: Callable[..., Any], *args: Any) -> Any:
     """
     return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False, preserve_rng_state=True,
                                              context_fn=_tracker_replay_contexts)
+
+
+def set_random_seed(seed: int, pp_rank: int = 0) -> None:
+    """Seed python, numpy, torch (CPU), the device generator and the tensor-parallel tracker."""
+    seed = seed + 100 * pp_rank
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_seed(seed)
+
+
+def rng_states() -> Dict[str, Any]:
+    return dict(python=random.getstate(), numpy=np.random.get_state(), torch=torch.get_rng_state(),
+                device=get_rng_state(), tracker=get_rng_tracker().get_states())
+
+
+def set_rng_states(states: Dict[str, Any]) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    set_rng_state(states["device"])
+    get_rng_tracker().set_states(states["tracker"])

@@ -121,15 +121,15 @@ def first_iteration_batches(model: str, args: List[str]) -> list:
     from megatron.tokenizer import build_tokenizer
     from megatron.training import data_loader, split_sample_counts
     if model == "gpt2":
-        from pretrain_gpt2 import DEFAULTS, HOOKS
+        from pretrain_gpt2 import DEFAULTS, SPEC
     else:
-        from pretrain_t5 import DEFAULTS, HOOKS
+        from pretrain_t5 import DEFAULTS, SPEC
     parsed = parse_args(args, defaults=DEFAULTS, world_size=1)
     initialize_megatron(parsed)
     tokenizer = build_tokenizer(parsed.tokenizer_type, parsed.vocab_file, parsed.merge_file, parsed.tokenizer_model,
                                 parsed.vocab_extra_ids)
-    datasets = HOOKS.datasets_provider(parsed, tokenizer, split_sample_counts(parsed))
-    batches = BatchIterator(data_loader(datasets[0], 0, parsed), partial(HOOKS.get_batch, args=parsed,
+    datasets = SPEC.datasets(parsed, tokenizer, split_sample_counts(parsed))
+    batches = BatchIterator(data_loader(datasets[0], 0, parsed), partial(SPEC.get_batch, args=parsed,
                                                                          tokenizer=tokenizer))
     return [next(batches) for _ in range(parsed.gas)]
 

@@ -50,10 +50,10 @@ def argv(model: str, data_prefix: str, tp: int, pp: int, iters: int = ITERS, ext
 
 def rank_run(model: str, args: List[str], world_size: int) -> Tuple[List[float], List[float]]:
     if model == "gpt2":
-        from pretrain_gpt2 import DEFAULTS, HOOKS
+        from pretrain_gpt2 import DEFAULTS, SPEC
     else:
-        from pretrain_t5 import DEFAULTS, HOOKS
-    state = train_state(args, world_size, HOOKS, DEFAULTS)
+        from pretrain_t5 import DEFAULTS, SPEC
+    state = train_state(args, world_size, SPEC, DEFAULTS)
     return state.losses, state.grad_norms
 
 

@@ -3,7 +3,8 @@ from typing import List, Optional, Sequence
 
 from megatron.arguments import parse_args
 from megatron.train_loop import TrainState
-from megatron.training import ModelHooks, pretrain
+from megatron.model.specs import ModelSpec
+from megatron.training import pretrain
 from pretrain_gpt2 import DEFAULTS as GPT_DEFAULTS
 
 
@@ -19,16 +20,16 @@ def small_argv(data: dict, tp: int = 1, pp: int = 1, train_iters: int = 10, extr
             "--tensor-model-parallel-size", str(tp), "--pipe-parallel-size", str(pp)] + list(extra)
 
 
-def train_state(argv: Sequence[str], world_size: int, hooks: Optional[ModelHooks] = None,
+def train_state(argv: Sequence[str], world_size: int, spec: Optional[ModelSpec] = None,
                 defaults: Optional[dict] = None) -> TrainState:
-    """Run pretrain on this rank (the toy model unless `hooks` are given); returns its TrainState."""
-    if hooks is None:
-        from tests.training.toy_model import TOY_HOOKS as hooks
+    """Run pretrain on this rank (the toy model unless a `spec` is given); returns its TrainState."""
+    if spec is None:
+        from tests.training.toy_model import TOY_SPEC as spec
     args = parse_args(list(argv), defaults=defaults or GPT_DEFAULTS, world_size=world_size)
-    return pretrain(args, hooks)
+    return pretrain(args, spec)
 
 
-def train_losses(argv: Sequence[str], world_size: int, hooks: Optional[ModelHooks] = None,
+def train_losses(argv: Sequence[str], world_size: int, spec: Optional[ModelSpec] = None,
                  defaults: Optional[dict] = None) -> List[float]:
     """The per-iteration training losses of this run."""
-    return train_state(argv, world_size, hooks, defaults).losses
+    return train_state(argv, world_size, spec, defaults).losses

@@ -43,11 +43,11 @@ def argv(model: str, prefix: str, pp: int, extra=(), layers: int = 4) -> list:
 def runs(model: str, argvs: list, world: int) -> list:
     """Per argv (run one after the other in each rank): (losses, grad norms) of the last rank."""
     if model == "gpt2":
-        from pretrain_gpt2 import DEFAULTS, HOOKS
+        from pretrain_gpt2 import DEFAULTS, SPEC
     else:
-        from pretrain_t5 import DEFAULTS, HOOKS
+        from pretrain_t5 import DEFAULTS, SPEC
     from tests.training.runner import train_state
-    return [(s.losses, s.grad_norms) for s in (train_state(a, world, HOOKS, DEFAULTS) for a in argvs)]
+    return [(s.losses, s.grad_norms) for s in (train_state(a, world, SPEC, DEFAULTS) for a in argvs)]
 
 
 def assert_same(got, want, what: str) -> None:

@@ -20,10 +20,10 @@ T5_SHAPE = ["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--vocab
 
 def _hooks(model: str):
     if model == "gpt2":
-        from pretrain_gpt2 import DEFAULTS, HOOKS
+        from pretrain_gpt2 import DEFAULTS, SPEC
     else:
-        from pretrain_t5 import DEFAULTS, HOOKS
-    return HOOKS, DEFAULTS
+        from pretrain_t5 import DEFAULTS, SPEC
+    return SPEC, DEFAULTS
 
 
 def straight_and_resumed(model: str, argv: list, save: str, world_size: int) -> dict:

@@ -45,10 +45,10 @@ def _argv(data: dict, pp: int, extra=()) -> list:
 
 def _run(argv: list, world_size: int) -> dict:
     """pretrain_gpt2 on this rank; its losses and, from the last rank's log, (consumed samples, lr) per iteration."""
-    from pretrain_gpt2 import DEFAULTS, HOOKS
+    from pretrain_gpt2 import DEFAULTS, SPEC
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        state = train_state(argv, world_size, HOOKS, DEFAULTS)
+        state = train_state(argv, world_size, SPEC, DEFAULTS)
     log = re.findall(r"iteration (\d+)/\d+ \| consumed samples (\d+) \| lr ([0-9.e+-]+)", out.getvalue())
     return dict(losses=state.losses, consumed=state.consumed_train_samples,
                 log=[(int(i), int(c), float(lr)) for i, c, lr in log])

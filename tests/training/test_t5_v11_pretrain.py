@@ -16,7 +16,8 @@ import os
 
 from megatron.arguments import parse_args
 from megatron.model.t5_model import T5Model
-from pretrain_t5 import DEFAULTS, t5_config
+from megatron.model.specs import t5_config
+from pretrain_t5 import DEFAULTS
 from tests.dist import run_distributed
 from tests.training.runner import train_state
 
@@ -37,14 +38,14 @@ def _argv(data: dict, pp: int, save: str) -> list:
 
 
 def _runs(data: dict, tmp: str, world_size: int) -> tuple:
-    from pretrain_t5 import HOOKS
+    from pretrain_t5 import SPEC
     quiet, log = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(quiet):
-        pipe = train_state(_argv(data, 2, os.path.join(tmp, "pipe")), world_size, HOOKS, DEFAULTS)
-    plain = train_state(_argv(data, 1, os.path.join(tmp, "plain")), world_size, HOOKS, DEFAULTS)
+        pipe = train_state(_argv(data, 2, os.path.join(tmp, "pipe")), world_size, SPEC, DEFAULTS)
+    plain = train_state(_argv(data, 1, os.path.join(tmp, "plain")), world_size, SPEC, DEFAULTS)
     with contextlib.redirect_stdout(log):
         again = train_state(_argv(data, 2, os.path.join(tmp, "pipe")) + ["--deepspeed-verbose"], world_size,
-                            HOOKS, DEFAULTS)
+                            SPEC, DEFAULTS)
     return pipe.losses, plain.losses, again.losses, log.getvalue(), quiet.getvalue()
 
 

@@ -14,9 +14,9 @@ from tests.training.runner import GPT_DEFAULTS, small_argv
 def _zero_state(argv, world_size):
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
     from megatron import mpu
-    from tests.training.toy_model import TOY_HOOKS
+    from tests.training.toy_model import TOY_SPEC
     args = parse_args(argv, defaults=GPT_DEFAULTS, world_size=world_size)
-    engine, _ = initialize_and_build(args, TOY_HOOKS)
+    engine, _ = initialize_and_build(args, TOY_SPEC)
     V, b, s = args.padded_vocab_size, args.micro_batch_size, args.seq_length
     gen = torch.Generator().manual_seed(0)
     batches = iter([((torch.randint(V, (b, s), generator=gen),),

@@ -11,8 +11,7 @@ from torch import nn
 import tds
 from megatron import mpu
 from megatron.data.masks import get_ltor_masks_and_position_ids
-from megatron.training import ModelHooks
-from pretrain_gpt2 import train_valid_test_datasets_provider
+from megatron.model.specs import ModelSpec, gpt2_datasets
 
 
 def _seeded(seed: int, build):
@@ -63,8 +62,8 @@ def _specs(args):
             + [tds.pipe.LayerSpec(ToyHead, h, V, seed + 1 + args.num_layers)])
 
 
-def toy_model_provider(args):
-    return tds.pipe.PipelineModule(_specs(args), topology=mpu.get_topology(), loss_fn=toy_loss,
+def toy_pipe(config, topology, **_):
+    return tds.pipe.PipelineModule(_specs(config), topology=topology, loss_fn=toy_loss,
                                    partition_method="uniform", input_grad=[True], input_type=["float"])
 
 
@@ -75,4 +74,5 @@ def toy_get_batch(raw, args, tokenizer):
     return (tokens,), (labels, loss_mask)
 
 
-TOY_HOOKS = ModelHooks(toy_model_provider, train_valid_test_datasets_provider, toy_get_batch)
+TOY_SPEC = ModelSpec("toy", config=lambda args: args, plain=None, pipe=toy_pipe, datasets=gpt2_datasets,
+                     get_batch=toy_get_batch)

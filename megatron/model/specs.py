@@ -1,0 +1,128 @@
+"""One spec per model: what the training driver, the checkpoint tools and inference need to know of it.
+
+    spec.config(args)                   resolved arguments -> GPT2Config / T5Config (model code never reads args)
+    spec.build_pipe(args)               the Pipe model: its layers over the pipeline stages (one stage at pp = 1)
+    spec.plain                          the plain model class (generation, evaluation, conversion, Hugging Face)
+    spec.datasets(args, tokenizer, [n_train, n_valid, n_test]) -> [train, valid, test] (None = empty split)
+    spec.get_batch(raw, args, tokenizer) -> (inputs, labels): raw is the loader's dict on tp rank 0, None
+                                        elsewhere; every tp rank gets the same micro-batch (one broadcast)
+
+`spec_for(model_type)` is the registry, keyed by the `model_type` that megatron_args.json stores ('gpt',
+'t5'); the entry scripts, `megatron.checkpointing` and `megatron.inference` all ask it.
+
+Micro-batches (b = micro-batch, s = sequence, se / sd = encoder / decoder sequence; masks True = masked out):
+    gpt  ((tokens, position_ids, attention_mask), (labels, loss_mask))   tokens/labels int64 (b, s),
+         attention_mask bool (1 or b, 1, s, s), loss_mask float (b, s)
+    t5   ((enc_tokens, dec_tokens, enc_mask, dec_mask, cross_mask), (labels, loss_mask)): tokens/labels int64
+         (b, se) / (b, sd); enc_mask (b, 1, se, se), dec_mask (b, 1, sd, sd) (causal), cross_mask (b, 1, sd, se)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from megatron import mpu
+from megatron.data.gpt_dataset import build_train_valid_test_datasets
+from megatron.data.masks import get_ltor_masks_and_position_ids
+from megatron.data.t5_dataset import build_t5_datasets
+from megatron.errors import UserError
+from .config import GPT2Config, T5Config
+from .gpt2_model import GPT2Model
+from .t5_model import T5Model
+
+T5_KEYS = ("text_enc", "text_dec", "labels", "loss_mask", "enc_mask", "dec_mask", "enc_dec_mask")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model_type: str
+    config: Callable[[Any], Any]
+    plain: type
+    pipe: Callable[..., Any]            # the Pipe class: pipe(config, topology=, partition_method=, verbose=, ...)
+    datasets: Callable[[Any, Any, List[int]], list]
+    get_batch: Callable[[Optional[dict], Any, Any], tuple]
+
+    def build_pipe(self, args):
+        """This rank's stage(s) of the Pipe model, split over args.pipe_parallel_size stages."""
+        return self.pipe(self.config(args), topology=mpu.get_topology(),
+                         partition_method=args.partition_method or "type:TransformerLayer",
+                         verbose=args.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
+                         virtual_stages=args.virtual_pipe_stages)
+
+
+def _checkpoint_layers(args) -> int:
+    return args.checkpoint_num_layers if args.checkpoint_activations else 0
+
+
+def gpt2_config(args) -> GPT2Config:
+    return GPT2Config(num_layers=args.num_layers, hidden_size=args.hidden_size,
+                      num_attention_heads=args.num_attention_heads, vocab_size=args.vocab_size,
+                      seq_length=args.seq_length, ffn_hidden_size=args.ffn_hidden_size, kv_channels=args.kv_channels,
+                      hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
+                      layernorm_epsilon=args.layernorm_epsilon,
+                      make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+                      checkpoint_num_layers=_checkpoint_layers(args), seed=args.seed,
+                      max_position_embeddings=args.max_position_embeddings, init_method_std=args.init_method_std)
+
+
+def t5_config(args) -> T5Config:
+    return T5Config(num_layers=args.num_layers, num_decoder_layers=args.decoder_num_layers,
+                    hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
+                    vocab_size=args.vocab_size, seq_length=args.encoder_seq_length,
+                    decoder_seq_length=args.decoder_seq_length, ffn_hidden_size=args.ffn_hidden_size,
+                    kv_channels=args.kv_channels, feed_forward_proj=args.feed_forward_proj,
+                    tie_word_embeddings=not args.untie_embeddings_and_output_weights,
+                    relative_attention_num_buckets=args.relative_attention_num_buckets,
+                    relative_attention_max_distance=args.relative_attention_max_distance,
+                    hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
+                    layernorm_epsilon=args.layernorm_epsilon,
+                    make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+                    checkpoint_num_layers=_checkpoint_layers(args), seed=args.seed)
+
+
+def gpt2_datasets(args, tokenizer, num_samples: List[int]) -> list:
+    return build_train_valid_test_datasets(args.data_path, args.split, num_samples, args.seq_length, args.seed)
+
+
+def t5_datasets(args, tokenizer, num_samples: List[int]) -> list:
+    return build_t5_datasets(args.data_path, args.split, num_samples, args.encoder_seq_length,
+                             args.decoder_seq_length, args.seed, tokenizer, noise_density=args.mask_prob)
+
+
+def gpt2_batch(raw: Optional[dict], args, tokenizer) -> tuple:
+    data = mpu.broadcast_data(["text"], raw, torch.int64)["text"]  # (b, s + 1)
+    tokens, labels = data[:, :-1].contiguous(), data[:, 1:].contiguous()
+    attention_mask, loss_mask, position_ids = get_ltor_masks_and_position_ids(
+        tokens, tokenizer.eod, args.reset_position_ids, args.reset_attention_mask, args.eod_mask_loss)
+    return (tokens, position_ids, attention_mask), (labels, loss_mask)
+
+
+def t5_batch(raw: Optional[dict], args, tokenizer) -> tuple:
+    as_long = {key: raw[key].long() for key in T5_KEYS} if raw is not None else None
+    data = mpu.broadcast_data(T5_KEYS, as_long, torch.int64)
+    masks = [data[key].bool().unsqueeze(1) for key in ("enc_mask", "dec_mask", "enc_dec_mask")]  # (b, 1, q, k)
+    return (data["text_enc"], data["text_dec"], *masks), (data["labels"], data["loss_mask"].float())
+
+
+def _gpt2_pipe(*args, **kwargs):
+    from .gpt2_pipe import GPT2ModelPipe  # imports tds.pipe, which plain-model users need not load
+    return GPT2ModelPipe(*args, **kwargs)
+
+
+def _t5_pipe(*args, **kwargs):
+    from .t5_pipe import T5ModelPipe
+    return T5ModelPipe(*args, **kwargs)
+
+
+SPECS: Dict[str, ModelSpec] = {
+    "gpt": ModelSpec("gpt", gpt2_config, GPT2Model, _gpt2_pipe, gpt2_datasets, gpt2_batch),
+    "t5": ModelSpec("t5", t5_config, T5Model, _t5_pipe, t5_datasets, t5_batch),
+}
+
+
+def spec_for(model_type: Optional[str]) -> ModelSpec:
+    if model_type not in SPECS:
+        raise UserError(f"model_type {model_type!r} is not one this tool handles ({', '.join(SPECS)})")
+    return SPECS[model_type]

@@ -1,0 +1,110 @@
+"""The import graph of the library, walked from the source (every import statement, also inside functions):
+
+- dependencies point down: entry scripts / tools / bench -> training and configuration (megatron.*) ->
+  checkpointing, inference -> model -> mpu, data, tokenizer -> errors, logging_utils -> tds;
+- no library module imports an entry script, a tool, a benchmark or a test;
+- tds never imports megatron (users copy tds/ alone);
+- no import cycle between modules.
+"""
+import ast
+import os
+from typing import Dict, List, Set
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# bottom first; a module may import its own layer and the ones below (prefixes: the longest match wins)
+LAYERS: Dict[str, int] = {
+    "tds": 0,
+    "megatron.errors": 1, "megatron.logging_utils": 1,
+    "megatron.mpu": 2, "megatron.data": 2, "megatron.tokenizer": 2,
+    "megatron.model": 3,
+    "megatron.checkpointing": 4, "megatron.inference": 4,
+    "megatron": 5,
+}
+OUTSIDE = ("pretrain_gpt2", "pretrain_t5", "tools", "bench", "tests", "examples")
+
+
+def _library() -> Dict[str, str]:
+    """module name -> path, for every module of megatron/ and tds/."""
+    out = {}
+    for top in ("megatron", "tds"):
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith(".py"):
+                    name = os.path.relpath(os.path.join(folder, f), ROOT)[:-3].replace(os.sep, ".")
+                    out[name[:-len(".__init__")] if name.endswith(".__init__") else name] = os.path.join(folder, f)
+    return out
+
+
+def _imported_names(module: str, path: str) -> Set[str]:
+    """Everything `module` imports, as dotted names (`from a import b` gives a.b)."""
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package
+                for _ in range(node.level - 1):
+                    parent = parent.rpartition(".")[0]
+                base = parent + ("." + base if base else "")
+            names.update(f"{base}.{a.name}" for a in node.names)
+    return names
+
+
+def _graph() -> Dict[str, Dict[str, Set[str]]]:
+    """module -> {'library': library modules it imports, 'outside': top-level names of OUTSIDE it imports}."""
+    modules = _library()
+
+    def resolve(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    graph = {}
+    for module, path in modules.items():
+        names = _imported_names(module, path)
+        graph[module] = dict(library={resolve(n) for n in names if resolve(n)} - {module},
+                             outside={n.split(".")[0] for n in names if n.split(".")[0] in OUTSIDE})
+    return graph
+
+
+def _layer(module: str) -> int:
+    return LAYERS[max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)]
+
+
+def test_no_library_module_imports_a_script_tool_benchmark_or_test():
+    offenders = {m: sorted(g["outside"]) for m, g in _graph().items() if g["outside"]}
+    assert offenders == {}
+
+
+def test_tds_never_imports_megatron():
+    assert {m: sorted(g["library"]) for m, g in _graph().items()
+            if m.startswith("tds") and any(d.startswith("megatron") for d in g["library"])} == {}
+
+
+def test_dependencies_point_down():
+    upward = sorted(f"{m} (layer {_layer(m)}) imports {d} (layer {_layer(d)})"
+                    for m, g in _graph().items() for d in g["library"] if _layer(d) > _layer(m))
+    assert upward == []
+
+
+def test_no_import_cycle():
+    graph = {m: g["library"] for m, g in _graph().items()}
+    cycles: List[List[str]] = []
+    state: Dict[str, int] = {}  # 1 on the current path, 2 done
+
+    def visit(module: str, path: List[str]) -> None:
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                cycles.append(path[path.index(dep):] + [module, dep] if dep in path else [module, dep])
+            elif dep not in state:
+                visit(dep, path + [module])
+        state[module] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert cycles == []
