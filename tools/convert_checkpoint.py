@@ -88,6 +88,8 @@ def _export(args) -> None:
     report = export_hf(args.load, args.output, args.tag, overrides)
     print(f"exported {report.model_type} ({report.parameters:,} parameters) to {args.output}: "
           f"{', '.join(report.files)}")
+    if report.note:
+        print(report.note)
     if args.verify:
         from megatron.checkpointing.hf_verify import verify_export
         difference = verify_export(args.load, args.output, args.tag)
@@ -104,6 +106,13 @@ def _import(args) -> None:
         files = ([saved["tokenizer_model"]] if saved["tokenizer_model"] else [saved["vocab_file"], saved["merge_file"]])
         print(f"tokenizer: --tokenizer-type {saved['tokenizer_type']} with {', '.join(files)}"
               + (f" --vocab-extra-ids {saved['vocab_extra_ids']}" if saved.get("vocab_extra_ids") else ""))
+    else:
+        print(f"tokenizer: none in {args.input} (no spiece.model, nor vocab.json with merges.txt), so export-hf "
+              f"will write none; to train with one, add its files to {args.input} and import again")
+    vocab, rows, extra = saved["vocab_size"], saved["hf_vocab_size"], saved.get("vocab_extra_ids") or 0
+    sentinels = f" ({vocab - extra} base ids + {extra} sentinels <extra_id_*>)" if extra else ""
+    padding = f"; the HF table's other {rows - vocab} rows are kept as padding" if rows > vocab else ""
+    print(f"vocabulary: {vocab} ids{sentinels}{padding}, padded to {saved['padded_vocab_size']}")
 
 
 def _to_fp32(args) -> None:

@@ -2,8 +2,15 @@
 
     export_hf(ckpt, out)    full weights (any tp, pp) -> vocabulary padding removed -> HF names (hf_names.py)
                             -> out/model.safetensors, config.json, generation_config.json, tokenizer files
+                            (none when the checkpoint records no tokenizer)
     import_hf(hf_dir, ckpt, tp, pp)   the reverse, padded for tp, written as a weights-only checkpoint at
                             (tp, pp, 1): `--load` starts from it at iteration 0 with a fresh optimizer
+
+Vocabulary rows. An HF table may have more rows than its tokenizer has ids (t5-small: 32128 rows = 32000
+pieces + 100 sentinels + 28 padding rows). Import keeps all of them: vocab_size = the tokenizer's ids (what
+training's tokenizer gives, so `--load` accepts the checkpoint), hf_vocab_size = config.json's vocab_size,
+padded_vocab_size >= hf_vocab_size, so the HF padding rows sit in Megatron's padding (masked out of the
+logits like any padding row). Export writes hf_vocab_size rows (vocab_size for a checkpoint trained here).
 
 Outputs are written under a temporary name and renamed when complete. No network: the input is a folder.
 """
@@ -18,11 +25,12 @@ import torch
 from megatron.errors import UserError
 from .consolidated import Consolidated, layout_of, read_weights
 from .files import CheckpointFileError, atomic_folder, checkpoint_folder, publish_latest, read_args
-from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, import_tokenizer, layout_args, read_json,
-                        sentinel_order, t5_args, t5_hf_config, write_json, write_tokenizer)
+from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, hf_rows, import_tokenizer, layout_args,
+                        read_json, sentinel_order, t5_args, t5_hf_config, token_ids, write_json, write_tokenizer)
 from .hf_names import Rule, gpt2_rules, t5_rules
 from .layouts import check_layout, write_layout
 from .names import ModelTable
+from .tp import resize_rows
 
 IMPORT_TAG = "iter_0000000"
 
@@ -32,6 +40,7 @@ class ExportReport:
     model_type: str
     files: List[str]
     parameters: int
+    note: str = ""
 
 
 def rules_for(args: Dict) -> List[Rule]:
@@ -43,23 +52,25 @@ def rules_for(args: Dict) -> List[Rule]:
 
 
 def to_hf(weights: Dict[str, torch.Tensor], args: Dict, table: ModelTable) -> Dict[str, torch.Tensor]:
-    """Canonical full weights -> HF state dict (vocabulary rows [0, V) only, sentinels in HF order)."""
-    vocab = args["vocab_size"]
-    order = sentinel_order(args, vocab)
+    """Canonical full weights -> HF state dict (vocabulary rows [0, hf_rows) only, sentinels in HF order)."""
+    rows = hf_rows(args)
+    order = sentinel_order(args, rows)
     out = {}
     for rule in rules_for(args):
         full = weights[rule.canonical]
         if table.by_name[rule.canonical].vocab:
-            full = full[:vocab] if order is None else full[order]
+            full = resize_rows(full, rows)
+            full = full if order is None else full[order]
         for name, piece in zip(rule.hf, full.chunk(len(rule.hf), dim=0)):
             out[name] = (piece.t() if rule.transpose else piece).contiguous().clone()
     return out
 
 
 def from_hf(hf: Dict[str, torch.Tensor], args: Dict, table: ModelTable, where: str) -> Dict[str, torch.Tensor]:
-    """HF state dict -> canonical full weights, vocabulary padded to args['padded_vocab_size'] with zeros."""
-    vocab, padded = args["vocab_size"], args["padded_vocab_size"]
-    order = sentinel_order(args, vocab)
+    """HF state dict -> canonical full weights: every row of the HF table (sentinels in this project's order),
+    padded to args['padded_vocab_size'] with zeros."""
+    rows = hf_rows(args)
+    order = sentinel_order(args, rows)
     weights = {}
     for rule in rules_for(args):
         names = rule.hf
@@ -70,16 +81,24 @@ def from_hf(hf: Dict[str, torch.Tensor], args: Dict, table: ModelTable, where: s
             raise UserError(f"{where}: no tensor {missing[0]} (the HF weights do not match their config.json)")
         full = torch.cat([hf[n].t() if rule.transpose else hf[n] for n in names], dim=0)
         if table.by_name[rule.canonical].vocab:
-            if full.size(0) < vocab:
-                raise UserError(f"{where}: {names[0]} has {full.size(0)} rows but the tokenizer has {vocab} ids")
-            full = full[:vocab] if order is None else full[:vocab][order]
-            full = torch.cat([full, full.new_zeros(padded - vocab, full.size(1))])
+            if full.size(0) != rows:
+                raise UserError(f"{where}: {names[0]} has {full.size(0)} rows but config.json has vocab_size "
+                                f"{rows} (the HF weights do not match their config.json)")
+            full = resize_rows(full if order is None else full[order], args["padded_vocab_size"])
         weights[rule.canonical] = full.contiguous()
     return weights
 
 
 def _tokenizer(args: Dict, overrides: Dict[str, Optional[str]]):
+    """The checkpoint's tokenizer (files replaced by `overrides`), or None when it records none."""
     from megatron.tokenizer import build_tokenizer
+    if not args.get("tokenizer_type"):
+        given = [f"--{k.replace('_', '-')}" for k, v in overrides.items() if v]
+        if given:
+            raise UserError(f"export-hf: {' '.join(given)} replaces a file of the checkpoint's tokenizer, but the "
+                            f"checkpoint records none (imported from a folder without tokenizer files); export "
+                            f"without it and copy the tokenizer files into the output folder")
+        return None
     spec = {k: overrides.get(k) or args.get(k) for k in ("tokenizer_type", "vocab_file", "merge_file",
                                                           "tokenizer_model")}
     needed = ["tokenizer_model"] if spec["tokenizer_type"] == "SentencePieceTokenizer" else ["vocab_file",
@@ -104,10 +123,11 @@ def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
                         f"{args.get('model_type')!r}")
     table = ModelTable(args)
     tokenizer = _tokenizer(args, tokenizer_overrides or {})
+    ids = token_ids(args, tokenizer)
     if args["model_type"] == "gpt":
-        config, max_len = gpt2_hf_config(args, tokenizer.eod), args["max_position_embeddings"]
+        config, max_len = gpt2_hf_config(args, ids), args["max_position_embeddings"]
     else:
-        config, max_len = t5_hf_config(args, tokenizer.pad, tokenizer.eos), args["encoder_seq_length"]
+        config, max_len = t5_hf_config(args, ids), args["encoder_seq_length"]
     tensors = to_hf(read_weights(folder, table, layout_of(args)[0]), args, table)
     config["dtype"] = str(next(iter(tensors.values())).dtype).replace("torch.", "")
     with atomic_folder(output) as tmp:
@@ -115,8 +135,10 @@ def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
         write_json(os.path.join(tmp, "config.json"), config)
         write_json(os.path.join(tmp, "generation_config.json"), generation_config(config))
         files = ["model.safetensors", "config.json", "generation_config.json"]
-        files += write_tokenizer(tmp, args, tokenizer, max_len)
-    return ExportReport(args["model_type"], files, sum(t.numel() for t in tensors.values()))
+        files += write_tokenizer(tmp, args, tokenizer, max_len) if tokenizer else []
+    note = "" if tokenizer else (f"no tokenizer files written: the checkpoint records no tokenizer (imported from "
+                                 f"a folder without one); copy the model's tokenizer files into {output}")
+    return ExportReport(args["model_type"], files, sum(t.numel() for t in tensors.values()), note)
 
 
 def load_hf_state(hf_dir: str) -> Dict[str, torch.Tensor]:
@@ -148,8 +170,7 @@ def import_hf(hf_dir: str, save_dir: str, tp: int, pp: int) -> Dict:
         folder = os.path.join(tmp, IMPORT_TAG)
         os.makedirs(folder)
         tok_args, tokenizer = import_tokenizer(hf_dir, folder)  # files copied into the temporary folder
-        args.update(_final_paths(tok_args, tmp, save_dir),
-                    vocab_size=tokenizer.vocab_size if tokenizer else cfg["vocab_size"])
+        args.update(_final_paths(tok_args, tmp, save_dir), **_vocabulary(cfg, tok_args, tokenizer, config_path))
         args.update(layout_args(args, tp, pp))
         table = ModelTable(args)
         check_layout(table, args, tp, pp)
@@ -158,6 +179,23 @@ def import_hf(hf_dir: str, save_dir: str, tp: int, pp: int) -> Dict:
         publish_latest(tmp, IMPORT_TAG)
         args = read_args(folder)
     return args
+
+
+def _vocabulary(cfg: Dict, tok_args: Dict, tokenizer, where: str) -> Dict:
+    """vocab_size (the tokenizer's ids, else every row), hf_vocab_size (the HF table's rows) and the config's
+    special token ids (exported again when there is no tokenizer to take them from)."""
+    rows = cfg.get("vocab_size")
+    if not isinstance(rows, int) or rows < 1:
+        raise UserError(f"{where} has vocab_size {rows!r}; a transformers config.json names its table's rows")
+    vocab = tokenizer.vocab_size if tokenizer else rows
+    if vocab > rows:
+        extra = tok_args.get("vocab_extra_ids", 0)
+        raise UserError(f"{where}: vocab_size {rows} is smaller than the tokenizer's {vocab} ids ({vocab - extra} "
+                        f"base ids + {extra} sentinels <extra_id_*>); give the folder the tokenizer its weights "
+                        f"were trained with (T5: tokenizer_config.json \"extra_ids\")")
+    keys = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
+    return dict(vocab_size=vocab, hf_vocab_size=rows,
+                hf_token_ids={k: cfg[k] for k in keys if isinstance(cfg.get(k), int)})
 
 
 def _final_paths(tok_args: Dict, tmp: str, final: str) -> Dict:

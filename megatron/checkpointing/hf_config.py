@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.errors import UserError
 from megatron.model.config import padded_vocab_size
 
+SENTINEL = re.compile(r"<extra_id_(\d+)>")
+T5_DEFAULT_EXTRA_IDS = 100  # transformers' T5Tokenizer(extra_ids=100)
 GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 T5_FFN = ("relu", "gated-gelu")
 
@@ -34,23 +37,38 @@ def write_json(path: str, obj: Dict[str, Any]) -> None:
 
 
 # --- export: our arguments -> HF config ------------------------------------------------------------------
-def gpt2_hf_config(args: Dict[str, Any], eod: int) -> Dict[str, Any]:
+def hf_rows(args: Dict[str, Any]) -> int:
+    """Rows of the exported word table: config.json's vocab_size of an imported folder (its padding rows
+    included), else the tokenizer's vocabulary."""
+    return args.get("hf_vocab_size") or args["vocab_size"]
+
+
+def token_ids(args: Dict[str, Any], tokenizer) -> Dict[str, int]:
+    """config.json's special token ids: the tokenizer's, else (imported without a tokenizer) the HF folder's."""
+    if tokenizer is None:
+        return dict(args.get("hf_token_ids") or {})
+    if args["model_type"] == "gpt":
+        return {"bos_token_id": tokenizer.eod, "eos_token_id": tokenizer.eod}
+    return {"pad_token_id": tokenizer.pad, "eos_token_id": tokenizer.eos, "decoder_start_token_id": tokenizer.pad}
+
+
+def gpt2_hf_config(args: Dict[str, Any], ids: Dict[str, int]) -> Dict[str, Any]:
     h, heads = args["hidden_size"], args["num_attention_heads"]
     if args["kv_channels"] * heads != h:
         raise UserError(f"export-hf: kv_channels {args['kv_channels']} x heads {heads} != hidden_size {h}; "
                         f"GPT2LMHeadModel needs head width = hidden / heads")
-    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": args["vocab_size"],
+    return {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": hf_rows(args),
             "n_positions": args["max_position_embeddings"], "n_embd": h, "n_layer": args["num_layers"],
             "n_head": heads, "n_inner": args["ffn_hidden_size"], "activation_function": "gelu_new",
             "resid_pdrop": args["hidden_dropout"], "embd_pdrop": args["hidden_dropout"],
             "attn_pdrop": args["attention_dropout"], "layer_norm_epsilon": args["layernorm_epsilon"],
             "initializer_range": args.get("init_method_std", 0.02), "scale_attn_weights": True,
-            "bos_token_id": eod, "eos_token_id": eod, "tie_word_embeddings": True}
+            "tie_word_embeddings": True, **ids}
 
 
-def t5_hf_config(args: Dict[str, Any], pad: int, eos: int) -> Dict[str, Any]:
+def t5_hf_config(args: Dict[str, Any], ids: Dict[str, int]) -> Dict[str, Any]:
     tied = not args.get("untie_embeddings_and_output_weights", False)
-    return {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": args["vocab_size"],
+    return {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "vocab_size": hf_rows(args),
             "d_model": args["hidden_size"], "d_kv": args["kv_channels"], "d_ff": args["ffn_hidden_size"],
             "num_layers": args["num_layers"],
             "num_decoder_layers": args.get("decoder_num_layers") or args["num_layers"],
@@ -59,8 +77,7 @@ def t5_hf_config(args: Dict[str, Any], pad: int, eos: int) -> Dict[str, Any]:
             "relative_attention_max_distance": args.get("relative_attention_max_distance", 128),
             "dropout_rate": args["hidden_dropout"], "layer_norm_epsilon": args["layernorm_epsilon"],
             "initializer_factor": 1.0, "feed_forward_proj": args.get("feed_forward_proj", "relu"),
-            "is_encoder_decoder": True, "tie_word_embeddings": tied, "scale_decoder_outputs": tied,
-            "pad_token_id": pad, "eos_token_id": eos, "decoder_start_token_id": pad}
+            "is_encoder_decoder": True, "tie_word_embeddings": tied, "scale_decoder_outputs": tied, **ids}
 
 
 def generation_config(hf: Dict[str, Any]) -> Dict[str, Any]:
@@ -147,14 +164,20 @@ def t5_args(cfg: Dict[str, Any], where: str) -> Dict[str, Any]:
 
 
 def import_tokenizer(hf_dir: str, folder: str) -> Tuple[Dict[str, Any], Optional[object]]:
-    """Copy the HF tokenizer files into the checkpoint folder; (tokenizer arguments, tokenizer) or ({}, None)."""
+    """Copy the HF tokenizer files into the checkpoint folder; (tokenizer arguments, tokenizer) or ({}, None).
+
+    The sentinel count is the one transformers would load: the `<extra_id_*>` tokens tokenizer.json (else
+    tokenizer_config.json) lists, else tokenizer_config.json's `extra_ids`, else T5Tokenizer's default of
+    100 for a sentencepiece model (0 for GPT-2 BPE). Listed ids must follow the numbering `sentinel_order`
+    assumes (T5Tokenizer: `<extra_id_k>` = pieces + E - 1 - k; BPE: base + k)."""
     from megatron.tokenizer import build_tokenizer
     tok_cfg_path = os.path.join(hf_dir, "tokenizer_config.json")
     tok_cfg = read_json(tok_cfg_path) if os.path.isfile(tok_cfg_path) else {}
+    listed = _listed_sentinels(hf_dir, tok_cfg)
     if os.path.isfile(os.path.join(hf_dir, "spiece.model")):
         model = os.path.join(folder, "spiece.model")
         shutil.copyfile(os.path.join(hf_dir, "spiece.model"), model)
-        extra = tok_cfg.get("extra_ids", _count_sentinels(tok_cfg))
+        extra = len(listed) if listed else tok_cfg.get("extra_ids", T5_DEFAULT_EXTRA_IDS)
         args = dict(tokenizer_type="SentencePieceTokenizer", tokenizer_model=os.path.abspath(model),
                     vocab_file=None, merge_file=None, vocab_extra_ids=extra)
     elif os.path.isfile(os.path.join(hf_dir, "vocab.json")) and os.path.isfile(os.path.join(hf_dir, "merges.txt")):
@@ -162,26 +185,57 @@ def import_tokenizer(hf_dir: str, folder: str) -> Tuple[Dict[str, Any], Optional
             shutil.copyfile(os.path.join(hf_dir, name), os.path.join(folder, name))
         args = dict(tokenizer_type="GPT2BPETokenizer", vocab_file=os.path.abspath(os.path.join(folder, "vocab.json")),
                     merge_file=os.path.abspath(os.path.join(folder, "merges.txt")), tokenizer_model=None,
-                    vocab_extra_ids=_count_sentinels(tok_cfg))
+                    vocab_extra_ids=len(listed))
     else:
         return {}, None
     tokenizer = build_tokenizer(args["tokenizer_type"], args["vocab_file"], args["merge_file"],
                                 args["tokenizer_model"], args["vocab_extra_ids"])
+    _check_sentinel_ids(listed, args, tokenizer, hf_dir)
     return args, tokenizer
 
 
-def _count_sentinels(tok_cfg: Dict[str, Any]) -> int:
-    names = [v.get("content", "") for v in tok_cfg.get("added_tokens_decoder", {}).values()]
-    names += [t if isinstance(t, str) else t.get("content", "") for t in tok_cfg.get("additional_special_tokens", [])]
-    return len({n for n in names if n.startswith("<extra_id_")})
+def _listed_sentinels(hf_dir: str, tok_cfg: Dict[str, Any]) -> Dict[int, Optional[int]]:
+    """{k: HF id of <extra_id_k>} from tokenizer.json's added tokens, else tokenizer_config.json's
+    added_tokens_decoder, else its special-token lists (ids unknown: None); {} when none lists a sentinel."""
+    tok_json = os.path.join(hf_dir, "tokenizer.json")
+    sources = [[(t.get("content", ""), t.get("id")) for t in read_json(tok_json).get("added_tokens", [])]
+               if os.path.isfile(tok_json) else [],
+               [(v.get("content", ""), int(i)) for i, v in tok_cfg.get("added_tokens_decoder", {}).items()],
+               [(t if isinstance(t, str) else t.get("content", ""), None)
+                for key in ("additional_special_tokens", "extra_special_tokens") for t in tok_cfg.get(key) or []]]
+    for tokens in sources:
+        found = {}
+        for name, hf_id in tokens:
+            match = SENTINEL.fullmatch(name)
+            if match:
+                found[int(match.group(1))] = hf_id
+        if found:
+            return found
+    return {}
+
+
+def _check_sentinel_ids(listed: Dict[int, Optional[int]], args: Dict[str, Any], tokenizer, where: str) -> None:
+    extra = args["vocab_extra_ids"]
+    if listed and sorted(listed) != list(range(extra)):
+        raise UserError(f"{where}: the tokenizer lists sentinels <extra_id_k> for k in {sorted(listed)}, not 0 .. "
+                        f"{extra - 1}; this project numbers {extra} sentinels from 0")
+    base = tokenizer.vocab_size - extra
+    reverse = args["tokenizer_type"] == "SentencePieceTokenizer"
+    for k, hf_id in sorted(listed.items()):
+        expected = base + extra - 1 - k if reverse else base + k
+        if hf_id is not None and hf_id != expected:
+            raise UserError(f"{where}: <extra_id_{k}> has id {hf_id}, but after the tokenizer's {base} base ids "
+                            f"{'T5Tokenizer numbers it' if reverse else 'it is numbered'} {expected}; import-hf "
+                            f"reads sentinels only in that numbering")
 
 
 def layout_args(args: Dict[str, Any], tp: int, pp: int) -> Dict[str, Any]:
-    """The layout and run fields a saved megatron_args.json has (a weights-only checkpoint at (tp, pp, 1))."""
+    """The layout and run fields a saved megatron_args.json has (a weights-only checkpoint at (tp, pp, 1)).
+    The padded vocabulary holds every row of the HF table (`hf_rows` >= vocab_size)."""
     divisible = 128
     return dict(tensor_model_parallel_size=tp, pipe_parallel_size=pp, data_parallel_size=1, world_size=tp * pp,
                 make_vocab_size_divisible_by=divisible,
-                padded_vocab_size=padded_vocab_size(args["vocab_size"], divisible, tp), partition_method=None,
+                padded_vocab_size=padded_vocab_size(hf_rows(args), divisible, tp), partition_method=None,
                 micro_batch_size=1, global_batch_size=1, gas=1, zero_stage=1, fp16=False, bf16=False, seed=1234,
                 checkpoint_activations=False, checkpoint_num_layers=1,
                 ds_config={"zero_optimization": {"stage": 0}, "gradient_accumulation_steps": 1})
