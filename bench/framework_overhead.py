@@ -89,7 +89,7 @@ def main() -> None:
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="bench_")
     data = build_data(data_dir, max_mb=1.0, vocab_size=2048)
     args = bench_args(opts, data)
-    engine, tokenizer = initialize_and_build(args, SPEC)
+    engine, tokenizer, args = initialize_and_build(args, SPEC)
     datasets = SPEC.datasets(args, tokenizer, split_sample_counts(args))
     batch_fn = lambda raw: gpt2_batch(raw, args, tokenizer)  # noqa: E731
     framework_iter = BatchIterator(data_loader(datasets[0], 0, args), batch_fn)

@@ -370,3 +370,14 @@ def resolve_args(args: argparse.Namespace, world_size: Optional[int] = None) -> 
     _resolve_data(args)
     args.ds_config = build_ds_config(args, cfg)
     return args
+
+
+def with_vocabulary(args: argparse.Namespace, vocab_size: int) -> argparse.Namespace:
+    """The last resolution step, on the training ranks once the tokenizer is built: a copy of `args` with the
+    tokenizer's vocabulary size and Megatron's padded size (`megatron.model.config.padded_vocab_size`)."""
+    from megatron.model.config import padded_vocab_size  # imports torch, which resolution otherwise does not
+    settled = argparse.Namespace(**vars(args))
+    settled.vocab_size = vocab_size
+    settled.padded_vocab_size = padded_vocab_size(vocab_size, args.make_vocab_size_divisible_by,
+                                                  args.tensor_model_parallel_size)
+    return settled

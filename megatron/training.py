@@ -25,6 +25,7 @@ import torch
 
 import tds
 from megatron import mpu
+from megatron.arg_resolution import with_vocabulary
 from megatron.arguments import parse_args
 from megatron.batches import BatchIterator
 from megatron.checkpointing import load_checkpoint, save_checkpoint
@@ -35,7 +36,6 @@ from megatron.initialize import initialize_megatron
 from megatron.mpu import shutdown_distributed
 from megatron.learning_rates import AnnealingLR
 from megatron.logging_utils import TensorBoard, print_rank_0
-from megatron.model.config import padded_vocab_size
 from megatron.model.specs import ModelSpec
 from megatron.optimizer import build_optimizer
 from megatron.preflight import check_inputs
@@ -98,16 +98,14 @@ def build_tokenizer_from_args(args: argparse.Namespace):
 
 
 def initialize_and_build(args: argparse.Namespace, spec: ModelSpec):
-    """Distributed start-up, tokenizer (sets args.padded_vocab_size), engine; returns (engine, tokenizer)."""
+    """Distributed start-up, tokenizer, engine; returns (engine, tokenizer, args with the vocabulary settled)."""
     initialize_megatron(args)
     tokenizer = build_tokenizer_from_args(args)
-    args.vocab_size = tokenizer.vocab_size
-    args.padded_vocab_size = padded_vocab_size(tokenizer.vocab_size, args.make_vocab_size_divisible_by,
-                                               args.tensor_model_parallel_size)
+    args = with_vocabulary(args, tokenizer.vocab_size)
     set_deepspeed_verbosity(args.deepspeed_verbose)
     engine = setup_engine(args, spec)
     print_rank_0(layout_summary(args, engine, tokenizer.vocab_size))
-    return engine, tokenizer
+    return engine, tokenizer, args
 
 
 def set_deepspeed_verbosity(verbose: bool) -> None:
@@ -146,7 +144,7 @@ def already_complete(args: argparse.Namespace, iteration: int) -> str:
 
 def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     """Train to --train-iters (resuming from --load), save at the end, evaluate on the test split."""
-    engine, tokenizer = initialize_and_build(args, spec)
+    engine, tokenizer, args = initialize_and_build(args, spec)
     iteration, consumed = load_checkpoint(engine, args) if args.load else (0, 0)
     if iteration >= args.train_iters:
         print_rank_0(already_complete(args, iteration))

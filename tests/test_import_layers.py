@@ -108,3 +108,40 @@ def test_no_import_cycle():
         if module not in state:
             visit(module, [])
     assert cycles == []
+
+
+def _assignments_to(name: str, paths) -> List[str]:
+    """`name.<field> = ...`, `name.<field> += ...` and `setattr(name, ...)` in the files, as 'path:line field'."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(open(path).read())):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            for t in targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == name:
+                    found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} {t.attr}")
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "setattr" and node.args and \
+                    isinstance(node.args[0], ast.Name) and node.args[0].id == name:
+                found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno} setattr")
+    return found
+
+
+def _sources(*tops: str) -> List[str]:
+    out = [os.path.join(ROOT, f) for f in os.listdir(ROOT) if f.endswith(".py")]
+    for top in tops:
+        for folder, _, files in os.walk(os.path.join(ROOT, top)):
+            out += [os.path.join(folder, f) for f in files if f.endswith(".py")]
+    return sorted(out)
+
+
+def test_arguments_are_written_only_by_their_resolution():
+    """The parser fills its aliases and resolution derives every value; nothing writes to the resolved
+    arguments afterwards (the vocabulary is settled by `arg_resolution.with_vocabulary`, which copies)."""
+    owners = {os.path.join(ROOT, "megatron", f) for f in ("arguments.py", "arg_resolution.py", "ds_config.py")}
+    assert _assignments_to("args", [p for p in _sources("megatron", "tools") if p not in owners]) == []
+
+
+def test_no_attribute_is_set_on_an_engine_instance():
+    """The training path configures the engine through its config and constructor, never by setting
+    attributes (methods patched per instance) on it."""
+    assert _assignments_to("engine", _sources("megatron", "tools")) == []
