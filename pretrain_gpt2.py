@@ -4,14 +4,14 @@
     torchrun --nproc_per_node 8 pretrain_gpt2.py ...
 
 The model, its datasets and micro-batches are `megatron.model.specs.SPECS['gpt']`; the driver is
-`megatron.training.run`.
+`megatron.training.pretrain.run`.
 """
 import sys
 
-from megatron.arguments import ENTRY_DEFAULTS
+from megatron.config.arguments import ENTRY_DEFAULTS
 from megatron.errors import exit_on_user_error
 from megatron.model.specs import spec_for
-from megatron.training import run
+from megatron.training.pretrain import run
 
 SPEC = spec_for("gpt")
 DEFAULTS = ENTRY_DEFAULTS["gpt"]

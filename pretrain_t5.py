@@ -7,14 +7,14 @@
 T5 v1.0 by default (ReLU feed-forward, LM head tied to the word embeddings); T5 v1.1 with
 --feed-forward-proj gated-gelu --untie-embeddings-and-output-weights (usually with dropout 0 for pretraining).
 The model, its datasets and micro-batches are `megatron.model.specs.SPECS['t5']`; the driver is
-`megatron.training.run`.
+`megatron.training.pretrain.run`.
 """
 import sys
 
-from megatron.arguments import ENTRY_DEFAULTS
+from megatron.config.arguments import ENTRY_DEFAULTS
 from megatron.errors import exit_on_user_error
 from megatron.model.specs import spec_for
-from megatron.training import run
+from megatron.training.pretrain import run
 
 SPEC = spec_for("t5")
 DEFAULTS = ENTRY_DEFAULTS["t5"]

@@ -9,7 +9,7 @@ micro-batches (same dataset, sampler and batch function). Each side runs --warmu
 tokens/s per side is the median over rounds, measured two ways: per wall-clock second and per CPU second of
 this process (time.process_time; robust to other processes sharing the machine, exact with --threads 1). One iteration = gas micro-batches of forward, backward, then
 clipping (1.0) and an AdamW step with the linear-warm-up / cosine schedule.
-  framework: megatron.train_loop.train (TDS engine, one stage, ZeRO stage --zero-stage, logging, grad norm)
+  framework: megatron.training.loop.train (TDS engine, one stage, ZeRO stage --zero-stage, logging, grad norm)
   baseline:  for each micro-batch: loss = LMLoss(model(*inputs)); (loss / gas).backward();
              then clip_grad_norm_, optimizer.step(), scheduler.step(), zero_grad()
 Prints tokens/s of each and the ratio framework / baseline (target >= 0.95), per wall-clock and CPU second.
@@ -29,15 +29,15 @@ import torch
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
 from megatron import mpu  # noqa: E402
-from megatron.arguments import parse_args  # noqa: E402
-from megatron.batches import BatchIterator  # noqa: E402
-from megatron.learning_rates import AnnealingLR  # noqa: E402
+from megatron.config.arguments import parse_args  # noqa: E402
+from megatron.training.batches import BatchIterator  # noqa: E402
+from megatron.training.learning_rates import AnnealingLR  # noqa: E402
 from megatron.logging_utils import TensorBoard  # noqa: E402
 from megatron.model.gpt2_model import GPT2Model  # noqa: E402
 from megatron.model.language_model import LMLoss  # noqa: E402
-from megatron.optimizer import param_groups  # noqa: E402
-from megatron.train_loop import TrainState, train  # noqa: E402
-from megatron.training import data_loader, initialize_and_build, split_sample_counts  # noqa: E402
+from megatron.training.optimizer import param_groups  # noqa: E402
+from megatron.training.loop import TrainState, train  # noqa: E402
+from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts  # noqa: E402
 from megatron.model.specs import gpt2_batch, gpt2_config  # noqa: E402
 from pretrain_gpt2 import DEFAULTS, SPEC  # noqa: E402
 from tests.training.conftest import build_data  # noqa: E402

@@ -102,7 +102,7 @@ world_size() {
 }
 
 # preflight MODEL ARGS...: check the arguments and input files in one process, with the world size the
-#   launcher will create (python -m megatron.preflight, about a second); prints the mistake and exits 2.
+#   launcher will create (python -m megatron.config.preflight, about a second); prints the mistake and exits 2.
 #   CHECK_ARGS=0 skips it.
 preflight() {
     local model=$1
@@ -110,7 +110,7 @@ preflight() {
     if [[ ${CHECK_ARGS:-1} == 0 ]]; then
         return
     fi
-    (cd "$REPO" && "$PYTHON" -m megatron.preflight "$model" --world-size "$(world_size)" "$@") || exit $?
+    (cd "$REPO" && "$PYTHON" -m megatron.config.preflight "$model" --world-size "$(world_size)" "$@") || exit $?
 }
 
 # hide_after FILE: copy stdin to stdout until FILE exists (a process has reported a user error), then drop

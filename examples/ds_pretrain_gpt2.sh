@@ -15,7 +15,7 @@
 # and its .bin/.idx (tools/preprocess_data.py), all built once under WORK_DIR.
 # Without GPUs: a tiny GPT-2 on 8 CPU processes (tp=2, pp=2, dp=2, gloo, one thread each), 200 iterations,
 # a few minutes on 2 cores. With GPUs: every GPU of this node and a GPT-2 medium-sized model in fp16.
-# The arguments and input files are checked in one process before the launch (python -m megatron.preflight;
+# The arguments and input files are checked in one process before the launch (python -m megatron.config.preflight;
 # CHECK_ARGS=0 skips it): a mistake prints one `error: ...` line and the script exits 2.
 set -euo pipefail
 

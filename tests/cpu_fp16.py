@@ -7,7 +7,7 @@ torch computes fp16 on any x86 CPU (without those kernels it is slower, not diff
 (the model in fp16, dynamic loss scaling, overflow skips, DeepSpeed's fp16 ZeRO optimizer) can run the same
 everywhere. Rank functions of fp16 tests run inside `with allow_cpu_fp16():`, which makes DeepSpeed's CPU
 accelerator say yes for the block, so those tests run, never skip, on every CPU. Users on such a CPU get a
-one-line error instead (`megatron.initialize.check_precision_supported`).
+one-line error instead (`megatron.training.initialize.check_precision_supported`).
 """
 from __future__ import annotations
 

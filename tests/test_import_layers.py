@@ -1,6 +1,6 @@
 """The import graph of the library, walked from the source (every import statement, also inside functions):
 
-- dependencies point down: entry scripts / tools / bench -> training and configuration (megatron.*) ->
+- dependencies point down: entry scripts / tools / bench -> megatron.training -> megatron.config ->
   checkpointing, inference -> model -> mpu, data, tokenizer -> errors, logging_utils -> tds;
 - no library module imports an entry script, a tool, a benchmark or a test;
 - tds never imports megatron (users copy tds/ alone);
@@ -18,7 +18,8 @@ LAYERS: Dict[str, int] = {
     "megatron.mpu": 2, "megatron.data": 2, "megatron.tokenizer": 2,
     "megatron.model": 3,
     "megatron.checkpointing": 4, "megatron.inference": 4,
-    "megatron": 5,
+    "megatron.config": 5,
+    "megatron.training": 6, "megatron": 6,
 }
 OUTSIDE = ("pretrain_gpt2", "pretrain_t5", "tools", "bench", "tests", "examples")
 
@@ -135,9 +136,9 @@ def _sources(*tops: str) -> List[str]:
 
 
 def test_arguments_are_written_only_by_their_resolution():
-    """The parser fills its aliases and resolution derives every value; nothing writes to the resolved
-    arguments afterwards (the vocabulary is settled by `arg_resolution.with_vocabulary`, which copies)."""
-    owners = {os.path.join(ROOT, "megatron", f) for f in ("arguments.py", "arg_resolution.py", "ds_config.py")}
+    """The parser (megatron.config) fills its aliases and resolution derives every value; nothing writes to the resolved
+    arguments afterwards (the vocabulary is settled by `resolution.with_vocabulary`, which copies)."""
+    owners = {os.path.join(ROOT, "megatron", "config", f) for f in ("arguments.py", "resolution.py", "ds_config.py")}
     assert _assignments_to("args", [p for p in _sources("megatron", "tools") if p not in owners]) == []
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 
 import numpy as np  # noqa: E402
 
-from megatron.arguments import ArgumentParser  # noqa: E402
+from megatron.config.arguments import ArgumentParser  # noqa: E402
 from megatron.data import indexed_dataset  # noqa: E402
 from megatron.errors import UserError, exit_on_user_error  # noqa: E402
 from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer  # noqa: E402

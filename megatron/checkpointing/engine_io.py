@@ -10,7 +10,7 @@ read these checkpoints; `tools/convert_checkpoint.py to-fp32` does that job).
 
 Client state: iteration, consumed_train_samples and this rank's RNG states (python, numpy, torch, device,
 tensor-parallel tracker). DeepSpeed stores it once per (pipeline stage, tensor-parallel rank), written by
-data-parallel rank 0; data-parallel replicas share their RNG states (see `megatron.initialize`).
+data-parallel rank 0; data-parallel replicas share their RNG states (see `megatron.mpu.random`).
 
 Loading (`load_checkpoint`):
     same layout            DeepSpeed's engine.load_checkpoint (weights, optimizer, LR scheduler, steps)

@@ -18,7 +18,7 @@ zeros to Np = ceil(N / (2 dp)) * 2 dp (DeepSpeed's nccl alignment) and cut into 
 dp rank d owns [d P, (d + 1) P). Adam moments are stored padded (P); ZeRO's fp32 partition is stored without
 its padding, BF16_Optimizer's with it. Re-cutting for a new dp is re-concatenating and re-cutting, exact.
 
-Parameter groups follow megatron/optimizer.py: matrices (ndim > 1, weight decay) first, then vectors (no
+Parameter groups follow megatron/training/optimizer.py: matrices (ndim > 1, weight decay) first, then vectors (no
 decay); an empty group is dropped.
 """
 from __future__ import annotations

@@ -115,11 +115,11 @@ def first_iteration_batches(model: str, args: List[str]) -> list:
     """The micro-batches (inputs, labels) of iteration 1 of `pretrain()` with `args` at (1, 1, 1), built by the
     same hooks and loader (run inside a 1-rank `run_distributed`)."""
     from functools import partial
-    from megatron.arguments import parse_args
-    from megatron.batches import BatchIterator
-    from megatron.initialize import initialize_megatron
+    from megatron.config.arguments import parse_args
+    from megatron.training.batches import BatchIterator
+    from megatron.training.initialize import initialize_megatron
     from megatron.tokenizer import build_tokenizer
-    from megatron.training import data_loader, split_sample_counts
+    from megatron.training.pretrain import data_loader, split_sample_counts
     if model == "gpt2":
         from pretrain_gpt2 import DEFAULTS, SPEC
     else:

@@ -23,7 +23,7 @@ TAG = "iter_0000010"
 def resolved_args(model: str, layout: Sequence[int], vocab_size: int, layers: int = 2, hidden: int = 32,
                   heads: int = 4, extra: Sequence[str] = ()) -> Dict:
     """The megatron_args.json a run at `layout` = (tp, pp, dp) would save (parse_args resolves everything)."""
-    from megatron.arguments import parse_args
+    from megatron.config.arguments import parse_args
     tp, pp, dp = layout
     shape = ["--seq-length", "32"] if model == "gpt2" else ["--encoder-seq-length", "32", "--decoder-seq-length", "16"]
     shape += ["--num-layers", str(layers), "--hidden-size", str(hidden), "--num-attention-heads", str(heads)]

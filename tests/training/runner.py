@@ -1,10 +1,10 @@
 """Rank functions for run_distributed: parse arguments as an entry point would, then `pretrain`."""
 from typing import List, Optional, Sequence
 
-from megatron.arguments import parse_args
-from megatron.train_loop import TrainState
+from megatron.config.arguments import parse_args
+from megatron.training.loop import TrainState
 from megatron.model.specs import ModelSpec
-from megatron.training import pretrain
+from megatron.training.pretrain import pretrain
 from pretrain_gpt2 import DEFAULTS as GPT_DEFAULTS
 
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from megatron.arguments import ENTRY_DEFAULTS, parse_args
-from megatron.ds_config import ConfigConflictError
+from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
+from megatron.config.ds_config import ConfigConflictError
 from megatron.errors import UserError
 
 BASE = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -123,7 +123,7 @@ NEW_FLAGS = ["--train-samples", "--lr-decay-samples", "--lr-warmup-samples", "--
 
 
 def test_new_flags_in_help():
-    from megatron.arguments import build_parser
+    from megatron.config.arguments import build_parser
     text = build_parser().format_help()
     for flag in NEW_FLAGS:
         assert flag in text, flag
@@ -229,7 +229,7 @@ def test_deepspeed_config_file_errors(tmp_path):
 
 def test_pipe_spec_classes_and_counts_match_the_models():
     """The class names and spec counts the resolution checks --partition-method against are the models'."""
-    from megatron.arg_resolution import PIPE_SPEC_CLASSES, num_pipe_specs
+    from megatron.config.resolution import PIPE_SPEC_CLASSES, num_pipe_specs
     from megatron.model.config import GPT2Config, T5Config
     from megatron.model.gpt2_pipe import gpt2_layer_specs
     from megatron.model.t5_pipe import t5_layer_specs

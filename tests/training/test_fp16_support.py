@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from megatron.arguments import parse_args
+from megatron.config.arguments import parse_args
 from megatron.errors import UserError
 from tests.training.runner import small_argv
 
@@ -45,7 +45,7 @@ def test_fp16_on_cpu_without_fp16_is_one_line_before_any_process_group(gpt_data)
 def test_check_follows_deepspeed_capability(gpt_data, monkeypatch, supported):
     from deepspeed.accelerator import get_accelerator
 
-    from megatron.initialize import check_precision_supported
+    from megatron.training.initialize import check_precision_supported
     monkeypatch.setattr(get_accelerator(), "is_fp16_supported", lambda: supported, raising=False)
     check_precision_supported(parse_args(small_argv(gpt_data), world_size=1))  # fp32: never refused
     check_precision_supported(parse_args(small_argv(gpt_data, extra=["--bf16"]), world_size=1))

@@ -1,7 +1,7 @@
 """ZeRO stage rules (stage 1 at dp=1 runs as stage 0; fp16 with stage 0 is refused) and explicit partitions."""
 import pytest
 
-from megatron.arguments import parse_args
+from megatron.config.arguments import parse_args
 
 BASE = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",
         "--max-position-embeddings", "16", "--micro-batch-size", "2", "--train-iters", "4", "--lr", "1e-3"]

@@ -21,8 +21,8 @@ import re
 
 import pytest
 
-from megatron.batch_schedule import BatchSchedule
-from megatron.learning_rates import annealed_lr
+from megatron.config.batch_schedule import BatchSchedule
+from megatron.training.learning_rates import annealed_lr
 from tests.dist import run_distributed
 from tests.training.runner import small_argv, train_state
 

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from megatron.flops import flops_per_iteration, gpt_flops_per_iteration, t5_flops_per_iteration
-from megatron.learning_rates import AnnealingLR, annealed_lr
+from megatron.training.flops import flops_per_iteration, gpt_flops_per_iteration, t5_flops_per_iteration
+from megatron.training.learning_rates import AnnealingLR, annealed_lr
 
 
 @pytest.mark.parametrize("style, n, expected", [

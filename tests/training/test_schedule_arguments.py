@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from megatron.arguments import parse_args
+from megatron.config.arguments import parse_args
 from megatron.errors import UserError
 
 BASE = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "16",

@@ -14,7 +14,7 @@ import contextlib
 import io
 import os
 
-from megatron.arguments import parse_args
+from megatron.config.arguments import parse_args
 from megatron.model.t5_model import T5Model
 from megatron.model.specs import t5_config
 from pretrain_t5 import DEFAULTS

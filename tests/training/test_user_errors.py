@@ -108,14 +108,14 @@ def test_check_step_is_fast_and_light(gpt_data):
             gpt_data["merges"]]
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "megatron.preflight", "gpt", "--world-size", "8", *argv], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "megatron.config.preflight", "gpt", "--world-size", "8", *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     assert proc.returncode == 2 and proc.stderr.startswith("error: --num-attention-heads 3"), proc.stderr
     assert cpu < CHECK_CPU_SECONDS, f"the check used {cpu:.2f} s of CPU ({wall:.2f} s wall)"
-    probe = ("import sys, megatron.preflight; "
+    probe = ("import sys, megatron.config.preflight; "
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'deepspeed'}))")
     imported = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert imported.stdout.strip() == "[]", imported.stdout + imported.stderr

@@ -5,8 +5,8 @@ import json
 
 import torch
 
-from megatron.arguments import parse_args
-from megatron.training import initialize_and_build
+from megatron.config.arguments import parse_args
+from megatron.training.pretrain import initialize_and_build
 from tests.dist import run_distributed
 from tests.training.runner import GPT_DEFAULTS, small_argv
 

@@ -5,7 +5,7 @@ engine.train_batch(data_iter) runs the TDS schedule over the m micro-batches, at
 one-stage pipeline). The reported loss is the mean over micro-batches and data-parallel replicas.
 
 m is --gas, or with --rampup-batch-size the ramp's value for the samples consumed so far
-(`megatron.batch_schedule`): before each iteration `engine.set_train_batch_size` gets the iteration's global
+(`megatron.config.batch_schedule`): before each iteration `engine.set_train_batch_size` gets the iteration's global
 batch (TDS and DeepSpeed's engine then run that many micro-batches) and, for an LR schedule in samples, the
 scheduler advances by that batch at its step.
 """
@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional
 
-from megatron.batch_schedule import BatchSchedule
-from megatron.batches import Batch
+from megatron.config.batch_schedule import BatchSchedule
+from megatron.training.batches import Batch
 from megatron.checkpointing import save_checkpoint
-from megatron.evaluation import evaluate_and_print
-from megatron.flops import flops_per_iteration, tokens_per_sample
+from megatron.training.evaluation import evaluate_and_print
+from megatron.training.flops import flops_per_iteration, tokens_per_sample
 from megatron.logging_utils import IntervalStats, TensorBoard, format_log_line, interval_metrics, print_rank_last
 from megatron.model.rng import start_iteration
 from tds import device as tds_device

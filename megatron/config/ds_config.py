@@ -137,7 +137,7 @@ def build_ds_config(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, 
     out["gradient_clipping"] = args.clip_grad
     out.setdefault("zero_optimization", {})["stage"] = deepspeed_zero_stage(args)
     out.setdefault("zero_allow_untested_optimizer", True)
-    out.setdefault("steps_per_print", 2 ** 31 - 1)  # megatron.training logs instead
+    out.setdefault("steps_per_print", 2 ** 31 - 1)  # megatron.training.pretrain logs instead
     out.setdefault("wall_clock_breakdown", False)
     fp16 = out.setdefault("fp16", {})
     fp16["enabled"] = bool(args.fp16)

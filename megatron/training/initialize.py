@@ -34,7 +34,7 @@ def check_precision_supported(args: argparse.Namespace) -> None:
     """--fp16 where DeepSpeed's CPU accelerator refuses it (no GPU, and a CPU without oneDNN fp16 kernels:
     `torch.ops.mkldnn._is_mkldnn_fp16_supported()` is False, e.g. AMD EPYC) is a one-line UserError before any
     process group exists, instead of DeepSpeed's ValueError in `initialize` on every rank. It runs on the
-    machine that trains, not in `megatron.preflight` (which may run on another machine, and imports no
+    machine that trains, not in `megatron.config.preflight` (which may run on another machine, and imports no
     DeepSpeed)."""
     if not args.fp16 or tds_device.is_cuda():
         return

@@ -1,15 +1,15 @@
 """Megatron-compatible command line: the parser only.
 
 `parse_args()` parses, merges the DeepSpeed JSON config and derives and validates every value in one place,
-`megatron.arg_resolution.resolve_args` (global batch = micro x gas x dp, kv channels, warm-up, ...).
+`megatron.config.resolution.resolve_args` (global batch = micro x gas x dp, kv channels, warm-up, ...).
 Options that the DeepSpeed config can also set (batch sizes, ZeRO stage, precision, clipping, loss scale)
-default to None here, so that "not given" can be told apart from "given": see `megatron.ds_config`.
+default to None here, so that "not given" can be told apart from "given": see `megatron.config.ds_config`.
 Old Megatron / CPM-Pretrain spellings are accepted as aliases (--model-parallel-size, --batch-size,
 --kv-hidden-size, --ff-hidden-size, --enc-seq-length, --dec-seq-length, --warmup).
 
 This module and the resolution import neither torch nor DeepSpeed (DeepSpeed's --deepspeed /
 --deepspeed_config flags are declared here as `deepspeed.add_config_arguments` does), so that
-`python -m megatron.preflight` checks a command line in one process in about a second. A mistake, an
+`python -m megatron.config.preflight` checks a command line in one process in about a second. A mistake, an
 unknown flag included, is a one-line `megatron.errors.UserError`.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Dict, NoReturn, Optional, Sequence
 
-from megatron.arg_resolution import PIPELINE_SCHEDULES, resolve_args
+from megatron.config.resolution import PIPELINE_SCHEDULES, resolve_args
 from megatron.errors import UserError
 from megatron.tokenizer import TOKENIZER_TYPES
 

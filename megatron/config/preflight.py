@@ -1,8 +1,8 @@
 """Check a pretraining command line in one process before launching the world.
 
-    python -m megatron.preflight {gpt,t5} --world-size N [--args-only] [pretrain_*.py arguments]
+    python -m megatron.config.preflight {gpt,t5} --world-size N [--args-only] [pretrain_*.py arguments]
 
-runs the entry point's own argument resolution (`megatron.arguments.parse_args`, with the world size the
+runs the entry point's own argument resolution (`megatron.config.arguments.parse_args`, with the world size the
 launcher will create) and `check_inputs` (data, tokenizer and DeepSpeed config files), prints
 `error: <message>` and exits 2 on the first mistake, or exits 0 silently. It imports neither torch nor
 DeepSpeed, so a mistake is reported in about a second instead of after N processes have started; the
@@ -18,7 +18,7 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
-from megatron.arguments import ENTRY_DEFAULTS, parse_args
+from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
 from megatron.errors import UserError, exit_on_user_error
 
 ENTRY_POINTS = {"gpt": "pretrain_gpt2.py", "t5": "pretrain_t5.py"}
@@ -60,7 +60,7 @@ def check_inputs(args: argparse.Namespace, deep: bool = False) -> None:
 
 
 def _parse(argv: Sequence[str]) -> tuple:
-    p = argparse.ArgumentParser(prog="python -m megatron.preflight", add_help=False)
+    p = argparse.ArgumentParser(prog="python -m megatron.config.preflight", add_help=False)
     p.add_argument("model", choices=sorted(ENTRY_POINTS))
     p.add_argument("--world-size", type=int, required=True)
     p.add_argument("--args-only", action="store_true", help="skip check_inputs (files not built yet)")

@@ -8,7 +8,7 @@ An entry point names a `megatron.model.specs.ModelSpec`: how to build the Pipe m
 datasets and a micro-batch.
 
 User mistakes are `megatron.errors.UserError`s (one line, exit 2 through the entry point's
-`exit_on_user_error`): the arguments and input files (`megatron.preflight.check_inputs`, on every rank
+`exit_on_user_error`): the arguments and input files (`megatron.config.preflight.check_inputs`, on every rank
 before anything starts), tokenizer files that do not load, and what tds / DeepSpeed refuse in the
 configuration when the engine is built (a ValueError there: --partition-method, the DeepSpeed JSON's
 sections). tds cannot raise megatron's class (it never imports megatron), so the conversion happens here;
@@ -25,22 +25,22 @@ import torch
 
 import tds
 from megatron import mpu
-from megatron.arg_resolution import with_vocabulary
-from megatron.arguments import parse_args
-from megatron.batches import BatchIterator
+from megatron.config.resolution import with_vocabulary
+from megatron.config.arguments import parse_args
+from megatron.training.batches import BatchIterator
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.data.samplers import build_pretraining_data_loader
 from megatron.errors import UserError, one_line
-from megatron.evaluation import evaluate_and_print
-from megatron.initialize import initialize_megatron
+from megatron.training.evaluation import evaluate_and_print
+from megatron.training.initialize import initialize_megatron
 from megatron.mpu import shutdown_distributed
-from megatron.learning_rates import AnnealingLR
+from megatron.training.learning_rates import AnnealingLR
 from megatron.logging_utils import TensorBoard, print_rank_0
 from megatron.model.specs import ModelSpec
-from megatron.optimizer import build_optimizer
-from megatron.preflight import check_inputs
+from megatron.training.optimizer import build_optimizer
+from megatron.config.preflight import check_inputs
 from megatron.tokenizer import build_tokenizer
-from megatron.train_loop import TrainState, train
+from megatron.training.loop import TrainState, train
 
 
 def lr_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> AnnealingLR:

@@ -4,7 +4,7 @@
     global_batch_size = micro_batch_size * gas * dp        (give either --global-batch-size or --gas)
     kv_channels       = hidden_size / num_attention_heads  (default)
     ffn_hidden_size   = 4 * hidden_size                    (default)
-    train_iters       = --train-iters, or what --train-samples allows (`megatron.batch_schedule`)
+    train_iters       = --train-iters, or what --train-samples allows (`megatron.config.batch_schedule`)
     LR schedule unit  = iterations, or samples with --train-samples (Megatron's rule): warm-up and decay
                         then come from --lr-warmup-samples / --lr-decay-samples (default train-samples)
     lr warm-up        = lr_warmup_fraction * decay length (when the fraction is given)
@@ -13,7 +13,7 @@
                         pipeline-stage) (Megatron's flag); the interleaved schedule needs gas a multiple of pp
 
 Every error is a one-line `megatron.errors.UserError` naming the conflicting values. Nothing here imports
-torch or DeepSpeed (see `megatron.preflight`).
+torch or DeepSpeed (see `megatron.config.preflight`).
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ import os
 import re
 from typing import Optional
 
-from megatron.batch_schedule import BatchSchedule
-from megatron.ds_config import build_ds_config, initial_scale_power, load_json, merge_json_into_args
+from megatron.config.batch_schedule import BatchSchedule
+from megatron.config.ds_config import build_ds_config, initial_scale_power, load_json, merge_json_into_args
 from megatron.errors import UserError
 
 FP16_DEFAULTS = dict(initial_loss_scale=2.0 ** 32, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
