@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from typing import Callable, Tuple
 
 import torch
@@ -38,7 +39,7 @@ from megatron.model.language_model import LMLoss  # noqa: E402
 from megatron.training.optimizer import param_groups  # noqa: E402
 from megatron.training.loop import TrainState, train  # noqa: E402
 from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts  # noqa: E402
-from megatron.model.specs import gpt2_batch, gpt2_config  # noqa: E402
+from megatron.model.specs import gpt2_batch  # noqa: E402
 from pretrain_gpt2 import DEFAULTS, SPEC  # noqa: E402
 from tests.training.conftest import build_data  # noqa: E402
 
@@ -89,17 +90,17 @@ def main() -> None:
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="bench_")
     data = build_data(data_dir, max_mb=1.0, vocab_size=2048)
     args = bench_args(opts, data)
-    engine, tokenizer, args = initialize_and_build(args, SPEC)
-    datasets = SPEC.datasets(args, tokenizer, split_sample_counts(args))
-    batch_fn = lambda raw: gpt2_batch(raw, args, tokenizer)  # noqa: E731
-    framework_iter = BatchIterator(data_loader(datasets[0], 0, args), batch_fn)
-    baseline_iter = BatchIterator(data_loader(datasets[0], 0, args), batch_fn)
+    engine, tokenizer, cfg = initialize_and_build(args, SPEC)
+    datasets = SPEC.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, cfg.logging.eval_iters))
+    batch_fn = lambda raw: gpt2_batch(raw, cfg.data, tokenizer)  # noqa: E731
+    framework_iter = BatchIterator(data_loader(datasets[0], 0, cfg), batch_fn)
+    baseline_iter = BatchIterator(data_loader(datasets[0], 0, cfg), batch_fn)
 
-    model = GPT2Model(gpt2_config(args)).to(engine.device)
-    optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr,
-                                  betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps)
-    scheduler = AnnealingLR(optimizer, args.lr, args.min_lr, args.lr_warmup_iters, args.lr_decay_iters,
-                            args.lr_decay_style)
+    model = GPT2Model(cfg.model).to(engine.device)
+    opt, lr = cfg.optimizer, cfg.lr
+    optimizer = torch.optim.AdamW(param_groups(model, opt.weight_decay), lr=opt.lr,
+                                  betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps)
+    scheduler = AnnealingLR(optimizer, lr.lr, lr.min_lr, lr.warmup, lr.decay, lr.style)
     loss_fn, tb, state = LMLoss(), TensorBoard(None), TrainState(0, 0)
 
     def timed(fn: Callable[[], None]) -> Tuple[float, float]:
@@ -108,8 +109,8 @@ def main() -> None:
         return time.perf_counter() - wall, time.process_time() - cpu
 
     def run_framework(iters: int) -> Tuple[float, float]:
-        args.train_iters = state.iteration + iters
-        return timed(lambda: train(engine, args, state, framework_iter, None, tb))
+        run = replace(cfg, batch=replace(cfg.batch, train_iters=state.iteration + iters))
+        return timed(lambda: train(engine, run, state, framework_iter, None, tb))
 
     def run_baseline(iters: int) -> Tuple[float, float]:
         return timed(lambda: plain_loop(args, baseline_iter, iters, model, optimizer, scheduler, loss_fn))

@@ -12,6 +12,10 @@ Client state: iteration, consumed_train_samples and this rank's RNG states (pyth
 tensor-parallel tracker). DeepSpeed stores it once per (pipeline stage, tensor-parallel rank), written by
 data-parallel rank 0; data-parallel replicas share their RNG states (see `megatron.mpu.random`).
 
+`save_checkpoint` and `load_checkpoint` take the run's `megatron.config.run_config.RunConfig` (`cfg`): its
+checkpoint and layout sections, and `cfg.record`, the resolved command line stored in megatron_args.json beside
+the 'model' and 'layout' records (`names.with_records`).
+
 Loading (`load_checkpoint`):
     same layout            DeepSpeed's engine.load_checkpoint (weights, optimizer, LR scheduler, steps)
     another (tp, pp, dp)   rank 0 reshapes into <save or load>/.reshaped-<tag> (the `reshape` tool's code),
@@ -21,9 +25,8 @@ Loading (`load_checkpoint`):
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
+import copy
 import os
 import shutil
 from typing import Any, Dict, Iterator, Optional, Tuple
@@ -36,7 +39,7 @@ from megatron.logging_utils import print_rank_0
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
 from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, publish_latest,
                     read_args, read_latest, write_args)
-from .names import PIPE_FORM, plain_pp1, virtual_stages
+from .names import PIPE_FORM, layout_record, plain_pp1, virtual_stages, with_records
 from .weights import load_weights_into, reshape_command
 
 # Arguments that fix parameter shapes or the sample layout; a resumed checkpoint must agree on all.
@@ -53,65 +56,63 @@ def commit(save_dir: str, tag: str) -> None:
     dist.barrier()
 
 
-def json_args(args: argparse.Namespace) -> Dict[str, Any]:
-    return json.loads(json.dumps(vars(args), default=str))
-
-
-def save_checkpoint(engine, args: argparse.Namespace, iteration: int, consumed_train_samples: int) -> str:
+def save_checkpoint(engine, cfg, iteration: int, consumed_train_samples: int) -> str:
     """Collective: every rank calls it. Returns the checkpoint folder."""
-    tag = checkpoint_tag(iteration)
-    print_rank_0(f"saving checkpoint at iteration {iteration} to {args.save}/{tag}")
+    tag, save_dir = checkpoint_tag(iteration), cfg.checkpoint.save
+    print_rank_0(f"saving checkpoint at iteration {iteration} to {save_dir}/{tag}")
     client_state = dict(iteration=iteration, consumed_train_samples=consumed_train_samples, rng_states=rng_states())
-    engine.save_checkpoint(args.save, tag=tag, client_state=client_state, save_latest=False)
+    engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     if dist.get_rank() == 0:
-        write_args(os.path.join(args.save, tag), {**json_args(args), "module_form": PIPE_FORM})
+        write_args(os.path.join(save_dir, tag), with_records({**cfg.record, "module_form": PIPE_FORM}))
     dist.barrier()  # every rank's files are complete
-    commit(args.save, tag)
-    print_rank_0(f"saved checkpoint {args.save}/{tag}")
-    return os.path.join(args.save, tag)
+    commit(save_dir, tag)
+    print_rank_0(f"saved checkpoint {save_dir}/{tag}")
+    return os.path.join(save_dir, tag)
 
 
-def check_compatible(saved: Dict[str, Any], args: argparse.Namespace, where: str) -> None:
-    """Raise CheckpointMismatchError naming the first model or sample-shape field that differs."""
+def check_compatible(saved: Dict[str, Any], run: Dict[str, Any], where: str) -> None:
+    """Raise CheckpointMismatchError naming the first model or sample-shape field that differs (`run`: the
+    run's resolved arguments, `cfg.record`)."""
     for field in SHAPE_FIELDS:
-        mine = getattr(args, field, None)
+        mine = run.get(field)
         if field in saved and saved[field] != mine:
             raise CheckpointMismatchError(f"checkpoint {where} has {field} = {saved[field]} but the arguments give "
                                           f"{mine}; use the arguments it was trained with or a different --load")
 
 
-def _same_layout(saved: Dict[str, Any], args: argparse.Namespace) -> bool:
-    mine = (args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size,
-            args.ds_config["zero_optimization"]["stage"], args.partition_method, args.virtual_pipe_stages or 1)
-    theirs = layout_of(saved) + (saved["ds_config"]["zero_optimization"]["stage"], saved.get("partition_method"),
-                                 virtual_stages(saved))  # chunks per stage decide the stages' parameter lists
-    return mine == theirs and not plain_pp1(saved)
+def _same_layout(saved: Dict[str, Any], cfg) -> bool:
+    """Same (tp, pp, dp), ZeRO stage, partition and chunks per stage (these decide each rank's files)."""
+    return layout_record(saved) == cfg.layout.record() and not plain_pp1(saved)
 
 
-def load_checkpoint(engine, args: argparse.Namespace) -> Tuple[int, int]:
+def _dims(cfg) -> Tuple[int, int, int]:
+    return cfg.layout.tp, cfg.layout.pp, cfg.layout.dp
+
+
+def load_checkpoint(engine, cfg) -> Tuple[int, int]:
     """Load the checkpoint `latest` names under --load; returns (iteration, consumed_train_samples),
     (0, 0) when there is none or when only weights are loaded (--finetune, weights-only checkpoints)."""
-    tag = read_latest(args.load)
+    load_dir = cfg.checkpoint.load
+    tag = read_latest(load_dir)
     if tag is None:
-        print_rank_0(f"no checkpoint under --load {args.load} (no 'latest' file): starting from scratch")
+        print_rank_0(f"no checkpoint under --load {load_dir} (no 'latest' file): starting from scratch")
         return 0, 0
-    folder = checkpoint_folder(args.load, tag)
+    folder = checkpoint_folder(load_dir, tag)
     saved = read_args(folder)
-    if getattr(args, "finetune", False) or not has_engine_state(saved):
-        why = "--finetune" if getattr(args, "finetune", False) else "it holds weights only"
+    if cfg.checkpoint.finetune or not has_engine_state(saved):
+        why = "--finetune" if cfg.checkpoint.finetune else "it holds weights only"
         print_rank_0(f"loading the weights of {folder} ({why}): iteration 0, fresh optimizer and LR schedule")
         load_weights_into(engine.module, folder, saved)
         _refresh_master_weights(engine)
         return 0, 0
-    check_compatible(saved, args, folder)
-    if _same_layout(saved, args):
-        return _load_same_layout(engine, args, args.load, tag, saved)
+    check_compatible(saved, cfg.record, folder)
+    if _same_layout(saved, cfg):
+        return _load_same_layout(engine, cfg, load_dir, tag, saved)
     if not _project_model(engine.module):
         raise CheckpointMismatchError(
-            f"checkpoint {folder} was saved at (tp, pp, dp) = {layout_of(saved)}, this run is "
-            f"{(args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size)}; the checkpoint "
-            f"tools reshape GPT-2 and T5 only: resume {type(engine.module).__name__} at the saved layout")
-    return _load_reshaped(engine, args, folder, tag, saved)
+            f"checkpoint {folder} was saved at (tp, pp, dp) = {layout_of(saved)}, this run is {_dims(cfg)}; the "
+            f"checkpoint tools reshape GPT-2 and T5 only: resume {type(engine.module).__name__} at the saved layout")
+    return _load_reshaped(engine, cfg, folder, tag, saved)
 
 
 def _project_model(module) -> bool:
@@ -126,22 +127,22 @@ def _refresh_master_weights(engine) -> None:
         engine.optimizer.refresh_fp32_params()
 
 
-def _load_same_layout(engine, args, load_dir: str, tag: str, saved: Dict[str, Any]) -> Tuple[int, int]:
-    where = os.path.join(load_dir, tag)
+def _load_same_layout(engine, cfg, load_dir: str, tag: str, saved: Dict[str, Any]) -> Tuple[int, int]:
+    where, no_optim = os.path.join(load_dir, tag), cfg.checkpoint.no_load_optim
     print_rank_0(f"loading checkpoint {where} ...")
-    load_optim = not args.no_load_optim and has_optimizer(saved)
+    load_optim = not no_optim and has_optimizer(saved)
     with _bf16_optimizer_load(engine):
         path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=load_optim,
-                                                    load_lr_scheduler_states=not args.no_load_optim)
+                                                    load_lr_scheduler_states=not no_optim)
     if path is None:
         raise FileNotFoundError(f"DeepSpeed could not load checkpoint {where}")
-    if not args.no_load_optim and engine.lr_scheduler is not None:
+    if not no_optim and engine.lr_scheduler is not None:
         # DeepSpeed loads the scheduler before the ZeRO optimizer state, whose param groups then bring back
         # the learning rate of the last step before the save; set this step's rate again (exact resume)
         engine.lr_scheduler.load_state_dict(engine.lr_scheduler.state_dict())
     if not load_optim:
         _refresh_master_weights(engine)
-    if args.no_load_rng:
+    if cfg.checkpoint.no_load_rng:
         pass
     elif "rng_states" in client_state:
         set_rng_states(client_state["rng_states"])
@@ -178,28 +179,27 @@ def _bf16_optimizer_load(engine) -> Iterator[None]:
     yield
 
 
-def _load_reshaped(engine, args, folder: str, tag: str, saved: Dict[str, Any]) -> Tuple[int, int]:
+def _load_reshaped(engine, cfg, folder: str, tag: str, saved: Dict[str, Any]) -> Tuple[int, int]:
     """Rank 0 writes the checkpoint at this run's layout next to --save (else --load); all ranks load it."""
     from .layouts import target_args
     from .reshape import write_checkpoint
-    mine = (args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size)
-    base = args.save or args.load
-    work = os.path.join(base, f".reshaped-{tag}")
-    chunks = (f" ({virtual_stages(saved)} vs {args.virtual_pipe_stages or 1} chunks per pipeline stage)"
-              if virtual_stages(saved) != (args.virtual_pipe_stages or 1) else "")
+    mine, layout = _dims(cfg), cfg.layout
+    work = os.path.join(cfg.checkpoint.save or cfg.checkpoint.load, f".reshaped-{tag}")
+    chunks = (f" ({virtual_stages(saved)} vs {layout.virtual_pipe_stages} chunks per pipeline stage)"
+              if virtual_stages(saved) != layout.virtual_pipe_stages else "")
     print_rank_0(f"checkpoint {folder} was saved at (tp, pp, dp) = {layout_of(saved)}, this run is {mine}{chunks}: "
-                 f"reshaping it into {work} (what `{reshape_command(folder, args)}` does)")
+                 f"reshaping it into {work} (what `{reshape_command(folder, *mine)}` does)")
     if dist.get_rank() == 0:
         shutil.rmtree(work, ignore_errors=True)
         new_args = target_args(saved, *mine)
-        new_args.update(partition_method=args.partition_method, zero_stage=args.zero_stage,
-                        virtual_pipe_stages=args.virtual_pipe_stages, pipeline_schedule=args.pipeline_schedule)
-        new_args["ds_config"] = args.ds_config
-        with_optim = not args.no_load_optim and has_optimizer(saved)
+        new_args.update(copy.deepcopy({k: cfg.record[k] for k in ("partition_method", "zero_stage",
+                                                                  "virtual_pipe_stages", "pipeline_schedule",
+                                                                  "ds_config")}))
+        with_optim = not cfg.checkpoint.no_load_optim and has_optimizer(saved)
         write_checkpoint(read_consolidated(folder, with_optimizer=with_optim), work, tag, new_args, with_optim)
     dist.barrier()
     try:
-        return _load_same_layout(engine, args, work, tag, read_args(os.path.join(work, tag)))
+        return _load_same_layout(engine, cfg, work, tag, read_args(os.path.join(work, tag)))
     finally:
         dist.barrier()
         if dist.get_rank() == 0:

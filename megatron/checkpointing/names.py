@@ -73,6 +73,32 @@ def model_config(args: Dict[str, Any]):
     return spec_for(args.get("model_type")).config(ns)
 
 
+def model_record(args: Dict[str, Any]) -> Dict[str, Any]:
+    """megatron_args.json's 'model' record: the model type and its config as the spec builds it (nanoGPT's
+    `model_args`); derived from the flat arguments for checkpoints written before the record existed."""
+    if "model" in args:
+        return args["model"]
+    config = dataclasses.asdict(model_config(args))
+    return {"model_type": args.get("model_type"), **{k: v for k, v in config.items() if k != "params_dtype"}}
+
+
+def layout_record(args: Dict[str, Any]) -> Dict[str, Any]:
+    """megatron_args.json's 'layout' record: (tp, pp, dp), the ZeRO stage DeepSpeed ran, model chunks per stage
+    and the partition; derived from the flat arguments for checkpoints written before the record existed."""
+    if "layout" in args:
+        return args["layout"]
+    return dict(tp=args["tensor_model_parallel_size"], pp=max(1, args["pipe_parallel_size"]),
+                dp=args["data_parallel_size"], zero_stage=args["ds_config"]["zero_optimization"]["stage"],
+                virtual_pipe_stages=virtual_stages(args), partition_method=args.get("partition_method"))
+
+
+def with_records(args: Dict[str, Any]) -> Dict[str, Any]:
+    """`args` with its 'model' and 'layout' records derived afresh from its flat fields (what every writer of
+    megatron_args.json stores: the records always describe the files beside them)."""
+    flat = {k: v for k, v in args.items() if k not in ("model", "layout")}
+    return {**flat, "model": model_record(flat), "layout": layout_record(flat)}
+
+
 def _probe_config(config):
     """Same structure, tiny widths: partition attributes do not depend on sizes."""
     heads = config.num_attention_heads

@@ -80,10 +80,9 @@ def load_weights_into(module: torch.nn.Module, folder: str, saved: Dict[str, Any
         param.copy_(part)
 
 
-def reshape_command(folder: str, args: Any) -> str:
-    """The converter command that writes `folder`'s checkpoint at the run's (tp, pp, dp) (`args`: the run's)."""
+def reshape_command(folder: str, tp: int, pp: int, dp: int) -> str:
+    """The converter command that writes `folder`'s checkpoint at the run's (tp, pp, dp)."""
     load_dir = os.path.dirname(os.path.normpath(folder))
-    tp, pp, dp = args.tensor_model_parallel_size, args.pipe_parallel_size, args.data_parallel_size
     return (f"python tools/convert_checkpoint.py reshape --load {load_dir} --save {load_dir}_tp{tp}_pp{pp}_dp{dp} "
             f"--tensor-model-parallel-size {tp} --pipe-parallel-size {pp} --data-parallel-size {dp}")
 

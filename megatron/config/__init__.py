@@ -4,6 +4,7 @@
     resolution      every derived value and check in one place (`resolve_args`, `with_vocabulary`)
     ds_config       the DeepSpeed JSON merged with the command line; the dict DeepSpeed receives
     batch_schedule  the global batch per iteration (batch ramp-up) and --train-samples -> iterations
+    run_config      the frozen RunConfig, one record per section, built once the vocabulary is known
     preflight       `python -m megatron.config.preflight gpt|t5 --world-size N ...`: arguments and input
                     files checked in one process before a launch
 

@@ -1,10 +1,12 @@
 """One spec per model: what the training driver, the checkpoint tools and inference need to know of it.
 
     spec.config(args)                   resolved arguments -> GPT2Config / T5Config (model code never reads args)
-    spec.build_pipe(args)               the Pipe model: its layers over the pipeline stages (one stage at pp = 1)
+    spec.build_pipe(cfg)                the Pipe model of a RunConfig (`megatron.config.run_config`): its layers
+                                        over the pipeline stages (one stage at pp = 1)
     spec.plain                          the plain model class (generation, evaluation, conversion, Hugging Face)
-    spec.datasets(args, tokenizer, [n_train, n_valid, n_test]) -> [train, valid, test] (None = empty split)
-    spec.get_batch(raw, args, tokenizer) -> (inputs, labels): raw is the loader's dict on tp rank 0, None
+    spec.datasets(data, tokenizer, [n_train, n_valid, n_test]) -> [train, valid, test] (None = empty split);
+                                        `data` is the RunConfig's data section (or arguments of the same names)
+    spec.get_batch(raw, data, tokenizer) -> (inputs, labels): raw is the loader's dict on tp rank 0, None
                                         elsewhere; every tp rank gets the same micro-batch (one broadcast)
 
 `spec_for(model_type)` is the registry, keyed by the `model_type` that megatron_args.json stores ('gpt',
@@ -44,12 +46,13 @@ class ModelSpec:
     datasets: Callable[[Any, Any, List[int]], list]
     get_batch: Callable[[Optional[dict], Any, Any], tuple]
 
-    def build_pipe(self, args):
-        """This rank's stage(s) of the Pipe model, split over args.pipe_parallel_size stages."""
-        return self.pipe(self.config(args), topology=mpu.get_topology(),
-                         partition_method=args.partition_method or "type:TransformerLayer",
-                         verbose=args.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
-                         virtual_stages=args.virtual_pipe_stages)
+    def build_pipe(self, cfg):
+        """This rank's stage(s) of the Pipe model of RunConfig `cfg`, split over its pipeline stages."""
+        method = cfg.layout.partition_method
+        return self.pipe(cfg.model, topology=mpu.get_topology(),
+                         partition_method=list(method) if isinstance(method, tuple) else method or "type:TransformerLayer",
+                         verbose=cfg.logging.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
+                         virtual_stages=cfg.layout.virtual_pipe_stages)
 
 
 def _checkpoint_layers(args) -> int:

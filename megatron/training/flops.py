@@ -51,19 +51,20 @@ def t5_flops_per_iteration(b: int, s_enc: int, s_dec: int, num_layers: int, h: i
     return (4 if recompute else 3) * (encoder + decoder) + 3 * logits
 
 
-def flops_per_iteration(args) -> float:
-    """Dispatch on `args.model_type` ('gpt' or 't5'), set by the entry point."""
-    common = dict(num_layers=args.num_layers, h=args.hidden_size, d=args.num_attention_heads * args.kv_channels,
-                  f=args.ffn_hidden_size, vocab=args.padded_vocab_size, recompute=args.checkpoint_activations)
-    if args.model_type == "t5":
-        return t5_flops_per_iteration(args.global_batch_size, args.encoder_seq_length, args.decoder_seq_length,
-                                      num_decoder_layers=getattr(args, "decoder_num_layers", None),
-                                      gated=getattr(args, "feed_forward_proj", "relu") == "gated-gelu", **common)
-    return gpt_flops_per_iteration(args.global_batch_size, args.seq_length, **common)
+def flops_per_iteration(model_type: str, model, global_batch_size: int, padded_vocab_size: int) -> float:
+    """Dispatch on `model_type` ('gpt' or 't5'); `model` is its GPT2Config / T5Config (recompute when
+    model.checkpoint_num_layers > 0)."""
+    common = dict(num_layers=model.num_layers, h=model.hidden_size, d=model.num_attention_heads * model.kv_channels,
+                  f=model.ffn_hidden_size, vocab=padded_vocab_size, recompute=model.checkpoint_num_layers > 0)
+    if model_type == "t5":
+        return t5_flops_per_iteration(global_batch_size, model.seq_length, model.decoder_seq_length,
+                                      num_decoder_layers=model.num_decoder_layers,
+                                      gated=model.feed_forward_proj == "gated-gelu", **common)
+    return gpt_flops_per_iteration(global_batch_size, model.seq_length, **common)
 
 
-def tokens_per_sample(args) -> int:
-    """GPT: s; T5: encoder + decoder length."""
-    if args.model_type == "t5":
-        return args.encoder_seq_length + args.decoder_seq_length
-    return args.seq_length
+def tokens_per_sample(model_type: str, data) -> int:
+    """GPT: s; T5: encoder + decoder length (`data`: the RunConfig's data section)."""
+    if model_type == "t5":
+        return data.encoder_seq_length + data.decoder_seq_length
+    return data.seq_length

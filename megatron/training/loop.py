@@ -11,12 +11,12 @@ scheduler advances by that batch at its step.
 """
 from __future__ import annotations
 
-import argparse
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional
 
 from megatron.config.batch_schedule import BatchSchedule
+from megatron.config.run_config import RunConfig
 from megatron.training.batches import Batch
 from megatron.checkpointing import save_checkpoint
 from megatron.training.evaluation import evaluate_and_print
@@ -35,12 +35,12 @@ class TrainState:
     saved_iteration: int = -1
 
 
-def set_iteration_batch(engine, args: argparse.Namespace, schedule: BatchSchedule, consumed: int) -> int:
+def set_iteration_batch(engine, lr_unit: str, schedule: BatchSchedule, consumed: int) -> int:
     """Size the engine (and an LR schedule in samples) for the next iteration's global batch; returns it."""
     batch = schedule.global_batch(consumed)
     if engine.train_batch_size() != batch:
         engine.set_train_batch_size(batch)
-    if args.lr_schedule_unit == "samples":
+    if lr_unit == "samples":
         engine.lr_scheduler.increment = batch
     return batch
 
@@ -50,15 +50,16 @@ def _grad_norm(engine) -> Optional[float]:
     return None if norm is None else float(norm)
 
 
-def _loss_scale(engine, args: argparse.Namespace) -> Optional[float]:
-    return float(engine.optimizer.loss_scale) if args.fp16 else None
+def _loss_scale(engine, fp16: bool) -> Optional[float]:
+    return float(engine.optimizer.loss_scale) if fp16 else None
 
 
-def _log_interval(engine, args, state: TrainState, stats: IntervalStats, lr: float, tb: TensorBoard) -> None:
-    metrics = interval_metrics(stats, tokens_per_sample(args), flops_per_iteration(args) / args.global_batch_size,
-                               args.world_size)
-    scale = _loss_scale(engine, args)
-    print_rank_last(format_log_line(state.iteration, args.train_iters, state.consumed_train_samples, lr, metrics,
+def _log_interval(engine, cfg: RunConfig, state: TrainState, stats: IntervalStats, lr: float, tb: TensorBoard) -> None:
+    gbs = cfg.batch.global_batch_size
+    flops = flops_per_iteration(cfg.model_type, cfg.model, gbs, cfg.tokenizer.padded_vocab_size)
+    metrics = interval_metrics(stats, tokens_per_sample(cfg.model_type, cfg.data), flops / gbs, cfg.layout.world_size)
+    scale = _loss_scale(engine, cfg.precision.fp16)
+    print_rank_last(format_log_line(state.iteration, cfg.batch.train_iters, state.consumed_train_samples, lr, metrics,
                                     scale, engine.skipped_steps, tds_device.max_memory_allocated()))
     extra = dict(lr=lr, consumed_samples=state.consumed_train_samples)
     if scale is not None:
@@ -66,14 +67,14 @@ def _log_interval(engine, args, state: TrainState, stats: IntervalStats, lr: flo
     tb.scalars({**metrics, **extra}, state.iteration)
 
 
-def train(engine, args: argparse.Namespace, state: TrainState, train_iter: Iterator[Batch],
+def train(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch],
           make_valid_iter: Optional[Callable[[], Iterator[Batch]]], tb: TensorBoard) -> TrainState:
     """Iterate from state.iteration + 1 to --train-iters (or the next multiple of --exit-interval);
     log, evaluate and save on their intervals."""
-    stats, schedule = IntervalStats(), BatchSchedule.from_args(args)
+    stats, schedule, log, save = IntervalStats(), cfg.batch.schedule(), cfg.logging, cfg.checkpoint
     engine.train()
-    while state.iteration < args.train_iters:
-        batch = set_iteration_batch(engine, args, schedule, state.consumed_train_samples)
+    while state.iteration < cfg.batch.train_iters:
+        batch = set_iteration_batch(engine, cfg.lr.unit, schedule, state.consumed_train_samples)
         lr = engine.lr_scheduler.get_lr()
         start = time.perf_counter()
         start_iteration(engine.module, state.iteration)  # dropout masks follow (iteration, micro-batch)
@@ -84,17 +85,17 @@ def train(engine, args: argparse.Namespace, state: TrainState, train_iter: Itera
         state.losses.append(loss)
         state.grad_norms.append(_grad_norm(engine))
         stats.add(loss, state.grad_norms[-1], time.perf_counter() - start, batch)
-        if state.iteration % args.log_interval == 0:
-            _log_interval(engine, args, state, stats, lr, tb)
+        if state.iteration % log.log_interval == 0:
+            _log_interval(engine, cfg, state, stats, lr, tb)
             stats = IntervalStats()
-        if make_valid_iter is not None and args.eval_iters > 0 and state.iteration % args.eval_interval == 0:
-            evaluate_and_print(engine, args, make_valid_iter(), f"iteration {state.iteration}", tb,
+        if make_valid_iter is not None and log.eval_iters > 0 and state.iteration % log.eval_interval == 0:
+            evaluate_and_print(engine, cfg, make_valid_iter(), f"iteration {state.iteration}", tb,
                                state.iteration, "valid")
-        exiting = args.exit_interval is not None and state.iteration % args.exit_interval == 0
-        if args.save and (exiting or (args.save_interval and state.iteration % args.save_interval == 0)):
-            save_checkpoint(engine, args, state.iteration, state.consumed_train_samples)
+        exiting = log.exit_interval is not None and state.iteration % log.exit_interval == 0
+        if save.save and (exiting or (save.save_interval and state.iteration % save.save_interval == 0)):
+            save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
             state.saved_iteration = state.iteration
         if exiting:
-            print_rank_last(f"exiting at iteration {state.iteration} (--exit-interval {args.exit_interval})")
+            print_rank_last(f"exiting at iteration {state.iteration} (--exit-interval {log.exit_interval})")
             break
     return state

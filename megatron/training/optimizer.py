@@ -7,7 +7,6 @@ torch.optim.AdamW.
 """
 from __future__ import annotations
 
-import argparse
 from typing import Dict, List
 
 import torch
@@ -35,10 +34,11 @@ def _fused_adam():
     return FusedAdam
 
 
-def build_optimizer(model: torch.nn.Module, args: argparse.Namespace) -> torch.optim.Optimizer:
-    groups = param_groups(model, args.weight_decay)
-    kwargs = dict(lr=args.lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
-                  weight_decay=args.weight_decay)
+def build_optimizer(model: torch.nn.Module, opt) -> torch.optim.Optimizer:
+    """AdamW from the RunConfig's optimizer section `opt`."""
+    groups = param_groups(model, opt.weight_decay)
+    kwargs = dict(lr=opt.lr, betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps,
+                  weight_decay=opt.weight_decay)
     fused = _fused_adam()
     if fused is not None:
         return fused(groups, adam_w_mode=True, **kwargs)

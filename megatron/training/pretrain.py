@@ -27,6 +27,7 @@ import tds
 from megatron import mpu
 from megatron.config.resolution import with_vocabulary
 from megatron.config.arguments import parse_args
+from megatron.config.run_config import Batch, LRSchedule, RunConfig, settle
 from megatron.training.batches import BatchIterator
 from megatron.checkpointing import load_checkpoint, save_checkpoint
 from megatron.data.samplers import build_pretraining_data_loader
@@ -43,27 +44,23 @@ from megatron.tokenizer import build_tokenizer
 from megatron.training.loop import TrainState, train
 
 
-def lr_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> AnnealingLR:
+def lr_scheduler(optimizer: torch.optim.Optimizer, lr: LRSchedule) -> AnnealingLR:
     """The LR schedule in iterations (--train-iters) or in samples (--train-samples, Megatron's rule)."""
-    if args.lr_schedule_unit == "samples":
-        warmup, decay = args.lr_warmup_samples, args.lr_decay_samples
-    else:
-        warmup, decay = args.lr_warmup_iters, args.lr_decay_iters
-    return AnnealingLR(optimizer, args.lr, args.min_lr, warmup, decay, args.lr_decay_style)
+    return AnnealingLR(optimizer, lr.lr, lr.min_lr, lr.warmup, lr.decay, lr.style)
 
 
-def setup_engine(args: argparse.Namespace, spec: ModelSpec):
+def setup_engine(cfg: RunConfig, spec: ModelSpec):
     """Pipe model, AdamW, LR schedule, wrapped by tds.initialize in the TDS PipelineEngine."""
     try:
-        model = spec.build_pipe(args)
-        optimizer = build_optimizer(model, args)
-        engine, _, _, _ = tds.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler(optimizer, args),
-                                         config=args.ds_config, mpu=mpu)
+        model = spec.build_pipe(cfg)
+        optimizer = build_optimizer(model, cfg.optimizer)
+        engine, _, _, _ = tds.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler(optimizer, cfg.lr),
+                                         config=cfg.deepspeed_dict(), mpu=mpu)
     except ValueError as err:
         if isinstance(err, (UserError, tds.pipe.PipelineLayoutError)):
             raise
         raise UserError(f"tds/DeepSpeed refused the configuration: {one_line(err)} (from --partition-method, "
-                        f"--fp16/--bf16 or --deepspeed_config {args.deepspeed_config})") from err
+                        f"--fp16/--bf16 or --deepspeed_config {cfg.record['deepspeed_config']})") from err
     return engine
 
 
@@ -71,19 +68,19 @@ def _reads_data() -> bool:
     return mpu.get_model_parallel_rank() == 0
 
 
-def data_loader(dataset, consumed: int, args: argparse.Namespace) -> Optional[torch.utils.data.DataLoader]:
+def data_loader(dataset, consumed: int, cfg: RunConfig) -> Optional[torch.utils.data.DataLoader]:
     """This dp rank's loader resuming after `consumed` samples; None where no data is read (tp rank > 0)."""
     if dataset is None or not _reads_data():
         return None
-    return build_pretraining_data_loader(dataset, consumed, args.micro_batch_size, mpu.get_data_parallel_rank(),
-                                         mpu.get_data_parallel_world_size(), args.num_workers)
+    return build_pretraining_data_loader(dataset, consumed, cfg.batch.micro_batch_size, mpu.get_data_parallel_rank(),
+                                         mpu.get_data_parallel_world_size(), cfg.data.num_workers)
 
 
-def split_sample_counts(args: argparse.Namespace) -> List[int]:
+def split_sample_counts(batch: Batch, eval_iters: int) -> List[int]:
     """Samples each split must provide: --train-samples (or train_iters x gbs) for training, eval_iters x gbs
     for valid and test (every evaluation reads the same first samples)."""
-    train = args.train_samples if args.train_samples is not None else args.train_iters * args.global_batch_size
-    return [train] + [args.eval_iters * args.global_batch_size] * 2
+    train = batch.train_samples if batch.train_samples is not None else batch.train_iters * batch.global_batch_size
+    return [train] + [eval_iters * batch.global_batch_size] * 2
 
 
 def build_tokenizer_from_args(args: argparse.Namespace):
@@ -97,15 +94,20 @@ def build_tokenizer_from_args(args: argparse.Namespace):
         raise UserError(f"cannot build the {args.tokenizer_type}: {one_line(err)}") from err
 
 
-def initialize_and_build(args: argparse.Namespace, spec: ModelSpec):
-    """Distributed start-up, tokenizer, engine; returns (engine, tokenizer, args with the vocabulary settled)."""
-    initialize_megatron(args)
+def settle_config(args: argparse.Namespace, spec: ModelSpec):
+    """The tokenizer, then the frozen RunConfig with its vocabulary; returns (cfg, tokenizer)."""
     tokenizer = build_tokenizer_from_args(args)
-    args = with_vocabulary(args, tokenizer.vocab_size)
-    set_deepspeed_verbosity(args.deepspeed_verbose)
-    engine = setup_engine(args, spec)
-    print_rank_0(layout_summary(args, engine, tokenizer.vocab_size))
-    return engine, tokenizer, args
+    return settle(with_vocabulary(args, tokenizer.vocab_size), spec), tokenizer
+
+
+def initialize_and_build(args: argparse.Namespace, spec: ModelSpec):
+    """Tokenizer and RunConfig, distributed start-up, engine; returns (engine, tokenizer, cfg)."""
+    cfg, tokenizer = settle_config(args, spec)
+    initialize_megatron(cfg)
+    set_deepspeed_verbosity(cfg.logging.deepspeed_verbose)
+    engine = setup_engine(cfg, spec)
+    print_rank_0(layout_summary(cfg, engine))
+    return engine, tokenizer, cfg
 
 
 def set_deepspeed_verbosity(verbose: bool) -> None:
@@ -115,60 +117,62 @@ def set_deepspeed_verbosity(verbose: bool) -> None:
     logger.setLevel(logging.INFO if verbose else logging.WARNING)
 
 
-def layout_summary(args: argparse.Namespace, engine, vocab_size: int) -> str:
+def layout_summary(cfg: RunConfig, engine) -> str:
     """The one start-up line: layout, pipeline split, batch, ZeRO, vocabulary (DeepSpeed's own start-up
     prints only with --deepspeed-verbose)."""
     parts = getattr(engine.module, "parts", None)
     stages = "" if parts is None or len(parts) <= 2 else \
         "; stages hold layer specs " + " ".join(f"[{a}, {b})" for a, b in zip(parts, parts[1:]))
-    batch = f"global batch {args.global_batch_size}"
-    if args.rampup_batch_size is not None:
-        start, _, samples = args.rampup_batch_size
-        batch = f"global batch {start} -> {args.global_batch_size} over {samples} samples"
-    return (f"(tp, pp, dp) = ({args.tensor_model_parallel_size}, {args.pipe_parallel_size}, "
-            f"{args.data_parallel_size}){stages}; {batch} = micro {args.micro_batch_size} x gas {args.gas} x dp "
-            f"{args.data_parallel_size}; ZeRO stage {args.zero_stage} (DeepSpeed runs stage "
-            f"{args.ds_config['zero_optimization']['stage']}); vocabulary {vocab_size} tokens, padded to "
-            f"{args.padded_vocab_size}")
+    b, layout = cfg.batch, cfg.layout
+    batch = f"global batch {b.global_batch_size}"
+    if b.rampup_batch_size is not None:
+        start, _, samples = b.rampup_batch_size
+        batch = f"global batch {start} -> {b.global_batch_size} over {samples} samples"
+    return (f"(tp, pp, dp) = ({layout.tp}, {layout.pp}, {layout.dp}){stages}; {batch} = micro "
+            f"{b.micro_batch_size} x gas {b.gas} x dp {layout.dp}; ZeRO stage {layout.zero_stage} (DeepSpeed runs "
+            f"stage {layout.ds_zero_stage}); vocabulary {cfg.tokenizer.vocab_size} tokens, padded to "
+            f"{cfg.tokenizer.padded_vocab_size}")
 
 
-def already_complete(args: argparse.Namespace, iteration: int) -> str:
+def already_complete(cfg: RunConfig, iteration: int) -> str:
     """The one line a run prints when --load already holds the last iteration."""
-    length = (f"--train-samples {args.train_samples} ({args.train_iters} iterations)"
-              if args.train_samples is not None else f"--train-iters {args.train_iters}")
-    more = "--train-samples" if args.train_samples is not None else "--train-iters"
-    return (f"training is already complete: the checkpoint in {args.load} is at iteration {iteration} of {length}; "
+    b = cfg.batch
+    length = (f"--train-samples {b.train_samples} ({b.train_iters} iterations)"
+              if b.train_samples is not None else f"--train-iters {b.train_iters}")
+    more = "--train-samples" if b.train_samples is not None else "--train-iters"
+    return (f"training is already complete: the checkpoint in {cfg.checkpoint.load} is at iteration {iteration} of "
+            f"{length}; "
             f"to train further raise {more} (TRAIN_ITERS=... with the example scripts), to start over use another "
             f"--save/--load directory (WORK_DIR=... with the example scripts)")
 
 
 def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     """Train to --train-iters (resuming from --load), save at the end, evaluate on the test split."""
-    engine, tokenizer, args = initialize_and_build(args, spec)
-    iteration, consumed = load_checkpoint(engine, args) if args.load else (0, 0)
-    if iteration >= args.train_iters:
-        print_rank_0(already_complete(args, iteration))
+    engine, tokenizer, cfg = initialize_and_build(args, spec)
+    iteration, consumed = load_checkpoint(engine, cfg) if cfg.checkpoint.load else (0, 0)
+    if iteration >= cfg.batch.train_iters:
+        print_rank_0(already_complete(cfg, iteration))
         return TrainState(iteration, consumed, saved_iteration=iteration)
-    datasets = spec.datasets(args, tokenizer, split_sample_counts(args))
+    data = cfg.data
+    datasets = spec.datasets(data, tokenizer, split_sample_counts(cfg.batch, cfg.logging.eval_iters))
     if datasets[0] is None:
-        raise UserError(f"--split {args.split} leaves no training documents in --data-path {' '.join(args.data_path)}")
-    get_batch = partial(spec.get_batch, args=args, tokenizer=tokenizer)
-    state = TrainState(iteration, consumed, saved_iteration=iteration if args.load else -1)
-    tb = TensorBoard(args.tensorboard_dir)
+        raise UserError(f"--split {data.split} leaves no training documents in --data-path {' '.join(data.data_path)}")
+    get_batch = partial(spec.get_batch, args=data, tokenizer=tokenizer)
+    state = TrainState(iteration, consumed, saved_iteration=iteration if cfg.checkpoint.load else -1)
+    tb = TensorBoard(cfg.logging.tensorboard_dir)
 
     def eval_iter(split: int) -> Optional[Callable[[], BatchIterator]]:
         if datasets[split] is None:
             return None
-        return lambda: BatchIterator(data_loader(datasets[split], 0, args), get_batch)
+        return lambda: BatchIterator(data_loader(datasets[split], 0, cfg), get_batch)
 
-    train_iter = BatchIterator(data_loader(datasets[0], consumed, args), get_batch)
-    train(engine, args, state, train_iter, eval_iter(1), tb)
-    if args.save and state.saved_iteration != state.iteration:
-        save_checkpoint(engine, args, state.iteration, state.consumed_train_samples)
+    train_iter = BatchIterator(data_loader(datasets[0], consumed, cfg), get_batch)
+    train(engine, cfg, state, train_iter, eval_iter(1), tb)
+    if cfg.checkpoint.save and state.saved_iteration != state.iteration:
+        save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
     test_iter = eval_iter(2)
-    if test_iter is not None and args.eval_iters > 0 and state.iteration == args.train_iters:
-        evaluate_and_print(engine, args, test_iter(), "the end of training", tb, state.iteration,
-                           "test")
+    if test_iter is not None and cfg.logging.eval_iters > 0 and state.iteration == cfg.batch.train_iters:
+        evaluate_and_print(engine, cfg, test_iter(), "the end of training", tb, state.iteration, "test")
     tb.close()
     return state
 

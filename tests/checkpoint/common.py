@@ -118,20 +118,17 @@ def first_iteration_batches(model: str, args: List[str]) -> list:
     from megatron.config.arguments import parse_args
     from megatron.training.batches import BatchIterator
     from megatron.training.initialize import initialize_megatron
-    from megatron.tokenizer import build_tokenizer
-    from megatron.training.pretrain import data_loader, split_sample_counts
+    from megatron.training.pretrain import data_loader, settle_config, split_sample_counts
     if model == "gpt2":
         from pretrain_gpt2 import DEFAULTS, SPEC
     else:
         from pretrain_t5 import DEFAULTS, SPEC
-    parsed = parse_args(args, defaults=DEFAULTS, world_size=1)
-    initialize_megatron(parsed)
-    tokenizer = build_tokenizer(parsed.tokenizer_type, parsed.vocab_file, parsed.merge_file, parsed.tokenizer_model,
-                                parsed.vocab_extra_ids)
-    datasets = SPEC.datasets(parsed, tokenizer, split_sample_counts(parsed))
-    batches = BatchIterator(data_loader(datasets[0], 0, parsed), partial(SPEC.get_batch, args=parsed,
-                                                                         tokenizer=tokenizer))
-    return [next(batches) for _ in range(parsed.gas)]
+    cfg, tokenizer = settle_config(parse_args(args, defaults=DEFAULTS, world_size=1), SPEC)
+    initialize_megatron(cfg)
+    datasets = SPEC.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, cfg.logging.eval_iters))
+    batches = BatchIterator(data_loader(datasets[0], 0, cfg), partial(SPEC.get_batch, args=cfg.data,
+                                                                      tokenizer=tokenizer))
+    return [next(batches) for _ in range(cfg.batch.gas)]
 
 
 def mean_loss(logits_fn, batches: list) -> float:

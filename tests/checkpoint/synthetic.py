@@ -10,7 +10,7 @@ from typing import Dict, Sequence
 import torch
 
 from megatron.checkpointing.consolidated import Consolidated
-from megatron.checkpointing.engine_io import json_args
+from megatron.config.run_config import json_record
 from megatron.checkpointing.names import ModelTable, model_config
 from megatron.checkpointing.optim import default_extras
 from megatron.checkpointing.reshape import write_checkpoint
@@ -32,7 +32,7 @@ def resolved_args(model: str, layout: Sequence[int], vocab_size: int, layers: in
             "--merge-file", os.path.join(DATA, "merges.txt"), "--make-vocab-size-divisible-by", "8",
             "--tensor-model-parallel-size", str(tp), "--pipe-parallel-size", str(pp), *shape, *extra]
     defaults = dict(model_type="gpt" if model == "gpt2" else "t5", layernorm_epsilon=1e-5 if model == "gpt2" else 1e-6)
-    args = json_args(parse_args(argv, defaults=defaults, world_size=tp * pp * dp))
+    args = json_record(parse_args(argv, defaults=defaults, world_size=tp * pp * dp))
     args.update(vocab_size=vocab_size, padded_vocab_size=padded_vocab_size(vocab_size, 8, tp))
     return args
 

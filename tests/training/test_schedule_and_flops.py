@@ -1,10 +1,10 @@
 """LR schedule against hand-computed values; FLOP formula against Megatron's closed form."""
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from megatron.model.config import T5Config
 from megatron.training.flops import flops_per_iteration, gpt_flops_per_iteration, t5_flops_per_iteration
 from megatron.training.learning_rates import AnnealingLR, annealed_lr
 
@@ -54,8 +54,6 @@ def test_t5_flops_gated_gelu_counts_both_input_projections():
     gated = t5_flops_per_iteration(b, s, s, L, h, h, f, V, recompute=False, gated=True)
     # one more h x f projection per layer, 2L layers, forward + backward
     assert gated - relu == pytest.approx(3 * 2 * L * 2 * b * s * h * f)
-    args = SimpleNamespace(model_type="t5", num_layers=L, hidden_size=h, num_attention_heads=4, kv_channels=h // 4,
-                           ffn_hidden_size=f, padded_vocab_size=V, checkpoint_activations=False, global_batch_size=b,
-                           encoder_seq_length=s, decoder_seq_length=s, decoder_num_layers=None,
-                           feed_forward_proj="gated-gelu")
-    assert flops_per_iteration(args) == pytest.approx(gated)
+    model = T5Config(num_layers=L, hidden_size=h, num_attention_heads=4, vocab_size=V, seq_length=s, ffn_hidden_size=f,
+                     feed_forward_proj="gated-gelu")
+    assert flops_per_iteration("t5", model, b, V) == pytest.approx(gated)
