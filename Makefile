@@ -1,6 +1,8 @@
 # Two commands do everything from a fresh clone:
 #   make pretrain   bootstrap .venv, then run the main job (examples/ds_pretrain_gpt2.sh)
 #   make test       bootstrap .venv, then run the test suite
+# .venv holds the project itself too (editable: `pip install -e .`), so tools/ and bench/ import megatron and tds
+# from any working directory.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
@@ -24,6 +26,7 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
 	DS_BUILD_OPS=0 $(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q $(TEST_DEPS)
+	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
 pretrain: venv

@@ -13,17 +13,13 @@ The backward of both runs is then compared: the gradients must be identical (dro
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron import mpu  # noqa: E402
-from megatron.model.config import GPT2Config, T5Config  # noqa: E402
-from megatron.model.gpt2_model import GPT2Model  # noqa: E402
-from megatron.model.t5_model import T5Model  # noqa: E402
+from megatron import mpu
+from megatron.model.config import GPT2Config, T5Config
+from megatron.model.gpt2_model import GPT2Model
+from megatron.model.t5_model import T5Model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

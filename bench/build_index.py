@@ -11,16 +11,13 @@ Last, the blending indices (greedy loop) for `--blend-samples` samples over 2 an
 """
 import argparse
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from megatron.data import gpt_dataset as gd  # noqa: E402
-from megatron.data.blendable_dataset import build_blending_indices  # noqa: E402
+from megatron.data import gpt_dataset as gd
+from megatron.data.blendable_dataset import build_blending_indices
 
 
 def best_of(repeats, fn):

@@ -16,17 +16,13 @@ same tokens (checked).
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 from typing import List, Tuple
 
 import torch
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
-
-from megatron.inference.runners import GPT2Runner  # noqa: E402
-from megatron.model import GPT2Config, GPT2Model  # noqa: E402
+from megatron.inference.runners import GPT2Runner
+from megatron.model import GPT2Config, GPT2Model
 
 
 def get_args() -> argparse.Namespace:

@@ -22,17 +22,13 @@ gradients (checked, relative error < 1e-6).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from tds.pipe.weight_grad import Linear, WeightGradStore, attach  # noqa: E402
+from tds.pipe.weight_grad import Linear, WeightGradStore, attach
 
 
 def build(layers: int, h: int) -> nn.Sequential:

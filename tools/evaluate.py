@@ -15,17 +15,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from typing import List, Optional
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
-
-from megatron.errors import UserError, exit_on_user_error  # noqa: E402
-from megatron.inference import (evaluate_lambada, evaluate_lm, loading, parallel, read_lambada,  # noqa: E402
+from megatron.errors import UserError, exit_on_user_error
+from megatron.inference import (evaluate_lambada, evaluate_lm, loading, parallel, read_lambada,
                                 read_lm_text)
-from megatron.inference.detokenize import DETOKENIZERS  # noqa: E402
-from megatron.inference.progress import Progress  # noqa: E402
-from megatron.inference.lm_ppl import windows  # noqa: E402
+from megatron.inference.detokenize import DETOKENIZERS
+from megatron.inference.progress import Progress
+from megatron.inference.lm_ppl import windows
 
 TASKS = ("lm-ppl", "lambada")
 

@@ -22,13 +22,11 @@ import sys
 import time
 from typing import List, Optional
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
-
-from megatron.errors import UserError, exit_on_user_error  # noqa: E402
-from megatron.inference import GenerationParams, Sampling, generate, loading, parallel  # noqa: E402
-from megatron.inference.generate import encode_prompts  # noqa: E402
-from megatron.inference.progress import Progress  # noqa: E402
-from megatron.inference.prompts import read_prompt_file  # noqa: E402
+from megatron.errors import UserError, exit_on_user_error
+from megatron.inference import GenerationParams, Sampling, generate, loading, parallel
+from megatron.inference.generate import encode_prompts
+from megatron.inference.progress import Progress
+from megatron.inference.prompts import read_prompt_file
 
 
 def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:

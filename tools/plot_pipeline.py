@@ -17,15 +17,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import Optional
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
-
-from megatron.errors import UserError, exit_on_user_error  # noqa: E402
-from tds.pipe.schedule import check_schedule, train_schedule  # noqa: E402
-from tds.pipe.schedule_sim import Costs, simulate_timed  # noqa: E402
-from tds.pipe.timeline import Span, bubble_fractions, read_trace  # noqa: E402
+from megatron.errors import UserError, exit_on_user_error
+from tds.pipe.schedule import check_schedule, train_schedule
+from tds.pipe.schedule_sim import Costs, simulate_timed
+from tds.pipe.timeline import Span, bubble_fractions, read_trace
 
 COLORS = {"forward": "#4878cf", "backward": "#3a9d4a", "backward_input": "#7fcf7f", "backward_weight": "#1f5f2c",
           "send_activations": "#b0b0b0", "send_grads": "#b0b0b0", "recv_activations": "#dcdcdc",
