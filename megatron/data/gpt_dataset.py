@@ -236,10 +236,12 @@ def build_split_datasets(data_prefix: Sequence[str], splits_string: str, num_sam
     if len(num_samples) != 3:
         raise ValueError(f"need train/valid/test sample counts, got {list(num_samples)}")
     if len(data_prefix) == 1:
-        return _build_one_prefix(data_prefix[0], splits_string, num_samples, make_dataset, skip_warmup, token_limit)
+        indexed_dataset = _open_prefix(data_prefix[0], skip_warmup, token_limit)
+        return _build_one_prefix(data_prefix[0], indexed_dataset, splits_string, num_samples, make_dataset)
     prefixes, weights, per_prefix_samples = parse_blend(data_prefix, num_samples)
-    per_prefix = [_build_one_prefix(p, splits_string, n, make_dataset, skip_warmup, token_limit)
-                  for p, n in zip(prefixes, per_prefix_samples)]
+    indexed = [_open_prefix(p, skip_warmup, token_limit) for p in prefixes]  # every prefix checked before any index
+    per_prefix = [_build_one_prefix(p, ds, splits_string, n, make_dataset)
+                  for p, ds, n in zip(prefixes, indexed, per_prefix_samples)]
     blends = []
     for split, n in enumerate(num_samples):
         parts = [(ds[split], w) for ds, w in zip(per_prefix, weights) if ds[split] is not None]
@@ -257,11 +259,15 @@ def check_prefix_token_ids(prefix: str, indexed_dataset: MMapIndexedDataset, tok
     check_token_ids(prefix, indexed_dataset, token_limit)
 
 
-def _build_one_prefix(prefix: str, splits_string: str, num_samples: Sequence[int],
-                      make_dataset: DatasetFactory, skip_warmup: bool, token_limit: Optional[TokenLimit]) -> list:
+def _open_prefix(prefix: str, skip_warmup: bool, token_limit: Optional[TokenLimit]) -> MMapIndexedDataset:
     indexed_dataset = MMapIndexedDataset(prefix, skip_warmup=skip_warmup)
     if token_limit is not None:
         check_prefix_token_ids(prefix, indexed_dataset, token_limit)
+    return indexed_dataset
+
+
+def _build_one_prefix(prefix: str, indexed_dataset: MMapIndexedDataset, splits_string: str,
+                      num_samples: Sequence[int], make_dataset: DatasetFactory) -> list:
     bounds = parse_split(splits_string, indexed_dataset.sizes.shape[0])
     datasets = []
     for split, name in enumerate(SPLIT_NAMES):

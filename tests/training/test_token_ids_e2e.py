@@ -62,26 +62,31 @@ def test_gpt2_data_of_a_bigger_vocabulary_stops_before_training(tmp_path, gpt_da
                                                            f"token id {token_id} but the tokenizer has 266 tokens")
 
 
-@pytest.fixture(scope="module")
-def t5_data(tmp_path_factory, gpt_data) -> dict:
-    """The corpus preprocessed with a SentencePiece model of ~1200 pieces; a ~400-piece model to train with."""
-    out = tmp_path_factory.mktemp("t5")
-    for size in (1200, 400):
-        _tool("tools/train_tokenizer.py", "--input", _corpus(gpt_data), "--type", "sentencepiece", "--vocab-size",
-              str(size), "--output-dir", str(out / f"spm{size}"))
-    _tool("tools/preprocess_data.py", "--input", _corpus(gpt_data), "--tokenizer-type", "SentencePieceTokenizer",
-          "--tokenizer-model", str(out / "spm1200" / "spm.model"), "--append-eod", "--output-prefix",
-          str(out / "docs"), "--workers", "1")
-    return dict(prefix=str(out / "docs_text_document"), model=str(out / "spm400" / "spm.model"))
+def _files(directory: str) -> dict:
+    return {os.path.join(d, n): open(os.path.join(d, n), "rb").read() for d, _, names in os.walk(directory)
+            for n in names}
 
 
-def test_t5_data_of_a_bigger_vocabulary_stops_before_training(tmp_path, t5_data):
-    pieces = build_tokenizer("SentencePieceTokenizer", tokenizer_model=t5_data["model"]).vocab_size
-    document, token_id = first_document_over(t5_data["prefix"], pieces)
-    env = _env(tmp_path, DATA_PATH=t5_data["prefix"], TOKENIZER_MODEL=t5_data["model"], VOCAB_EXTRA_IDS="8",
-               **LAYOUT)
-    proc = _run_script("ds_pretrain_t5.sh", env, timeout=400)
-    _assert_stopped_before_training(proc, env["WORK_DIR"], f"--data-path {t5_data['prefix']}: document {document} "
-                                                           f"holds token id {token_id} but the tokenizer has "
-                                                           f"{pieces} text tokens (ids {pieces}..{pieces + 7} are "
-                                                           f"its 8 <extra_id_*> sentinels)")
+def test_resuming_on_data_of_a_bigger_vocabulary_leaves_the_checkpoint_alone(tmp_path, gpt_data, bpe_266):
+    """2 iterations on the corpus preprocessed with the 266-token BPE it trains with, then a resume to 4 on a
+    blend that adds the 512-token preprocessing: stopped after the checkpoint is loaded, before any step; the
+    checkpoint directory is byte for byte the same."""
+    own = str(tmp_path / "own")
+    _tool("tools/preprocess_data.py", "--input", _corpus(gpt_data), "--tokenizer-type", "GPT2BPETokenizer",
+          "--vocab-file", bpe_266["vocab"], "--merge-file", bpe_266["merges"], "--append-eod", "--output-prefix",
+          own, "--workers", "1")
+    env = _env(tmp_path, DATA_PATH=own + "_text_document", VOCAB_FILE=bpe_266["vocab"],
+               MERGE_FILE=bpe_266["merges"], **LAYOUT)
+    first = _run_script("ds_pretrain_gpt2.sh", env, timeout=400)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    checkpoints = os.path.join(env["WORK_DIR"], "checkpoints")
+    saved = _files(checkpoints)
+    env.update(DATA_PATH=f"0.5 {own}_text_document 0.5 {gpt_data['data_prefix']}", TRAIN_ITERS="4")
+    proc = _run_script("ds_pretrain_gpt2.sh", env, timeout=400)
+    out = proc.stdout + proc.stderr
+    errors = [line for line in out.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1 and "Traceback" not in out, out[-3000:]
+    assert errors[0].startswith(f"error: --data-path {gpt_data['data_prefix']}: document "), errors
+    assert "loaded checkpoint" in out and "built train index" not in out, out[-3000:]  # both prefixes checked first
+    assert " iteration 3/4" not in out
+    assert _files(checkpoints) == saved
