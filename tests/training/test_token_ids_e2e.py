@@ -90,3 +90,28 @@ def test_resuming_on_data_of_a_bigger_vocabulary_leaves_the_checkpoint_alone(tmp
     assert "loaded checkpoint" in out and "built train index" not in out, out[-3000:]  # both prefixes checked first
     assert " iteration 3/4" not in out
     assert _files(checkpoints) == saved
+
+
+@pytest.fixture(scope="module")
+def t5_data(tmp_path_factory, gpt_data) -> dict:
+    """The corpus preprocessed with a SentencePiece model of ~1200 pieces; a ~400-piece model to train with."""
+    out = tmp_path_factory.mktemp("t5")
+    for size in (1200, 400):
+        _tool("tools/train_tokenizer.py", "--input", _corpus(gpt_data), "--type", "sentencepiece", "--vocab-size",
+              str(size), "--output-dir", str(out / f"spm{size}"))
+    _tool("tools/preprocess_data.py", "--input", _corpus(gpt_data), "--tokenizer-type", "SentencePieceTokenizer",
+          "--tokenizer-model", str(out / "spm1200" / "spm.model"), "--append-eod", "--output-prefix",
+          str(out / "docs"), "--workers", "1")
+    return dict(prefix=str(out / "docs_text_document"), model=str(out / "spm400" / "spm.model"))
+
+
+def test_t5_data_of_a_bigger_vocabulary_stops_before_training(tmp_path, t5_data):
+    pieces = build_tokenizer("SentencePieceTokenizer", tokenizer_model=t5_data["model"]).vocab_size
+    document, token_id = first_document_over(t5_data["prefix"], pieces)
+    env = _env(tmp_path, DATA_PATH=t5_data["prefix"], TOKENIZER_MODEL=t5_data["model"], VOCAB_EXTRA_IDS="8",
+               **LAYOUT)
+    proc = _run_script("ds_pretrain_t5.sh", env, timeout=400)
+    _assert_stopped_before_training(proc, env["WORK_DIR"], f"--data-path {t5_data['prefix']}: document {document} "
+                                                           f"holds token id {token_id} but the tokenizer has "
+                                                           f"{pieces} text tokens (ids {pieces}..{pieces + 7} are "
+                                                           f"its 8 <extra_id_*> sentinels)")
