@@ -27,7 +27,7 @@ import torch
 
 from megatron.data.blendable_dataset import BlendableDataset, parse_blend
 from megatron.data.indexed_dataset import MMapIndexedDataset
-from megatron.data.token_ids import TokenLimit, check_token_ids, token_id_range
+from megatron.data.token_ids import TokenLimit, cached_token_id_range, check_token_ids
 
 SPLIT_NAMES = ("train", "valid", "test")
 LAST_EPOCH_FRACTION = 0.80  # the last epoch is shuffled apart when it supplies < 80% of an epoch's samples
@@ -253,7 +253,7 @@ def check_prefix_token_ids(prefix: str, indexed_dataset: MMapIndexedDataset, tok
     """Global rank 0 scans the .bin (or finds the cached range), all ranks wait, then every rank checks the
     cached range; collective like load_or_build_index."""
     if _is_builder_rank():
-        token_id_range(prefix, indexed_dataset)
+        cached_token_id_range(prefix, indexed_dataset)
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
     check_token_ids(prefix, indexed_dataset, token_limit)

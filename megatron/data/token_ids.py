@@ -68,7 +68,8 @@ def read_cached_range(prefix: str) -> Optional[Tuple[int, int]]:
             cached = json.load(f)
     except (OSError, ValueError):
         return None
-    if not isinstance(cached, dict) or {k: cached.get(k) for k in _bin_stamp(prefix)} != _bin_stamp(prefix):
+    stamp = _bin_stamp(prefix)
+    if not isinstance(cached, dict) or {key: cached.get(key) for key in stamp} != stamp:
         return None
     return int(cached["low"]), int(cached["high"])
 
@@ -84,7 +85,7 @@ def scan_and_cache(prefix: str, dataset: MMapIndexedDataset) -> Tuple[int, int]:
     return low, high
 
 
-def token_id_range(prefix: str, dataset: MMapIndexedDataset) -> Tuple[int, int]:
+def cached_token_id_range(prefix: str, dataset: MMapIndexedDataset) -> Tuple[int, int]:
     """The cached range, scanning (and caching) when the cache is missing or stale."""
     cached = read_cached_range(prefix)
     return cached if cached is not None else scan_and_cache(prefix, dataset)
@@ -92,7 +93,7 @@ def token_id_range(prefix: str, dataset: MMapIndexedDataset) -> Tuple[int, int]:
 
 def check_token_ids(prefix: str, dataset: MMapIndexedDataset, limit: TokenLimit) -> None:
     """Raise TokenIdError naming the first document with an id outside [0, limit.size)."""
-    low, high = token_id_range(prefix, dataset)
+    low, high = cached_token_id_range(prefix, dataset)
     if low >= 0 and high < limit.size:
         return
     document, token_id = dataset.first_token_outside(limit.size)

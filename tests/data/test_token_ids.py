@@ -51,7 +51,7 @@ def test_negative_ids_and_empty_dataset(tmp_path):
 def test_scan_is_cached_and_a_changed_bin_is_scanned_again(tmp_path, monkeypatch):
     prefix = str(tmp_path / "d")
     ds = write_docs(prefix, DOCS)
-    assert ti.token_id_range(prefix, ds) == (1, 901)
+    assert ti.cached_token_id_range(prefix, ds) == (1, 901)
     cached = json.loads(open(ti.cache_path(prefix)).read())
     assert (cached["low"], cached["high"], cached["bin_bytes"]) == (1, 901, os.path.getsize(prefix + ".bin"))
     assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]  # written under a temporary name, renamed
@@ -59,17 +59,17 @@ def test_scan_is_cached_and_a_changed_bin_is_scanned_again(tmp_path, monkeypatch
     def no_scan(self):
         raise AssertionError("scanned although the cache is valid")
     monkeypatch.setattr(MMapIndexedDataset, "token_id_range", no_scan)
-    assert ti.token_id_range(prefix, ds) == (1, 901)
+    assert ti.cached_token_id_range(prefix, ds) == (1, 901)
     monkeypatch.undo()
 
     # the same documents with other ids, same .bin size, written under a new name and renamed over the old
     ds = write_docs(str(tmp_path / "new"), [[[1, 2, 3], []], [], [[4], [], [5, 9, 6]], [[7, 8]]])
     os.replace(str(tmp_path / "new.bin"), prefix + ".bin")
-    assert ti.token_id_range(prefix, MMapIndexedDataset(prefix)) == (1, 9)
+    assert ti.cached_token_id_range(prefix, MMapIndexedDataset(prefix)) == (1, 9)
 
     with open(ti.cache_path(prefix), "w") as f:
         f.write("{not json")  # a damaged cache is scanned again, not trusted
-    assert ti.token_id_range(prefix, MMapIndexedDataset(prefix)) == (1, 9)
+    assert ti.cached_token_id_range(prefix, MMapIndexedDataset(prefix)) == (1, 9)
 
 
 def test_check_names_prefix_document_id_and_vocabulary(tmp_path):
