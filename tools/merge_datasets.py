@@ -84,7 +84,8 @@ def main(argv: Optional[List[str]] = None) -> MMapIndexedDataset:
     os.makedirs(os.path.dirname(os.path.abspath(args.output_prefix)), exist_ok=True)
     merged = merge_datasets(prefixes, args.output_prefix)
     print(f"merged {len(prefixes)} datasets: {len(merged)} items, {len(merged.doc_idx) - 1} documents, "
-          f"{int(merged.sizes.sum())} tokens -> {args.output_prefix}", file=sys.stderr)
+          f"{int(merged.sizes.sum())} tokens (largest id {merged.token_id_range()[1]}) -> {args.output_prefix}",
+          file=sys.stderr)
     return merged
 
 

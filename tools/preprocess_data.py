@@ -222,6 +222,7 @@ class Stats:
     tokens: int = 0
     empty: int = 0
     bad: int = 0
+    max_id: int = -1  # the largest token id written (-1: none)
     n_bytes: int = 0
     seconds: float = 0.0
 
@@ -281,6 +282,7 @@ def _consume(results: Iterable[Encoded], outputs: Outputs, stats: Stats, args, o
                 continue
             outputs.add(key, ids)
             stats.tokens += len(ids)
+            stats.max_id = max(stats.max_id, int(ids.max()))
         if stats.docs % args.log_interval == 0:
             stats.seconds = time.perf_counter() - start
             print(f"Processed {stats.docs} documents ({stats.rates()}).", file=sys.stderr, flush=True)
@@ -356,7 +358,8 @@ def preprocess(args: argparse.Namespace, stop: Optional[StopSignals] = None) -> 
     except BaseException:
         outputs.discard()
         raise
-    print(f"Done: {stats.docs} documents read, {stats.tokens} tokens written, {stats.empty} empty skipped, "
+    print(f"Done: {stats.docs} documents read, {stats.tokens} tokens written (largest id {stats.max_id}, "
+          f"tokenizer vocabulary {tokenizer.vocab_size}), {stats.empty} empty skipped, "
           f"{stats.bad} bad lines skipped, {stats.n_bytes / 1e6:.1f} MB in {stats.seconds:.1f} s "
           f"({stats.rates()}) -> {', '.join(outputs.final.values())}", file=sys.stderr, flush=True)
     return stats

@@ -13,7 +13,8 @@ Sample j holds the L+1 tokens at global positions [j*L, (j+1)*L] of the concaten
 doc_idx order; consecutive samples share one token (the last input's label is the next sample's first input).
 
 The three arrays are cached as `{prefix}_{name}_indexmap_{N}ns_{L}sl_{seed}s_{doc,sample,shuffle}_idx.npy`,
-built by global rank 0 and loaded by every rank with mmap_mode='r'.
+built by global rank 0 and loaded by every rank with mmap_mode='r'. Given a `TokenLimit`, the datasets
+check the token ids of each prefix first, the same way (`megatron.data.token_ids`: cached range).
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import torch
 
 from megatron.data.blendable_dataset import BlendableDataset, parse_blend
 from megatron.data.indexed_dataset import MMapIndexedDataset
+from megatron.data.token_ids import TokenLimit, cached_token_id_range, check_token_ids
 
 SPLIT_NAMES = ("train", "valid", "test")
 LAST_EPOCH_FRACTION = 0.80  # the last epoch is shuffled apart when it supplies < 80% of an epoch's samples
@@ -223,19 +225,23 @@ DatasetFactory = Callable[[str, str, np.ndarray, object, int], torch.utils.data.
 
 
 def build_split_datasets(data_prefix: Sequence[str], splits_string: str, num_samples: Sequence[int],
-                         make_dataset: DatasetFactory, skip_warmup: bool = True) -> list:
+                         make_dataset: DatasetFactory, skip_warmup: bool = True,
+                         token_limit: Optional[TokenLimit] = None) -> list:
     """[train, valid, test] (None where a split is empty) from [prefix] or [w1, p1, w2, p2, ...].
 
     make_dataset(name, prefix, documents, indexed_dataset, n) builds one split of one prefix. When blending,
-    each prefix is asked for ceil(n * w * 1.005) samples and the blend has exactly n samples.
+    each prefix is asked for ceil(n * w * 1.005) samples and the blend has exactly n samples. With a
+    token_limit every prefix's ids must lie in [0, token_limit.size) (TokenIdError otherwise).
     """
     if len(num_samples) != 3:
         raise ValueError(f"need train/valid/test sample counts, got {list(num_samples)}")
     if len(data_prefix) == 1:
-        return _build_one_prefix(data_prefix[0], splits_string, num_samples, make_dataset, skip_warmup)
+        indexed_dataset = _open_prefix(data_prefix[0], skip_warmup, token_limit)
+        return _build_one_prefix(data_prefix[0], indexed_dataset, splits_string, num_samples, make_dataset)
     prefixes, weights, per_prefix_samples = parse_blend(data_prefix, num_samples)
-    per_prefix = [_build_one_prefix(p, splits_string, n, make_dataset, skip_warmup)
-                  for p, n in zip(prefixes, per_prefix_samples)]
+    indexed = [_open_prefix(p, skip_warmup, token_limit) for p in prefixes]  # every prefix checked before any index
+    per_prefix = [_build_one_prefix(p, ds, splits_string, n, make_dataset)
+                  for p, ds, n in zip(prefixes, indexed, per_prefix_samples)]
     blends = []
     for split, n in enumerate(num_samples):
         parts = [(ds[split], w) for ds, w in zip(per_prefix, weights) if ds[split] is not None]
@@ -243,9 +249,25 @@ def build_split_datasets(data_prefix: Sequence[str], splits_string: str, num_sam
     return blends
 
 
-def _build_one_prefix(prefix: str, splits_string: str, num_samples: Sequence[int],
-                      make_dataset: DatasetFactory, skip_warmup: bool) -> list:
+def check_prefix_token_ids(prefix: str, indexed_dataset: MMapIndexedDataset, token_limit: TokenLimit) -> None:
+    """Global rank 0 scans the .bin (or finds the cached range), all ranks wait, then every rank checks the
+    cached range; collective like load_or_build_index."""
+    if _is_builder_rank():
+        cached_token_id_range(prefix, indexed_dataset)
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+    check_token_ids(prefix, indexed_dataset, token_limit)
+
+
+def _open_prefix(prefix: str, skip_warmup: bool, token_limit: Optional[TokenLimit]) -> MMapIndexedDataset:
     indexed_dataset = MMapIndexedDataset(prefix, skip_warmup=skip_warmup)
+    if token_limit is not None:
+        check_prefix_token_ids(prefix, indexed_dataset, token_limit)
+    return indexed_dataset
+
+
+def _build_one_prefix(prefix: str, indexed_dataset: MMapIndexedDataset, splits_string: str,
+                      num_samples: Sequence[int], make_dataset: DatasetFactory) -> list:
     bounds = parse_split(splits_string, indexed_dataset.sizes.shape[0])
     datasets = []
     for split, name in enumerate(SPLIT_NAMES):
@@ -257,8 +279,9 @@ def _build_one_prefix(prefix: str, splits_string: str, num_samples: Sequence[int
 
 def build_train_valid_test_datasets(data_prefix: Sequence[str], splits_string: str,
                                     train_valid_test_num_samples: Sequence[int], seq_length: int, seed: int,
-                                    skip_warmup: bool = True) -> list:
+                                    skip_warmup: bool = True, token_limit: Optional[TokenLimit] = None) -> list:
     """[train, valid, test] GPTDatasets (or BlendableDatasets when data_prefix = [w1, p1, w2, p2, ...])."""
     def make_dataset(name, prefix, documents, indexed_dataset, n):
         return GPTDataset(name, prefix, documents, indexed_dataset, n, seq_length, seed)
-    return build_split_datasets(data_prefix, splits_string, train_valid_test_num_samples, make_dataset, skip_warmup)
+    return build_split_datasets(data_prefix, splits_string, train_valid_test_num_samples, make_dataset, skip_warmup,
+                                token_limit)

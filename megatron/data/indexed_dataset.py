@@ -23,12 +23,14 @@ The reader validates the index when it opens it (header, file length, sizes >= 0
 the exclusive cumulative sum of sizes, doc_idx non-decreasing from 0 to N: O(N) numpy work) and that
 the ``.bin`` length is what the index implies. With ``vocab_size`` it also checks every token id is in
 ``[0, vocab_size)``: one numpy max/min pass over the whole ``.bin`` at open time (the cost of a warm-up read).
-"""
+``token_id_range`` is that pass, in chunks of 2^26 tokens; ``first_token_outside`` finds the document of
+the first id outside a range (token position -> item by the running sum of ``sizes``, item -> document by
+``doc_idx``)."""
 import os
 import shutil
 import struct
 from array import array
-from typing import Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -40,6 +42,7 @@ HEADER_BYTES = 34  # 9 magic + 8 version + 1 dtype code + 8 N + 8 D
 DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64,
           6: np.float64, 7: np.float64, 8: np.uint16}
 _WARMUP_CHUNK = 100 * 1024 * 1024
+_SCAN_CHUNK_TOKENS = 1 << 26
 
 
 class IndexedDatasetError(UserError):
@@ -188,12 +191,37 @@ class MMapIndexedDataset:
             self._check_token_ids(bin_path, vocab_size)
 
     def _check_token_ids(self, bin_path: str, vocab_size: int) -> None:
-        tokens = np.frombuffer(self._bin, dtype=self.dtype)
-        if len(tokens) == 0:
-            return
-        low, high = tokens.min(), tokens.max()
+        low, high = self.token_id_range()
         if low < 0 or high >= vocab_size:
-            raise IndexedDatasetError(f"{bin_path}: token ids span [{low}, {high}] but vocab_size is {vocab_size}")
+            document, token_id = self.first_token_outside(vocab_size)
+            raise IndexedDatasetError(f"{bin_path}: token ids span [{low}, {high}] but vocab_size is {vocab_size} "
+                                      f"(first outside: id {token_id} in document {document})")
+
+    def _token_chunks(self) -> Iterator[Tuple[int, np.ndarray]]:
+        """(first token position, tokens) over the whole .bin, _SCAN_CHUNK_TOKENS at a time (views, no copy)."""
+        tokens = np.frombuffer(self._bin, dtype=self.dtype)
+        for start in range(0, len(tokens), _SCAN_CHUNK_TOKENS):
+            yield start, tokens[start:start + _SCAN_CHUNK_TOKENS]
+
+    def token_id_range(self) -> Tuple[int, int]:
+        """(smallest, largest) token id in the .bin; (0, -1) for a dataset without tokens."""
+        low, high = 0, -1
+        for start, chunk in self._token_chunks():
+            chunk_low, chunk_high = int(chunk.min()), int(chunk.max())
+            low, high = (chunk_low, chunk_high) if start == 0 else (min(low, chunk_low), max(high, chunk_high))
+        return low, high
+
+    def first_token_outside(self, limit: int) -> Optional[Tuple[int, int]]:
+        """(document index, token id) of the first token whose id is not in [0, limit); None if there is none."""
+        for start, chunk in self._token_chunks():
+            outside = (chunk < 0) | (chunk >= limit)
+            if outside.any():
+                position = start + int(np.argmax(outside))
+                item_ends = np.cumsum(self.sizes, dtype=np.int64)  # an empty item ends where it starts
+                item = int(np.searchsorted(item_ends, position, side="right"))
+                document = int(np.searchsorted(self.doc_idx, item, side="right")) - 1
+                return document, int(chunk[position - start])
+        return None
 
     @property
     def dtype(self) -> np.dtype:

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from megatron.data.gpt_dataset import GPTDataset, build_split_datasets
+from megatron.data.token_ids import text_limit
 
 
 def t5_lengths(enc_seq_length: int, dec_seq_length: int, noise_density: float,
@@ -163,8 +164,12 @@ class T5Dataset(torch.utils.data.Dataset):
 def build_t5_datasets(data_prefix: Sequence[str], splits_string: str, num_samples: Sequence[int],
                       enc_seq_length: int, dec_seq_length: int, seed: int, tokenizer, noise_density: float = 0.15,
                       mean_span_length: float = 3.0, skip_warmup: bool = True) -> list:
-    """[train, valid, test] T5Datasets (BlendableDatasets when data_prefix = [w1, p1, w2, p2, ...])."""
+    """[train, valid, test] T5Datasets (BlendableDatasets when data_prefix = [w1, p1, w2, p2, ...]).
+
+    The documents may hold only the tokenizer's text ids, below its first sentinel (`token_ids.text_limit`):
+    span corruption gives sentinel ids their meaning."""
     def make_dataset(name, prefix, documents, indexed_dataset, n):
         return T5Dataset(name, prefix, documents, indexed_dataset, n, tokenizer, enc_seq_length, dec_seq_length,
                          seed, noise_density, mean_span_length)
-    return build_split_datasets(data_prefix, splits_string, num_samples, make_dataset, skip_warmup)
+    return build_split_datasets(data_prefix, splits_string, num_samples, make_dataset, skip_warmup,
+                                text_limit(tokenizer))

@@ -29,6 +29,7 @@ from megatron import mpu
 from megatron.data.gpt_dataset import build_train_valid_test_datasets
 from megatron.data.masks import get_ltor_masks_and_position_ids
 from megatron.data.t5_dataset import build_t5_datasets
+from megatron.data.token_ids import vocabulary_limit
 from megatron.errors import UserError
 from .config import GPT2Config, T5Config
 from .gpt2_model import GPT2Model
@@ -86,7 +87,8 @@ def t5_config(args) -> T5Config:
 
 
 def gpt2_datasets(args, tokenizer, num_samples: List[int]) -> list:
-    return build_train_valid_test_datasets(args.data_path, args.split, num_samples, args.seq_length, args.seed)
+    return build_train_valid_test_datasets(args.data_path, args.split, num_samples, args.seq_length, args.seed,
+                                           token_limit=vocabulary_limit(tokenizer))
 
 
 def t5_datasets(args, tokenizer, num_samples: List[int]) -> list:

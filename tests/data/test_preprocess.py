@@ -165,6 +165,29 @@ def test_merge_datasets(tmp_path, bpe_files):
     assert (tmp_path / "m2.idx").read_bytes() == (tmp_path / "m.idx").read_bytes()
 
 
+def _largest_id(prefix: str) -> int:
+    return int(np.fromfile(prefix + ".bin", dtype=np.uint16).max())
+
+
+def test_summary_lines_name_the_largest_id(tmp_path, bpe_files):
+    """The CLIs' last line says the largest id written (preprocess: and the tokenizer's vocabulary)."""
+    parts = []
+    for i, n_docs in enumerate((40, 5)):
+        corpus = write_jsonl(tmp_path / f"c{i}.jsonl", [{"text": t} for t in make_texts(n_docs, seed=i)])
+        prefix = str(tmp_path / f"p{i}")
+        proc = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", corpus, "--output-prefix",
+                               prefix, "--append-eod", *bpe_args(bpe_files)], cwd=REPO, capture_output=True,
+                              text=True, timeout=120)
+        parts.append(prefix + "_text_document")
+        largest = _largest_id(parts[-1])
+        assert f"(largest id {largest}, tokenizer vocabulary 500)" in proc.stderr.splitlines()[-1], proc.stderr
+    proc = subprocess.run([sys.executable, "tools/merge_datasets.py", "--input", *parts, "--output-prefix",
+                           str(tmp_path / "m")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    largest = max(map(_largest_id, parts))
+    assert proc.returncode == 0 and largest == _largest_id(str(tmp_path / "m")) > _largest_id(parts[1])
+    assert f"tokens (largest id {largest}) -> " in proc.stderr.splitlines()[-1], proc.stderr
+
+
 def test_merge_rejects_mixed_dtypes(tmp_path):
     from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder
 
