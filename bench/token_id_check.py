@@ -27,11 +27,10 @@ import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from megatron.data.indexed_dataset import MMapIndexedDataset, write_index
+from megatron.data.token_ids import TokenLimit, cache_path, check_token_ids
 
-from megatron.data.indexed_dataset import MMapIndexedDataset, write_index  # noqa: E402
-from megatron.data.token_ids import TokenLimit, cache_path, check_token_ids  # noqa: E402
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DEFAULT_JOB_ITERS = 200  # examples/ds_pretrain_gpt2.sh without GPUs
 
