@@ -1,18 +1,19 @@
 """Saving and loading during training: through the engine, published atomically, checked on load.
 
-Order of a save: every rank writes its files -> barrier -> rank 0 replaces `latest` atomically (write a
-temporary file, fsync, os.replace) -> barrier. A process killed at any point before os.replace leaves
-`latest` naming the previous complete checkpoint. Every layout trains the Pipe model (one stage at pp = 1),
-so every layout writes the same per-layer files and one format serves every layout and tool
-(`module_form` 'pipe' in megatron_args.json; pp = 1 checkpoints of the earlier plain-model path are read
-through the reshape below). DeepSpeed's zero_to_fp32.py is not copied into the save directory (it cannot
+Order of a save: every rank writes its files -> barrier -> manifest.json (every file's size and CRC-32,
+`manifest.py`) -> rank 0 replaces `latest` atomically (write a temporary file, fsync, os.replace) -> barrier.
+A process killed at any point before os.replace leaves `latest` naming the previous complete checkpoint.
+Every layout trains the Pipe model (one stage at pp = 1), so every layout writes the same per-layer files
+and one format serves every layout and tool (`module_form` 'pipe' in megatron_args.json; pp = 1
+checkpoints of the earlier plain-model path are read through the reshape below). DeepSpeed's zero_to_fp32.py is not copied into the save directory (it cannot
 read these checkpoints; `tools/convert_checkpoint.py to-fp32` does that job).
 
 Client state: iteration, consumed_train_samples and this rank's RNG states (python, numpy, torch, device,
 tensor-parallel tracker). DeepSpeed stores it once per (pipeline stage, tensor-parallel rank), written by
 data-parallel rank 0; data-parallel replicas share their RNG states (see `megatron.mpu.random`).
 
-Loading (`load_checkpoint`):
+Loading (`load_checkpoint`) of the tag `latest` names, or of --ckpt-step N's: first the sizes of every file
+it will read (`manifest.check_files`), then
     same layout            DeepSpeed's engine.load_checkpoint (weights, optimizer, LR scheduler, steps)
     another (tp, pp, dp)   rank 0 reshapes into <save or load>/.reshaped-<tag> (the `reshape` tool's code),
                            every rank loads that, rank 0 removes it; RNG streams are kept as seeded
@@ -25,17 +26,21 @@ import argparse
 import contextlib
 import json
 import os
+import pickle
 import shutil
+import zipfile
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
+from megatron.errors import one_line
 from megatron.mpu import rng_states, set_rng_states
 from megatron.logging_utils import print_rank_0
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
 from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, publish_latest,
                     read_args, read_latest, write_args)
+from .manifest import WEIGHTS, check_files, checked_folder, damaged_error, parts_read, save_manifest
 from .names import PIPE_FORM, plain_pp1, virtual_stages
 from .weights import load_weights_into, reshape_command
 
@@ -66,6 +71,7 @@ def save_checkpoint(engine, args: argparse.Namespace, iteration: int, consumed_t
     if dist.get_rank() == 0:
         write_args(os.path.join(args.save, tag), {**json_args(args), "module_form": PIPE_FORM})
     dist.barrier()  # every rank's files are complete
+    save_manifest(os.path.join(args.save, tag))
     commit(args.save, tag)
     print_rank_0(f"saved checkpoint {args.save}/{tag}")
     return os.path.join(args.save, tag)
@@ -91,13 +97,15 @@ def _same_layout(saved: Dict[str, Any], args: argparse.Namespace) -> bool:
 def load_checkpoint(engine, args: argparse.Namespace) -> Tuple[int, int]:
     """Load the checkpoint `latest` names under --load; returns (iteration, consumed_train_samples),
     (0, 0) when there is none or when only weights are loaded (--finetune, weights-only checkpoints)."""
-    tag = read_latest(args.load)
+    tag = read_latest(args.load) if args.ckpt_step is None else checkpoint_tag(args.ckpt_step)
     if tag is None:
         print_rank_0(f"no checkpoint under --load {args.load} (no 'latest' file): starting from scratch")
         return 0, 0
     folder = checkpoint_folder(args.load, tag)
     saved = read_args(folder)
-    if getattr(args, "finetune", False) or not has_engine_state(saved):
+    weights_only = getattr(args, "finetune", False) or not has_engine_state(saved)
+    check_files(folder, saved, parts_read(not weights_only and _loads_optimizer(args, saved), not weights_only))
+    if weights_only:
         why = "--finetune" if getattr(args, "finetune", False) else "it holds weights only"
         print_rank_0(f"loading the weights of {folder} ({why}): iteration 0, fresh optimizer and LR schedule")
         load_weights_into(engine.module, folder, saved)
@@ -121,6 +129,10 @@ def _project_model(module) -> bool:
     return isinstance(module, (GPT2Model, T5Model, GPT2ModelPipe, T5ModelPipe))
 
 
+def _loads_optimizer(args: argparse.Namespace, saved: Dict[str, Any]) -> bool:
+    return not args.no_load_optim and has_optimizer(saved)
+
+
 def _refresh_master_weights(engine) -> None:
     if hasattr(engine.optimizer, "refresh_fp32_params"):
         engine.optimizer.refresh_fp32_params()
@@ -129,8 +141,8 @@ def _refresh_master_weights(engine) -> None:
 def _load_same_layout(engine, args, load_dir: str, tag: str, saved: Dict[str, Any]) -> Tuple[int, int]:
     where = os.path.join(load_dir, tag)
     print_rank_0(f"loading checkpoint {where} ...")
-    load_optim = not args.no_load_optim and has_optimizer(saved)
-    with _bf16_optimizer_load(engine):
+    load_optim = _loads_optimizer(args, saved)
+    with _bf16_optimizer_load(engine), _named_read_errors(engine, where, saved):
         path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=load_optim,
                                                     load_lr_scheduler_states=not args.no_load_optim)
     if path is None:
@@ -162,6 +174,22 @@ def _instance_overrides(obj, attrs: Dict[str, Any]) -> Iterator[None]:
     finally:
         for name in attrs:
             obj.__dict__.pop(name, None)
+
+
+@contextlib.contextmanager
+def _named_read_errors(engine, folder: str, saved: Dict[str, Any]) -> Iterator[None]:
+    """A file DeepSpeed cannot read (damaged although of the listed size) is a CheckpointFileError naming it."""
+    checkpoint_engine = engine.checkpoint_engine
+    read = checkpoint_engine.load
+
+    def load(path, *args, **kwargs):
+        try:
+            return read(path, *args, **kwargs)
+        except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as err:
+            what = f"unreadable ({type(err).__name__}: {one_line(err)[:120]})"
+            raise damaged_error(folder, os.path.basename(path), what, saved) from None
+    with _instance_overrides(checkpoint_engine, {"load": load}):
+        yield
 
 
 @contextlib.contextmanager
@@ -216,7 +244,7 @@ def load_model_weights(model: torch.nn.Module, load_dir: str, tag: Optional[str]
     """Load the weights of any checkpoint of this project (saved at any tp, pp, dp) into a plain GPT2Model /
     T5Model built at the current tensor-parallel size (`model.tp_group`); the vocabulary padding is adapted.
     Returns the saved arguments. UserError naming the field on a shape mismatch."""
-    folder = checkpoint_folder(load_dir, tag)
+    folder = checked_folder(load_dir, tag, (WEIGHTS,))
     saved = read_args(folder)
     load_weights_into(model, folder, saved)
     return saved
