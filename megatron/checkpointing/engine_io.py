@@ -26,9 +26,7 @@ import argparse
 import contextlib
 import json
 import os
-import pickle
 import shutil
-import zipfile
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -147,6 +145,7 @@ def _load_same_layout(engine, args, load_dir: str, tag: str, saved: Dict[str, An
                                                     load_lr_scheduler_states=not args.no_load_optim)
     if path is None:
         raise FileNotFoundError(f"DeepSpeed could not load checkpoint {where}")
+    dist.barrier()  # every rank has read its files (one that could not has reported it and left)
     if not args.no_load_optim and engine.lr_scheduler is not None:
         # DeepSpeed loads the scheduler before the ZeRO optimizer state, whose param groups then bring back
         # the learning rate of the last step before the save; set this step's rate again (exact resume)
@@ -185,7 +184,7 @@ def _named_read_errors(engine, folder: str, saved: Dict[str, Any]) -> Iterator[N
     def load(path, *args, **kwargs):
         try:
             return read(path, *args, **kwargs)
-        except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as err:
+        except Exception as err:  # noqa: BLE001 (torch.load of one file: whatever it raises, the file is unreadable)
             what = f"unreadable ({type(err).__name__}: {one_line(err)[:120]})"
             raise damaged_error(folder, os.path.basename(path), what, saved) from None
     with _instance_overrides(checkpoint_engine, {"load": load}):
