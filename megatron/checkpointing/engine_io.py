@@ -5,8 +5,9 @@ Order of a save: every rank writes its files -> barrier -> manifest.json (every 
 A process killed at any point before os.replace leaves `latest` naming the previous complete checkpoint.
 Every layout trains the Pipe model (one stage at pp = 1), so every layout writes the same per-layer files
 and one format serves every layout and tool (`module_form` 'pipe' in megatron_args.json; pp = 1
-checkpoints of the earlier plain-model path are read through the reshape below). DeepSpeed's zero_to_fp32.py is not copied into the save directory (it cannot
-read these checkpoints; `tools/convert_checkpoint.py to-fp32` does that job).
+checkpoints of the earlier plain-model path are read through the reshape below). DeepSpeed's
+zero_to_fp32.py is not copied into the save directory (it cannot read these checkpoints;
+`tools/convert_checkpoint.py to-fp32` does that job).
 
 Client state: iteration, consumed_train_samples and this rank's RNG states (python, numpy, torch, device,
 tensor-parallel tracker). DeepSpeed stores it once per (pipeline stage, tensor-parallel rank), written by

@@ -4,7 +4,8 @@
 
 A save writes every file, then the manifest (`save_manifest`: each rank hashes a share of the files, rank 0
 writes it atomically), then `latest`; so a folder with a manifest is complete. Before a load reads any file,
-`check_files` stats every file it will read: present, readable, of the listed size. A folder saved before the
+`check_files` stats every file it will read: present, readable, of the listed size (megatron_args.json,
+parsed anyway, may be edited: moved tokenizer files). A folder saved before the
 manifest existed gets what can be checked without one: the files its megatron_args.json implies are present,
 and each torch file (a zip archive) ends with its end-of-central-directory record, which a truncated file
 lacks. `verify_checksums` (`tools/convert_checkpoint.py inspect --verify`) reads every file and compares its
@@ -79,16 +80,16 @@ def save_manifest(folder: str) -> None:
 
 
 def read_manifest(folder: str) -> Optional[Dict[str, Dict[str, Any]]]:
-    """name -> {bytes, crc32}; None for a folder saved before manifests."""
+    """name -> {bytes, crc32}; None for a folder saved before manifests. ValueError if it is not one."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
         return None
-    try:
-        with open(path) as f:
-            return json.load(f)["files"]
-    except (ValueError, KeyError, TypeError) as err:
-        raise CheckpointFileError(f"{path} is damaged ({type(err).__name__}: {err}); the file sizes cannot be "
-                                  f"checked") from None
+    with open(path) as f:
+        files = json.load(f).get("files")
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and {"bytes", "crc32"} <= set(e)
+                                              for e in files.values()):
+        raise ValueError("no 'files' entry of {name: {bytes, crc32}}")
+    return files
 
 
 def part_of(name: str, saved: Dict[str, Any]) -> Optional[str]:
@@ -111,6 +112,8 @@ def role(name: str, tp: int) -> str:
     if "zero_pp_rank_" in name:
         dp, mp = numbers[-2], numbers[-1]
         return f"optimizer partition of dp rank {dp}, pipeline stage {mp // tp}, tp rank {mp % tp}"
+    if name == MANIFEST:
+        return "the size and CRC-32 of every file of the save"
     return "the run's resolved arguments" if name == ARGS_FILE else "a file of the save"
 
 
@@ -159,12 +162,15 @@ def _zip_problem(path: str) -> Optional[str]:
 
 def first_problem(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVERY_PART) -> Optional[Problem]:
     """The first file a load of `parts` would read that is missing, unreadable or of the wrong size."""
-    listed = read_manifest(folder)
+    try:
+        listed = read_manifest(folder)
+    except (ValueError, AttributeError) as err:  # json's errors are ValueErrors; a list has no .get
+        return MANIFEST, f"damaged ({type(err).__name__}: {err})"
     sizes = {n: e["bytes"] for n, e in listed.items()} if listed is not None else \
         dict.fromkeys(expected_files(saved))
     for name, size in sizes.items():
-        if part_of(name, saved) not in (None, *parts):
-            continue
+        if name == ARGS_FILE or part_of(name, saved) not in (None, *parts):
+            continue  # megatron_args.json was parsed already; it may have been edited (moved tokenizer files)
         path = os.path.join(folder, name)
         what = _stat_problem(path, size) or (_zip_problem(path) if listed is None else None)
         if what:
@@ -174,9 +180,9 @@ def first_problem(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVE
 
 def iteration_tags(load_dir: str) -> List[Tuple[int, str]]:
     """(iteration, tag) of the tag folders in `load_dir`, newest first."""
-    found = [TAG.match(n) for n in os.listdir(load_dir)] if os.path.isdir(load_dir) else []
-    return sorted(((int(m.group(1)), m.group(0)) for m in found if m and os.path.isdir(os.path.join(load_dir, m.group(0)))),
-                  reverse=True)
+    names = os.listdir(load_dir) if os.path.isdir(load_dir) else []
+    return sorted(((int(m.group(1)), n) for n in names
+                   if (m := TAG.match(n)) and os.path.isdir(os.path.join(load_dir, n))), reverse=True)
 
 
 def newest_complete(load_dir: str, skip: str) -> Optional[Tuple[int, str]]:
@@ -226,14 +232,17 @@ def checked_folder(load_dir: str, tag: Optional[str] = None, parts: Sequence[str
 def verify_checksums(folder: str, saved: Dict[str, Any]) -> str:
     """Sizes, then every file's CRC-32 against the manifest; the line `inspect --verify` prints."""
     check_files(folder, saved)
-    listed = read_manifest(folder)
+    listed = read_manifest(folder)  # valid: check_files read it
     if listed is None:
         return (f"verified         {folder} has no {MANIFEST} (saved before manifests): every file present, each "
                 f"ending with its zip end record; no checksums to compare")
+    edited = ""
     for name, entry in listed.items():
         actual = crc32(os.path.join(folder, name))
-        if actual != entry["crc32"]:
+        if actual != entry["crc32"] and name == ARGS_FILE:
+            edited = f"; {ARGS_FILE} was edited after the save (its CRC-32 differs)"
+        elif actual != entry["crc32"]:
             raise damaged_error(folder, name, f"damaged: CRC-32 {actual} where {MANIFEST} lists {entry['crc32']}",
                                 saved)
     total = sum(e["bytes"] for e in listed.values())
-    return f"verified         {len(listed)} files, {total / 1e6:.1f} MB: sizes and CRC-32 as {MANIFEST} lists"
+    return f"verified         {len(listed)} files, {total / 1e6:.1f} MB: sizes and CRC-32 as {MANIFEST} lists{edited}"
