@@ -81,8 +81,8 @@ def test_bad_input_is_one_line(gpt2_222, tmp_path):
     os.remove(os.path.join(folder, "zero_pp_rank_1_mp_rank_02_optim_states.pt"))
     _fails(["reshape", "--load", ckpt, "--save", str(tmp_path / "r"), "--tensor-model-parallel-size", "1",
             "--pipe-parallel-size", "1"],
-           "zero_pp_rank_1_mp_rank_02_optim_states.pt \\(optimizer partition of dp rank 1, pipeline stage 1, tp rank 0\\) "
-           "is missing; the newest complete checkpoint in .* is iteration 5")
+           r"zero_pp_rank_1_mp_rank_02_optim_states.pt \(optimizer partition of dp rank 1, pipeline stage 1, "
+           r"tp rank 0\) is missing; the newest complete checkpoint in .* is iteration 5")
     layer = os.path.join(folder, "layer_01-model_01-model_states.pt")
     with open(layer, "r+b") as f:
         f.truncate(os.path.getsize(layer) // 2)
