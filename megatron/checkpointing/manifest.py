@@ -117,11 +117,12 @@ def role(name: str, tp: int) -> str:
     return "the run's resolved arguments" if name == ARGS_FILE else "a file of the save"
 
 
-def expected_files(saved: Dict[str, Any]) -> List[str]:
-    """The files a save of these arguments writes (for folders saved before manifests)."""
+def expected_files(folder: str, saved: Dict[str, Any]) -> List[str]:
+    """The files a save of these arguments writes (for folders saved before manifests). pp = 1 checkpoints
+    of earlier layouts, without any layer file, keep the weights in the mp_rank files (`read_weights`)."""
     tp, pp, dp = layout_of(saved)
     names = []
-    if not plain_pp1(saved):
+    if not plain_pp1(saved) and any(n.startswith("layer_") for n in os.listdir(folder)):
         table = ModelTable(saved)
         names += [layer_file(layer, t) for layer in range(len(table.specs)) if table.layer_params(layer)
                   for t in range(tp)]
@@ -167,7 +168,7 @@ def first_problem(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVE
     except (ValueError, AttributeError) as err:  # json's errors are ValueErrors; a list has no .get
         return MANIFEST, f"damaged ({type(err).__name__}: {err})"
     sizes = {n: e["bytes"] for n, e in listed.items()} if listed is not None else \
-        dict.fromkeys(expected_files(saved))
+        dict.fromkeys(expected_files(folder, saved))
     for name, size in sizes.items():
         if name == ARGS_FILE or part_of(name, saved) not in (None, *parts):
             continue  # megatron_args.json was parsed already; it may have been edited (moved tokenizer files)
