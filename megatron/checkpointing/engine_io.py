@@ -103,7 +103,7 @@ def load_checkpoint(engine, args: argparse.Namespace) -> Tuple[int, int]:
     folder = checkpoint_folder(args.load, tag)
     saved = read_args(folder)
     weights_only = getattr(args, "finetune", False) or not has_engine_state(saved)
-    check_files(folder, saved, parts_read(not weights_only and _loads_optimizer(args, saved), not weights_only))
+    check_files(folder, saved, (WEIGHTS,) if weights_only else parts_read(_loads_optimizer(args, saved)))
     if weights_only:
         why = "--finetune" if getattr(args, "finetune", False) else "it holds weights only"
         print_rank_0(f"loading the weights of {folder} ({why}): iteration 0, fresh optimizer and LR schedule")

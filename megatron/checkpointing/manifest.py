@@ -219,8 +219,9 @@ def check_files(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVERY
         raise damaged_error(folder, *problem, saved)
 
 
-def parts_read(optimizer: bool, engine: bool = True) -> Tuple[str, ...]:
-    return (WEIGHTS,) + ((ENGINE,) if engine else ()) + ((OPTIMIZER,) if optimizer else ())
+def parts_read(optimizer: bool) -> Tuple[str, ...]:
+    """What a load of weights and engine state reads, with or without the optimizer state."""
+    return (WEIGHTS, ENGINE, OPTIMIZER) if optimizer else (WEIGHTS, ENGINE)
 
 
 def checked_folder(load_dir: str, tag: Optional[str] = None, parts: Sequence[str] = EVERY_PART) -> str:
