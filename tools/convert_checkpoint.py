@@ -1,6 +1,6 @@
 """Checkpoint conversion: inspect, reshape to any (tp, pp, dp), Hugging Face export / import, consolidated fp32.
 
-    python tools/convert_checkpoint.py inspect CKPT_DIR
+    python tools/convert_checkpoint.py inspect CKPT_DIR [--verify]
     python tools/convert_checkpoint.py reshape --load CKPT_DIR --save OUT_DIR --tensor-model-parallel-size T \\
         --pipe-parallel-size P [--data-parallel-size D] [--no-optimizer]
     python tools/convert_checkpoint.py export-hf --load CKPT_DIR --output HF_DIR [--verify]
@@ -29,6 +29,8 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("inspect", help="model, layout, precision, shapes and files (metadata only)")
     s.add_argument("load", metavar="CKPT_DIR")
     s.add_argument("--tag", default=None)
+    s.add_argument("--verify", action="store_true", help="also read every file and compare its CRC-32 with "
+                                                         "manifest.json")
     s = sub.add_parser("reshape", help="the checkpoint at another (tp, pp, dp), optimizer state included")
     s.add_argument("--load", required=True, metavar="CKPT_DIR")
     s.add_argument("--save", required=True, metavar="OUT_DIR", help="new directory (must not exist)")
@@ -69,7 +71,7 @@ def run(argv: Optional[List[str]] = None) -> None:
 
 def _inspect(args) -> None:
     from megatron.checkpointing.summary import inspect_lines
-    print("\n".join(inspect_lines(args.load, args.tag)))
+    print("\n".join(inspect_lines(args.load, args.tag, args.verify)))
 
 
 def _reshape(args) -> None:

@@ -1,12 +1,13 @@
 """Saving and loading during training: through the engine, published atomically, checked on load.
 
-Order of a save: every rank writes its files -> barrier -> rank 0 replaces `latest` atomically (write a
-temporary file, fsync, os.replace) -> barrier. A process killed at any point before os.replace leaves
-`latest` naming the previous complete checkpoint. Every layout trains the Pipe model (one stage at pp = 1),
-so every layout writes the same per-layer files and one format serves every layout and tool
-(`module_form` 'pipe' in megatron_args.json; pp = 1 checkpoints of the earlier plain-model path are read
-through the reshape below). DeepSpeed's zero_to_fp32.py is not copied into the save directory (it cannot
-read these checkpoints; `tools/convert_checkpoint.py to-fp32` does that job).
+Order of a save: every rank writes its files -> barrier -> manifest.json (every file's size and CRC-32,
+`manifest.py`) -> rank 0 replaces `latest` atomically (write a temporary file, fsync, os.replace) -> barrier.
+A process killed at any point before os.replace leaves `latest` naming the previous complete checkpoint.
+Every layout trains the Pipe model (one stage at pp = 1), so every layout writes the same per-layer files
+and one format serves every layout and tool (`module_form` 'pipe' in megatron_args.json; pp = 1
+checkpoints of the earlier plain-model path are read through the reshape below). DeepSpeed's
+zero_to_fp32.py is not copied into the save directory (it cannot read these checkpoints;
+`tools/convert_checkpoint.py to-fp32` does that job).
 
 Client state: iteration, consumed_train_samples and this rank's RNG states (python, numpy, torch, device,
 tensor-parallel tracker). DeepSpeed stores it once per (pipeline stage, tensor-parallel rank), written by
@@ -16,7 +17,8 @@ data-parallel rank 0; data-parallel replicas share their RNG states (see `megatr
 checkpoint and layout sections, and `cfg.record`, the resolved command line stored in megatron_args.json beside
 the 'model' and 'layout' records (`names.with_records`).
 
-Loading (`load_checkpoint`):
+Loading (`load_checkpoint`) of the tag `latest` names, or of --ckpt-step N's: first the sizes of every file
+it will read (`manifest.check_files`), then
     same layout            DeepSpeed's engine.load_checkpoint (weights, optimizer, LR scheduler, steps)
     another (tp, pp, dp)   rank 0 reshapes into <save or load>/.reshaped-<tag> (the `reshape` tool's code),
                            every rank loads that, rank 0 removes it; RNG streams are kept as seeded
@@ -34,11 +36,13 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from megatron.errors import one_line
 from megatron.mpu import rng_states, set_rng_states
 from megatron.logging_utils import print_rank_0
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
 from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, publish_latest,
                     read_args, read_latest, write_args)
+from .manifest import WEIGHTS, check_files, checked_folder, damaged_error, parts_read, save_manifest
 from .names import PIPE_FORM, layout_record, plain_pp1, virtual_stages, with_records
 from .weights import load_weights_into, reshape_command
 
@@ -65,6 +69,7 @@ def save_checkpoint(engine, cfg, iteration: int, consumed_train_samples: int) ->
     if dist.get_rank() == 0:
         write_args(os.path.join(save_dir, tag), with_records({**cfg.record, "module_form": PIPE_FORM}))
     dist.barrier()  # every rank's files are complete
+    save_manifest(os.path.join(save_dir, tag))
     commit(save_dir, tag)
     print_rank_0(f"saved checkpoint {save_dir}/{tag}")
     return os.path.join(save_dir, tag)
@@ -92,14 +97,16 @@ def _dims(cfg) -> Tuple[int, int, int]:
 def load_checkpoint(engine, cfg) -> Tuple[int, int]:
     """Load the checkpoint `latest` names under --load; returns (iteration, consumed_train_samples),
     (0, 0) when there is none or when only weights are loaded (--finetune, weights-only checkpoints)."""
-    load_dir = cfg.checkpoint.load
-    tag = read_latest(load_dir)
+    load_dir, step = cfg.checkpoint.load, cfg.checkpoint.ckpt_step
+    tag = read_latest(load_dir) if step is None else checkpoint_tag(step)
     if tag is None:
         print_rank_0(f"no checkpoint under --load {load_dir} (no 'latest' file): starting from scratch")
         return 0, 0
     folder = checkpoint_folder(load_dir, tag)
     saved = read_args(folder)
-    if cfg.checkpoint.finetune or not has_engine_state(saved):
+    weights_only = cfg.checkpoint.finetune or not has_engine_state(saved)
+    check_files(folder, saved, (WEIGHTS,) if weights_only else parts_read(_loads_optimizer(cfg, saved)))
+    if weights_only:
         why = "--finetune" if cfg.checkpoint.finetune else "it holds weights only"
         print_rank_0(f"loading the weights of {folder} ({why}): iteration 0, fresh optimizer and LR schedule")
         load_weights_into(engine.module, folder, saved)
@@ -122,6 +129,10 @@ def _project_model(module) -> bool:
     return isinstance(module, (GPT2Model, T5Model, GPT2ModelPipe, T5ModelPipe))
 
 
+def _loads_optimizer(cfg, saved: Dict[str, Any]) -> bool:
+    return not cfg.checkpoint.no_load_optim and has_optimizer(saved)
+
+
 def _refresh_master_weights(engine) -> None:
     if hasattr(engine.optimizer, "refresh_fp32_params"):
         engine.optimizer.refresh_fp32_params()
@@ -130,12 +141,13 @@ def _refresh_master_weights(engine) -> None:
 def _load_same_layout(engine, cfg, load_dir: str, tag: str, saved: Dict[str, Any]) -> Tuple[int, int]:
     where, no_optim = os.path.join(load_dir, tag), cfg.checkpoint.no_load_optim
     print_rank_0(f"loading checkpoint {where} ...")
-    load_optim = not no_optim and has_optimizer(saved)
-    with _bf16_optimizer_load(engine):
+    load_optim = _loads_optimizer(cfg, saved)
+    with _bf16_optimizer_load(engine), _named_read_errors(engine, where, saved):
         path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=load_optim,
                                                     load_lr_scheduler_states=not no_optim)
     if path is None:
         raise FileNotFoundError(f"DeepSpeed could not load checkpoint {where}")
+    dist.barrier()  # every rank has read its files (one that could not has reported it and left)
     if not no_optim and engine.lr_scheduler is not None:
         # DeepSpeed loads the scheduler before the ZeRO optimizer state, whose param groups then bring back
         # the learning rate of the last step before the save; set this step's rate again (exact resume)
@@ -163,6 +175,22 @@ def _instance_overrides(obj, attrs: Dict[str, Any]) -> Iterator[None]:
     finally:
         for name in attrs:
             obj.__dict__.pop(name, None)
+
+
+@contextlib.contextmanager
+def _named_read_errors(engine, folder: str, saved: Dict[str, Any]) -> Iterator[None]:
+    """A file DeepSpeed cannot read (damaged although of the listed size) is a CheckpointFileError naming it."""
+    checkpoint_engine = engine.checkpoint_engine
+    read = checkpoint_engine.load
+
+    def load(path, *args, **kwargs):
+        try:
+            return read(path, *args, **kwargs)
+        except Exception as err:  # noqa: BLE001 (torch.load of one file: whatever it raises, the file is unreadable)
+            what = f"unreadable ({type(err).__name__}: {one_line(err)[:120]})"
+            raise damaged_error(folder, os.path.basename(path), what, saved) from None
+    with _instance_overrides(checkpoint_engine, {"load": load}):
+        yield
 
 
 @contextlib.contextmanager
@@ -216,7 +244,7 @@ def load_model_weights(model: torch.nn.Module, load_dir: str, tag: Optional[str]
     """Load the weights of any checkpoint of this project (saved at any tp, pp, dp) into a plain GPT2Model /
     T5Model built at the current tensor-parallel size (`model.tp_group`); the vocabulary padding is adapted.
     Returns the saved arguments. UserError naming the field on a shape mismatch."""
-    folder = checkpoint_folder(load_dir, tag)
+    folder = checked_folder(load_dir, tag, (WEIGHTS,))
     saved = read_args(folder)
     load_weights_into(model, folder, saved)
     return saved

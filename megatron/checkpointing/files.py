@@ -126,7 +126,7 @@ def load_file(path: str, mmap: bool = True) -> Any:
                                   f"{ARGS_FILE} says")
     try:
         return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError) as err:
+    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError, KeyError, ValueError) as err:
         size = os.path.getsize(path)
         raise CheckpointFileError(f"checkpoint file {path} ({size} bytes) cannot be read, it is truncated or "
                                   f"damaged ({type(err).__name__}: {str(err).splitlines()[0][:120]})") from None

@@ -13,14 +13,14 @@ import torch
 
 from megatron.model.config import padded_vocab_size
 from .consolidated import read_consolidated
-from .files import checkpoint_folder
+from .manifest import checked_folder
 from .names import ModelTable
 from .tp import resize_rows
 
 
 def to_fp32(load_dir: str, output: str, tag: Optional[str] = None) -> Dict[str, torch.Tensor]:
     """One consolidated fp32 state dict of the plain model at tp = 1, written atomically to `output`."""
-    ck = read_consolidated(checkpoint_folder(load_dir, tag), with_optimizer=True)
+    ck = read_consolidated(checked_folder(load_dir, tag), with_optimizer=True)
     table = ModelTable(ck.args)
     rows = padded_vocab_size(ck.args["vocab_size"], ck.args["make_vocab_size_divisible_by"], 1)
     state = {}

@@ -24,11 +24,12 @@ import torch
 
 from megatron.errors import UserError
 from .consolidated import Consolidated, layout_of, read_weights
-from .files import CheckpointFileError, atomic_folder, checkpoint_folder, publish_latest, read_args
+from .files import CheckpointFileError, atomic_folder, publish_latest, read_args
 from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, hf_rows, import_tokenizer, layout_args,
                         read_json, sentinel_order, t5_args, t5_hf_config, token_ids, write_json, write_tokenizer)
 from .hf_names import Rule, gpt2_rules, t5_rules
 from .layouts import check_layout, write_layout
+from .manifest import WEIGHTS, checked_folder
 from .names import ModelTable
 from .tp import resize_rows
 
@@ -116,7 +117,7 @@ def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
               tokenizer_overrides: Optional[Dict[str, Optional[str]]] = None) -> ExportReport:
     """Write the checkpoint as a transformers folder `output` (GPT2LMHeadModel or T5ForConditionalGeneration)."""
     from safetensors.torch import save_file
-    folder = checkpoint_folder(load_dir, tag)
+    folder = checked_folder(load_dir, tag, (WEIGHTS,))
     args = dict(read_args(folder))
     if args.get("model_type") not in ("gpt", "t5"):
         raise UserError(f"export-hf handles GPT-2 and T5 checkpoints; {folder} holds model_type "

@@ -23,6 +23,7 @@ from megatron.errors import UserError
 from megatron.model.config import padded_vocab_size
 from .consolidated import NO_OPTIMIZER, WEIGHTS_ONLY, Consolidated, layout_of, stage_names
 from .files import layer_file, mp_rank_file, progress, write_args, zero_file
+from .manifest import write_manifest
 from .names import PIPE_FORM, ModelTable, virtual_stages, with_records
 from .optim import (StageOptim, carry_extras, default_extras, make_groups, optimizer_kind, write_client,
                     write_flat, write_unfused)
@@ -104,6 +105,7 @@ def write_layout(ck: Consolidated, folder: str, new_args: Dict[str, Any], with_o
     for s, t in progress(ranks if ck.engine else [], len(ranks), f"writing {folder} engine/optimizer"):
         _write_rank(ck, folder, args, table, bounds, s, t, weights, optim, extras)
     write_args(folder, with_records(args))
+    write_manifest(folder)
 
 
 def _target_extras(ck: Consolidated, args: Dict[str, Any]) -> Dict[str, Any]:

@@ -16,8 +16,9 @@ from typing import Optional
 
 from .consolidated import Consolidated, layout_of, read_consolidated
 from megatron.errors import UserError
-from .files import atomic_folder, checkpoint_folder, folder_bytes, publish_latest, read_args
+from .files import atomic_folder, folder_bytes, publish_latest, read_args
 from .layouts import check_layout, source_layout_note, target_args, write_layout
+from .manifest import checked_folder, parts_read
 from .names import ModelTable
 
 
@@ -36,7 +37,7 @@ def reshape(load_dir: str, save_dir: str, tp: int, pp: int, dp: Optional[int] = 
     """Write the checkpoint `latest` (or `tag`) of `load_dir` at (tp, pp, dp) into the new directory
     `save_dir`; dp defaults to the saved one. Returns what was done."""
     start = time.perf_counter()
-    folder = checkpoint_folder(load_dir, tag)
+    folder = checked_folder(load_dir, tag, parts_read(not no_optimizer))
     saved = read_args(folder)
     new_args = target_args(saved, tp, pp, layout_of(saved)[2] if dp is None else dp)
     check_layout(ModelTable(new_args), new_args, tp, pp)  # before reading anything large

@@ -1,8 +1,9 @@
 """inspect: what a checkpoint holds.
 
-It reads metadata only: megatron_args.json, the pickled headers of the layer files (tensor shapes;
-the tensor data is memory-mapped and never read) and the scalars of one engine file, so it takes about the
-same time on a multi-GB checkpoint as on a small one.
+It reads metadata only: megatron_args.json, manifest.json (every file's size is checked against it), the
+pickled headers of the layer files (tensor shapes; the tensor data is memory-mapped and never read) and the
+scalars of one engine file, so it takes about the same time on a multi-GB checkpoint as on a small one.
+With --verify it also reads every file and compares its CRC-32 with the manifest's.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .consolidated import has_engine_state, has_optimizer, layout_of
-from .files import checkpoint_folder, folder_bytes, layer_file, load_file, mp_rank_file, read_args
+from .files import folder_bytes, layer_file, load_file, mp_rank_file, read_args
+from .manifest import checked_folder, role, verify_checksums
 from .names import ModelTable, virtual_stages
 from .optim import optimizer_kind
 
@@ -34,14 +36,8 @@ def _file_roles(files: List[str], table: ModelTable, tp: int) -> List[Tuple[str,
             prefix = os.path.commonprefix([p.name for p in params]).rstrip(".") or params[0].name
             for t in range(tp):
                 roles.append((layer_file(layer, t), f"pipeline layer {layer}, tp rank {t}: {prefix}*"))
-    for name in files:
-        if name.startswith("mp_rank_"):
-            mp = int(name.split("_")[2])
-            roles.append((name, f"stage {mp // tp}, tp rank {mp % tp}: engine, LR scheduler, client state, RNG"))
-        elif "zero_pp_rank_" in name:
-            dp, mp = int(name.split("zero_pp_rank_")[1].split("_")[0]), int(name.split("mp_rank_")[1][:2])
-            roles.append((name, f"optimizer partition of dp rank {dp}, stage {mp // tp}, tp rank {mp % tp}"))
-    return roles
+    return roles + [(name, role(name, tp)) for name in files
+                    if name.startswith("mp_rank_") or "zero_pp_rank_" in name]
 
 
 def full_shapes(folder: str, table: ModelTable, tp: int) -> Dict[str, torch.Size]:
@@ -60,9 +56,10 @@ def full_shapes(folder: str, table: ModelTable, tp: int) -> Dict[str, torch.Size
     return shapes
 
 
-def inspect_lines(load_dir: str, tag: Optional[str] = None) -> List[str]:
-    """The report `tools/convert_checkpoint.py inspect` prints."""
-    folder = checkpoint_folder(load_dir, tag)
+def inspect_lines(load_dir: str, tag: Optional[str] = None, verify: bool = False) -> List[str]:
+    """The report `tools/convert_checkpoint.py inspect` prints; the files' sizes are checked first (`verify`:
+    their checksums too, `manifest.verify_checksums`)."""
+    folder = checked_folder(load_dir, tag)
     args = read_args(folder)
     table = ModelTable(args)
     tp, pp, dp = layout_of(args)
@@ -84,5 +81,5 @@ def inspect_lines(load_dir: str, tag: Optional[str] = None) -> List[str]:
              f"optimizer        {OPTIMIZER_LAYOUTS[kind] if kind else 'none (weights only)'}",
              f"parameters       {sum(s.numel() for s in shapes.values()):,}", "", "parameter shapes (full, tp = 1):"]
     lines += [f"  {name:60s} {tuple(shape)}" for name, shape in shapes.items()]
-    lines += ["", "files:"] + [f"  {name:50s} {role}" for name, role in _file_roles(files, table, tp)]
-    return lines
+    lines += ["", "files:"] + [f"  {name:50s} {what}" for name, what in _file_roles(files, table, tp)]
+    return lines + ([verify_checksums(folder, args)] if verify else [])

@@ -174,6 +174,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save", type=str, default=None)
     g.add_argument("--load", type=str, default=None)
+    g.add_argument("--ckpt-step", type=int, default=None, metavar="N",
+                   help="load iteration N of --load (its folder iter_000000N) instead of the one `latest` names")
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--no-load-optim", action="store_true", help="load model weights only")
     g.add_argument("--no-load-rng", action="store_true", help="do not restore the random number generators")

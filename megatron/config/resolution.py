@@ -353,6 +353,19 @@ def _resolve_data(args: argparse.Namespace) -> None:
               "positive sum")
 
 
+def _resolve_checkpoint(args: argparse.Namespace) -> None:
+    """--ckpt-step N names a tag folder iter_<N, 7 digits> of --load (files.checkpoint_tag) that exists."""
+    if args.ckpt_step is None:
+        return
+    _need(args.load is not None, f"--ckpt-step {args.ckpt_step} needs --load, the directory holding the checkpoint")
+    tag = f"iter_{args.ckpt_step:07d}"
+    if not os.path.isdir(os.path.join(args.load, tag)):
+        present = sorted(n for n in os.listdir(args.load) if n.startswith("iter_")) if os.path.isdir(args.load) else []
+        steps = ", ".join(str(int(n[5:])) for n in present if n[5:].isdigit()) or "none"
+        raise UserError(f"--ckpt-step {args.ckpt_step}: {os.path.join(args.load, tag)} does not exist; the iterations "
+                        f"saved in --load {args.load} are: {steps}")
+
+
 def resolve_args(args: argparse.Namespace, world_size: Optional[int] = None) -> argparse.Namespace:
     """Merge the DeepSpeed JSON, derive every dependent value, validate; sets `args.ds_config`."""
     if world_size is None:
@@ -368,6 +381,7 @@ def resolve_args(args: argparse.Namespace, world_size: Optional[int] = None) -> 
     _resolve_schedule(args)
     _resolve_timeline(args)
     _resolve_data(args)
+    _resolve_checkpoint(args)
     args.ds_config = build_ds_config(args, cfg)
     return args
 

@@ -132,6 +132,7 @@ class Checkpoint:
     save: Optional[str]
     load: Optional[str]
     save_interval: Optional[int]
+    ckpt_step: Optional[int]         # load this iteration instead of `latest`
     finetune: bool
     no_load_optim: bool
     no_load_rng: bool
@@ -187,7 +188,7 @@ def lr_schedule_of(args: argparse.Namespace) -> LRSchedule:
 
 def checkpoint_of(args: argparse.Namespace) -> Checkpoint:
     return Checkpoint(save=args.save, load=args.load, save_interval=args.save_interval,
-                      finetune=bool(args.finetune), no_load_optim=bool(args.no_load_optim),
+                      ckpt_step=args.ckpt_step, finetune=bool(args.finetune), no_load_optim=bool(args.no_load_optim),
                       no_load_rng=bool(args.no_load_rng))
 
 

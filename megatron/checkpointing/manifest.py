@@ -1,0 +1,250 @@
+"""manifest.json: every file a save wrote, with its size and CRC-32, written last; the checks that use it.
+
+    <dir>/<tag>/manifest.json   {"format": 1, "checksum": "crc32", "files": {name: {"bytes": n, "crc32": "08x"}}}
+
+A save writes every file, then the manifest (`save_manifest`: each rank hashes a share of the files, rank 0
+writes it atomically), then `latest`; so a folder with a manifest is complete. Before a load reads any file,
+`check_files` stats every file it will read: present, readable, of the listed size (megatron_args.json,
+parsed anyway, may be edited: moved tokenizer files). A folder saved before the
+manifest existed gets what can be checked without one: the files its megatron_args.json implies are present,
+and each torch file (a zip archive) ends with its end-of-central-directory record, which a truncated file
+lacks. `verify_checksums` (`tools/convert_checkpoint.py inspect --verify`) reads every file and compares its
+CRC-32. A failure is one `CheckpointFileError` naming the file, what it holds and the newest complete
+iteration of the directory, to load with --ckpt-step N.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import zlib
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .consolidated import has_engine_state, has_optimizer, layout_of
+from .files import ARGS_FILE, CheckpointFileError, checkpoint_folder, layer_file, mp_rank_file, read_args, zero_file
+from .names import ModelTable, plain_pp1
+from .optim import optimizer_kind
+from megatron.errors import UserError
+
+MANIFEST = "manifest.json"
+CHUNK = 16 << 20
+ZIP_END = b"PK\x05\x06"  # end-of-central-directory record: the last 22 bytes of a zip without a comment
+ZIP_START = b"PK\x03\x04"
+TAG = re.compile(r"iter_(\d+)$")
+# what a load reads: a file serves one part (megatron_args.json and the manifest serve every load)
+WEIGHTS, ENGINE, OPTIMIZER = "weights", "engine", "optimizer"
+EVERY_PART = (WEIGHTS, ENGINE, OPTIMIZER)
+Problem = Tuple[str, str]  # (file name, what is wrong with it)
+
+
+def crc32(path: str) -> str:
+    """The file's CRC-32, read in chunks into one reused buffer (no allocation per chunk)."""
+    value, buffer = 0, bytearray(CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while size := f.readinto(buffer):
+            value = zlib.crc32(view[:size], value)
+    return f"{value:08x}"
+
+
+def saved_files(folder: str) -> List[str]:
+    """The files of a tag folder that a manifest lists: all but itself and temporary (hidden) files."""
+    return sorted(n for n in os.listdir(folder) if n != MANIFEST and not n.startswith(".")
+                  and os.path.isfile(os.path.join(folder, n)))
+
+
+def entries(folder: str, names: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    return {n: {"bytes": os.path.getsize(os.path.join(folder, n)), "crc32": crc32(os.path.join(folder, n))}
+            for n in names}
+
+
+def write_manifest(folder: str, files: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
+    """Write manifest.json atomically (every file of the folder hashed here unless `files` is given)."""
+    files = entries(folder, saved_files(folder)) if files is None else files
+    tmp = os.path.join(folder, f".{MANIFEST}.tmp.{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump({"format": 1, "checksum": "crc32", "files": dict(sorted(files.items()))}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.path.join(folder, MANIFEST))
+
+
+def save_manifest(folder: str) -> None:
+    """Collective, once every rank's files are complete: rank r hashes files r, r + world, ...; rank 0 writes."""
+    import torch.distributed as dist
+    rank, world = dist.get_rank(), dist.get_world_size()
+    shares = [None] * world if rank == 0 else None
+    dist.gather_object(entries(folder, saved_files(folder)[rank::world]), shares, dst=0)
+    if rank == 0:
+        write_manifest(folder, {name: entry for share in shares for name, entry in share.items()})
+
+
+def read_manifest(folder: str) -> Optional[Dict[str, Dict[str, Any]]]:
+    """name -> {bytes, crc32}; None for a folder saved before manifests. ValueError if it is not one."""
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        files = json.load(f).get("files")
+    if not isinstance(files, dict) or not all(isinstance(e, dict) and {"bytes", "crc32"} <= set(e)
+                                              for e in files.values()):
+        raise ValueError("no 'files' entry of {name: {bytes, crc32}}")
+    return files
+
+
+def part_of(name: str, saved: Dict[str, Any]) -> Optional[str]:
+    """The part of a load that reads `name`; None for a file every load reads."""
+    if name.startswith("layer_") or (name.startswith("mp_rank_") and plain_pp1(saved)):
+        return WEIGHTS  # the earlier pp = 1 layout kept the weights in the mp_rank files
+    if name.startswith("mp_rank_"):
+        return ENGINE
+    return OPTIMIZER if name.endswith("optim_states.pt") else None
+
+
+def role(name: str, tp: int) -> str:
+    """What the file `name` holds, from its name and the saved tensor-parallel size."""
+    numbers = [int(x) for x in re.findall(r"\d+", name)]
+    if name.startswith("layer_"):
+        return f"weights of pipeline layer {numbers[0]}, tp rank {numbers[1]}"
+    if name.startswith("mp_rank_"):
+        return f"engine state of pipeline stage {numbers[0] // tp}, tp rank {numbers[0] % tp}: LR scheduler, " \
+               f"steps, client state, RNG"
+    if "zero_pp_rank_" in name:
+        dp, mp = numbers[-2], numbers[-1]
+        return f"optimizer partition of dp rank {dp}, pipeline stage {mp // tp}, tp rank {mp % tp}"
+    if name == MANIFEST:
+        return "the size and CRC-32 of every file of the save"
+    return "the run's resolved arguments" if name == ARGS_FILE else "a file of the save"
+
+
+def expected_files(folder: str, saved: Dict[str, Any]) -> List[str]:
+    """The files a save of these arguments writes (for folders saved before manifests). pp = 1 checkpoints
+    of earlier layouts, without any layer file, keep the weights in the mp_rank files (`read_weights`)."""
+    tp, pp, dp = layout_of(saved)
+    names = []
+    if not plain_pp1(saved) and any(n.startswith("layer_") for n in os.listdir(folder)):
+        table = ModelTable(saved)
+        names += [layer_file(layer, t) for layer in range(len(table.specs)) if table.layer_params(layer)
+                  for t in range(tp)]
+    if has_engine_state(saved) or plain_pp1(saved):
+        names += [mp_rank_file(mp) for mp in range(pp * tp)]
+    kind = optimizer_kind(saved) if has_optimizer(saved) else None
+    if kind in ("zero", "bf16"):
+        dps = range(dp) if kind == "zero" else range(1)
+        names += [zero_file(d, mp, bool(saved.get("bf16"))) for mp in range(pp * tp) for d in dps]
+    return names
+
+
+def _stat_problem(path: str, size: Optional[int]) -> Optional[str]:
+    """What is wrong with `path` at a glance: missing, unreadable, not the listed size."""
+    if not os.path.isfile(path):
+        return "missing"
+    if not os.access(path, os.R_OK):
+        return "unreadable (no read permission)"
+    actual = os.path.getsize(path)
+    if size is not None and actual < size:
+        return f"truncated: {actual} of the {size} bytes {MANIFEST} lists"
+    if size is not None and actual != size:
+        return f"{actual} bytes where {MANIFEST} lists {size}"
+    return None
+
+
+def _zip_problem(path: str) -> Optional[str]:
+    """A torch zip archive without its end record is truncated (pre-manifest folders: the size is unknown)."""
+    with open(path, "rb") as f:
+        start = f.read(4)
+        f.seek(max(0, os.path.getsize(path) - 22))
+        end = f.read(4)
+    if start == ZIP_START and end != ZIP_END:
+        return f"truncated: {os.path.getsize(path)} bytes without the zip end record (saved before {MANIFEST}, " \
+               f"so its size is not listed)"
+    return None
+
+
+def first_problem(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVERY_PART) -> Optional[Problem]:
+    """The first file a load of `parts` would read that is missing, unreadable or of the wrong size."""
+    try:
+        listed = read_manifest(folder)
+    except (ValueError, AttributeError) as err:  # json's errors are ValueErrors; a list has no .get
+        return MANIFEST, f"damaged ({type(err).__name__}: {err})"
+    sizes = {n: e["bytes"] for n, e in listed.items()} if listed is not None else \
+        dict.fromkeys(expected_files(folder, saved))
+    for name, size in sizes.items():
+        if name == ARGS_FILE or part_of(name, saved) not in (None, *parts):
+            continue  # megatron_args.json was parsed already; it may have been edited (moved tokenizer files)
+        path = os.path.join(folder, name)
+        what = _stat_problem(path, size) or (_zip_problem(path) if listed is None else None)
+        if what:
+            return name, what
+    return None
+
+
+def iteration_tags(load_dir: str) -> List[Tuple[int, str]]:
+    """(iteration, tag) of the tag folders in `load_dir`, newest first."""
+    names = os.listdir(load_dir) if os.path.isdir(load_dir) else []
+    return sorted(((int(m.group(1)), n) for n in names
+                   if (m := TAG.match(n)) and os.path.isdir(os.path.join(load_dir, n))), reverse=True)
+
+
+def newest_complete(load_dir: str, skip: str) -> Optional[Tuple[int, str]]:
+    """(iteration, tag) of the newest folder of `load_dir`, other than `skip`, that passes `first_problem`."""
+    for iteration, tag in iteration_tags(load_dir):
+        folder = os.path.join(load_dir, tag)
+        if os.path.realpath(folder) == os.path.realpath(skip):
+            continue
+        try:
+            if first_problem(folder, read_args(folder)) is None:
+                return iteration, tag
+        except (UserError, KeyError, ValueError):
+            continue  # not a checkpoint of this project
+    return None
+
+
+def damaged_error(folder: str, name: str, what: str, saved: Optional[Dict[str, Any]] = None) -> CheckpointFileError:
+    """The one-line error for file `name` of `folder`: where, what it holds, what is wrong, what to load."""
+    tp = layout_of(saved)[0] if saved else 1
+    load_dir = os.path.dirname(os.path.abspath(folder))
+    other = newest_complete(load_dir, folder)
+    hint = (f"the newest complete checkpoint in {load_dir} is iteration {other[0]}: load it with --ckpt-step "
+            f"{other[0]} (the tools: --tag {other[1]})" if other is not None else
+            f"{load_dir} holds no other complete checkpoint: restore the file, or start over with another "
+            f"--save/--load directory")
+    return CheckpointFileError(f"checkpoint file {os.path.join(folder, name)} ({role(name, tp)}) is {what}; {hint}")
+
+
+def check_files(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVERY_PART) -> None:
+    """Before a load of `parts` reads anything: CheckpointFileError for the first bad file (see first_problem)."""
+    problem = first_problem(folder, saved, parts)
+    if problem is not None:
+        raise damaged_error(folder, *problem, saved)
+
+
+def parts_read(optimizer: bool) -> Tuple[str, ...]:
+    """What a load of weights and engine state reads, with or without the optimizer state."""
+    return (WEIGHTS, ENGINE, OPTIMIZER) if optimizer else (WEIGHTS, ENGINE)
+
+
+def checked_folder(load_dir: str, tag: Optional[str] = None, parts: Sequence[str] = EVERY_PART) -> str:
+    """`checkpoint_folder`, once the files a load of `parts` reads have passed `check_files`."""
+    folder = checkpoint_folder(load_dir, tag)
+    check_files(folder, read_args(folder), parts)
+    return folder
+
+
+def verify_checksums(folder: str, saved: Dict[str, Any]) -> str:
+    """Sizes, then every file's CRC-32 against the manifest; the line `inspect --verify` prints."""
+    check_files(folder, saved)
+    listed = read_manifest(folder)  # valid: check_files read it
+    if listed is None:
+        return (f"verified         {folder} has no {MANIFEST} (saved before manifests): every file present, each "
+                f"ending with its zip end record; no checksums to compare")
+    edited = ""
+    for name, entry in listed.items():
+        actual = crc32(os.path.join(folder, name))
+        if actual != entry["crc32"] and name == ARGS_FILE:
+            edited = f"; {ARGS_FILE} was edited after the save (its CRC-32 differs)"
+        elif actual != entry["crc32"]:
+            raise damaged_error(folder, name, f"damaged: CRC-32 {actual} where {MANIFEST} lists {entry['crc32']}",
+                                saved)
+    total = sum(e["bytes"] for e in listed.values())
+    return f"verified         {len(listed)} files, {total / 1e6:.1f} MB: sizes and CRC-32 as {MANIFEST} lists{edited}"
