@@ -89,11 +89,11 @@ def main() -> None:
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="bench_")
     data = build_data(data_dir, max_mb=1.0, vocab_size=2048)
     args = bench_args(opts, data)
-    engine, tokenizer, args = initialize_and_build(args, SPEC)
+    engine, tokenizer, args, state = initialize_and_build(args, SPEC)
     datasets = SPEC.datasets(args, tokenizer, split_sample_counts(args))
     batch_fn = lambda raw: gpt2_batch(raw, args, tokenizer)  # noqa: E731
-    framework_iter = BatchIterator(data_loader(datasets[0], 0, args), batch_fn)
-    baseline_iter = BatchIterator(data_loader(datasets[0], 0, args), batch_fn)
+    framework_iter = BatchIterator(data_loader(datasets[0], 0, args, state), batch_fn)
+    baseline_iter = BatchIterator(data_loader(datasets[0], 0, args, state), batch_fn)
 
     model = GPT2Model(gpt2_config(args)).to(engine.device)
     optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr,

@@ -52,10 +52,11 @@ def lr_scheduler(optimizer: torch.optim.Optimizer, args: argparse.Namespace) -> 
     return AnnealingLR(optimizer, args.lr, args.min_lr, warmup, decay, args.lr_decay_style)
 
 
-def setup_engine(args: argparse.Namespace, spec: ModelSpec):
-    """Pipe model, AdamW, LR schedule, wrapped by tds.initialize in the TDS PipelineEngine."""
+def setup_engine(args: argparse.Namespace, spec: ModelSpec, state: mpu.ParallelState):
+    """Pipe model over `state`'s groups, AdamW, LR schedule, wrapped by tds.initialize in the TDS PipelineEngine
+    (whose groups are the model's grid: a view of `state`'s)."""
     try:
-        model = spec.build_pipe(args)
+        model = spec.build_pipe(args, state)
         optimizer = build_optimizer(model, args)
         engine, _, _, _ = tds.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler(optimizer, args),
                                          config=args.ds_config, mpu=mpu)
@@ -67,16 +68,13 @@ def setup_engine(args: argparse.Namespace, spec: ModelSpec):
     return engine
 
 
-def _reads_data() -> bool:
-    return mpu.get_model_parallel_rank() == 0
-
-
-def data_loader(dataset, consumed: int, args: argparse.Namespace) -> Optional[torch.utils.data.DataLoader]:
+def data_loader(dataset, consumed: int, args: argparse.Namespace, state: mpu.ParallelState) \
+        -> Optional[torch.utils.data.DataLoader]:
     """This dp rank's loader resuming after `consumed` samples; None where no data is read (tp rank > 0)."""
-    if dataset is None or not _reads_data():
+    if dataset is None or state.tp_rank != 0:
         return None
-    return build_pretraining_data_loader(dataset, consumed, args.micro_batch_size, mpu.get_data_parallel_rank(),
-                                         mpu.get_data_parallel_world_size(), args.num_workers)
+    return build_pretraining_data_loader(dataset, consumed, args.micro_batch_size, state.dp_rank, state.dims.dp,
+                                         args.num_workers)
 
 
 def split_sample_counts(args: argparse.Namespace) -> List[int]:
@@ -98,14 +96,15 @@ def build_tokenizer_from_args(args: argparse.Namespace):
 
 
 def initialize_and_build(args: argparse.Namespace, spec: ModelSpec):
-    """Distributed start-up, tokenizer, engine; returns (engine, tokenizer, args with the vocabulary settled)."""
-    initialize_megatron(args)
+    """Distributed start-up, tokenizer, engine; returns (engine, tokenizer, args with the vocabulary settled,
+    the ParallelState)."""
+    state = initialize_megatron(args)
     tokenizer = build_tokenizer_from_args(args)
     args = with_vocabulary(args, tokenizer.vocab_size)
     set_deepspeed_verbosity(args.deepspeed_verbose)
-    engine = setup_engine(args, spec)
+    engine = setup_engine(args, spec, state)
     print_rank_0(layout_summary(args, engine, tokenizer.vocab_size))
-    return engine, tokenizer, args
+    return engine, tokenizer, args, state
 
 
 def set_deepspeed_verbosity(verbose: bool) -> None:
@@ -144,7 +143,7 @@ def already_complete(args: argparse.Namespace, iteration: int) -> str:
 
 def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     """Train to --train-iters (resuming from --load), save at the end, evaluate on the test split."""
-    engine, tokenizer, args = initialize_and_build(args, spec)
+    engine, tokenizer, args, parallel = initialize_and_build(args, spec)
     iteration, consumed = load_checkpoint(engine, args) if args.load else (0, 0)
     if iteration >= args.train_iters:
         print_rank_0(already_complete(args, iteration))
@@ -152,16 +151,16 @@ def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     datasets = spec.datasets(args, tokenizer, split_sample_counts(args))
     if datasets[0] is None:
         raise UserError(f"--split {args.split} leaves no training documents in --data-path {' '.join(args.data_path)}")
-    get_batch = partial(spec.get_batch, args=args, tokenizer=tokenizer)
+    get_batch = partial(spec.get_batch, args=args, tokenizer=tokenizer, tp_group=parallel.tp_group)
     state = TrainState(iteration, consumed, saved_iteration=iteration if args.load else -1)
     tb = TensorBoard(args.tensorboard_dir)
 
     def eval_iter(split: int) -> Optional[Callable[[], BatchIterator]]:
         if datasets[split] is None:
             return None
-        return lambda: BatchIterator(data_loader(datasets[split], 0, args), get_batch)
+        return lambda: BatchIterator(data_loader(datasets[split], 0, args, parallel), get_batch)
 
-    train_iter = BatchIterator(data_loader(datasets[0], consumed, args), get_batch)
+    train_iter = BatchIterator(data_loader(datasets[0], consumed, args, parallel), get_batch)
     train(engine, args, state, train_iter, eval_iter(1), tb)
     if args.save and state.saved_iteration != state.iteration:
         save_checkpoint(engine, args, state.iteration, state.consumed_train_samples)

@@ -125,11 +125,11 @@ def first_iteration_batches(model: str, args: List[str]) -> list:
     else:
         from pretrain_t5 import DEFAULTS, SPEC
     parsed = parse_args(args, defaults=DEFAULTS, world_size=1)
-    initialize_megatron(parsed)
+    state = initialize_megatron(parsed)
     tokenizer = build_tokenizer(parsed.tokenizer_type, parsed.vocab_file, parsed.merge_file, parsed.tokenizer_model,
                                 parsed.vocab_extra_ids)
     datasets = SPEC.datasets(parsed, tokenizer, split_sample_counts(parsed))
-    batches = BatchIterator(data_loader(datasets[0], 0, parsed), partial(SPEC.get_batch, args=parsed,
+    batches = BatchIterator(data_loader(datasets[0], 0, parsed, state), partial(SPEC.get_batch, args=parsed,
                                                                          tokenizer=tokenizer))
     return [next(batches) for _ in range(parsed.gas)]
 
