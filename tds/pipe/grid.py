@@ -55,6 +55,8 @@ class ProcessGrid(PipelineParallelGrid):
         lists = rank_lists(topology)
         self.dp_groups, self.pipe_groups = lists["data"], lists["pipe"]
         self.slice_proc_group, self.slice_group = tensor, self._mine("tensor", tensor, lists)
+        if self.model_parallel_size > 1:  # as DeepSpeed's grid (nothing reads them)
+            self.mp_group, self.model_groups = [], lists["tensor"]
         self.pp_proc_group, self.pp_group = pipe, self._mine("pipe", pipe, lists)
         self.dp_proc_group, self.dp_group = data, self._mine("data", data, lists)
         self.ds_model_proc_group, model_ranks = model, self._mine("model", model, lists)
