@@ -25,6 +25,7 @@ from typing import Callable, Dict, List
 import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import PipelineParallelGrid, ProcessTopology
 
+
 def rank_lists(topology: ProcessTopology) -> Dict[str, List[List[int]]]:
     """{kind: every group of that kind as its sorted global ranks} (see the module docstring). A topology
     without a 'model' axis has one-rank tensor groups, as DeepSpeed's grid."""

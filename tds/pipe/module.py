@@ -92,30 +92,15 @@ class PipelineModule(_DSPipelineModule):
             raise ValueError(f"virtual_stages must be >= 1 (model chunks per pipeline stage), got {virtual_stages}")
         if checkpointable_layers is not None and not isinstance(checkpointable_layers, list):
             raise TypeError(f"checkpointable_layers must be a list of class names, got {checkpointable_layers!r}")
-        # DeepSpeed's constructor, minus the groups it would build: they are the grid's (handed, or tds's own)
-        torch.nn.Module.__init__(self)
+        torch.nn.Module.__init__(self)  # DeepSpeed's constructor, re-done without building groups of its own
         self.virtual_stages = int(virtual_stages)
         self.micro_offset, self.loss_fn, self.checkpointable_layers = 0, loss_fn, checkpointable_layers
         self.seed_layers, self.seed_fn, self.base_seed = seed_layers, seed_fn, base_seed
-        self._grid = _grid(grid, num_stages, topology)
-        self._topo, self.num_stages = self._grid.topology(), self._grid.pipe_parallel_size
-        self.world_group = dist.group.WORLD
-        self.global_rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.local_rank, self.stage_id = tds_device.local_rank(), self._grid.get_stage_id()
-        if verbose and self.global_rank == 0:
-            print(f"SEED_LAYERS={seed_layers} BASE_SEED={base_seed} SEED_FN={getattr(seed_fn, '__name__', None)}\n"
-                  f"Using topology: {self._topo}", flush=True)
-        self._layer_specs = list(layers)
-        self._num_layers, self._local_start, self._local_stop = len(self._layer_specs), 0, None
-        self._partition_layers(method=partition_method)
-        self.forward_funcs, self.fwd_map, self.tied_modules, self.tied_weight_attrs = [], {}, nn.ModuleDict(), {}
+        self._attach_grid(_grid(grid, num_stages, topology), verbose)
         self.activation_checkpoint_interval = activation_checkpoint_interval
         self.activation_checkpoint_func = activation_checkpoint_func
         self.is_checkpointable_results, self.is_checkpointable_results_interval = [], None
-        self._build()
-        self.to(get_accelerator().device_name(self.local_rank))
-        self.tied_comms = self._index_tied_modules()
-        self._synchronize_tied_weights()
+        self._build_stage(layers, partition_method)
         self.dynamic_shape = dynamic_shape
         if verbose and self.global_rank == 0:
             print(self._listing(), flush=True)
@@ -123,6 +108,28 @@ class PipelineModule(_DSPipelineModule):
         self._input_type = input_type
         self._input_pipe_partitioned = input_pipe_partitioned
         self._chunk_calls = [0] * self.virtual_stages  # forward calls per chunk (DeepSpeed's micro_offset)
+
+    def _attach_grid(self, grid: ProcessGrid, verbose: bool) -> None:
+        """The process groups are the grid's (handed, or tds's own); DeepSpeed's world group is torch's."""
+        self._grid, self._topo, self.num_stages = grid, grid.topology(), grid.pipe_parallel_size
+        self.world_group = dist.group.WORLD
+        self.global_rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.local_rank, self.stage_id = tds_device.local_rank(), grid.get_stage_id()
+        if verbose and self.global_rank == 0:
+            print(f"SEED_LAYERS={self.seed_layers} BASE_SEED={self.base_seed} "
+                  f"SEED_FN={getattr(self.seed_fn, '__name__', None)}\nUsing topology: {self._topo}", flush=True)
+
+    def _build_stage(self, layers, partition_method) -> None:
+        """As DeepSpeed's constructor: partition the layers, build this stage's, move them to the device, then
+        index the tied weights over the grid's groups and broadcast them."""
+        self._layer_specs = list(layers)
+        self._num_layers, self._local_start, self._local_stop = len(self._layer_specs), 0, None
+        self._partition_layers(method=partition_method)
+        self.forward_funcs, self.fwd_map, self.tied_modules, self.tied_weight_attrs = [], {}, nn.ModuleDict(), {}
+        self._build()
+        self.to(get_accelerator().device_name(self.local_rank))
+        self.tied_comms = self._index_tied_modules()
+        self._synchronize_tied_weights()
 
     # --- boundary layout -------------------------------------------------------------------------------
     def declarations(self) -> Optional[list[TensorDecl]]:
