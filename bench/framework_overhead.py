@@ -90,11 +90,11 @@ def main() -> None:
     data_dir = opts.data_dir or tempfile.mkdtemp(prefix="bench_")
     data = build_data(data_dir, max_mb=1.0, vocab_size=2048)
     args = bench_args(opts, data)
-    engine, tokenizer, cfg = initialize_and_build(args, SPEC)
+    engine, tokenizer, cfg, state = initialize_and_build(args, SPEC)
     datasets = SPEC.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, cfg.logging.eval_iters))
     batch_fn = lambda raw: gpt2_batch(raw, cfg.data, tokenizer)  # noqa: E731
-    framework_iter = BatchIterator(data_loader(datasets[0], 0, cfg), batch_fn)
-    baseline_iter = BatchIterator(data_loader(datasets[0], 0, cfg), batch_fn)
+    framework_iter = BatchIterator(data_loader(datasets[0], 0, cfg, state), batch_fn)
+    baseline_iter = BatchIterator(data_loader(datasets[0], 0, cfg, state), batch_fn)
 
     model = GPT2Model(cfg.model).to(engine.device)
     opt, lr = cfg.optimizer, cfg.lr

@@ -48,10 +48,10 @@ def initialize(args: Any = None, model=None, optimizer=None, model_parameters=No
                config=None, config_params=None, **kwargs):
     """deepspeed.initialize with the TDS engine for pipeline models; returns (engine, optimizer, loader, sched).
 
-    For a `tds.pipe.PipelineModule` the engine's process groups come from the module's topology (the
-    pipeline grid, whose "model parallel" group spans pipe x tensor ranks as DeepSpeed's grad-norm and
-    overflow checks need); a user `mpu` is only checked against it (same tensor- and data-parallel sizes
-    and ranks). ZeRO stages 2 and 3 are refused.
+    For a `tds.pipe.PipelineModule` the engine's process groups are the module's grid (`tds.pipe.grid`: the
+    groups handed to the module, or built by tds from its topology; its "model parallel" group spans pipe x
+    tensor ranks as DeepSpeed's grad-norm and overflow checks need); a user `mpu` is only checked against it
+    (same tensor- and data-parallel sizes and ranks). ZeRO stages 2 and 3 are refused.
     """
     if model is None:
         raise ValueError("tds.initialize needs a model")
@@ -95,10 +95,13 @@ def _resolve_config(args, config, load_ds_config) -> dict:
 
 
 def _check_mpu(mpu, grid) -> None:
-    """The user's mpu must describe the same tensor- and data-parallel groups as the module's topology."""
-    pairs = {"tensor-parallel world size": (mpu.get_model_parallel_world_size(),
+    """The user's mpu must describe the same tensor- and data-parallel groups as the module's grid. Its tensor
+    size and rank are read as DeepSpeed does (`get_tensor_model_parallel_*`, else Megatron 2019's
+    `get_model_parallel_*`, which meant tensor there)."""
+    from deepspeed.utils.bwc import bwc_tensor_model_parallel_rank, bwc_tensor_model_parallel_world_size
+    pairs = {"tensor-parallel world size": (bwc_tensor_model_parallel_world_size(mpu),
                                             grid.get_slice_parallel_world_size()),
-             "tensor-parallel rank": (mpu.get_model_parallel_rank(), grid.get_slice_parallel_rank()),
+             "tensor-parallel rank": (bwc_tensor_model_parallel_rank(mpu), grid.get_slice_parallel_rank()),
              "data-parallel world size": (mpu.get_data_parallel_world_size(), grid.get_data_parallel_world_size()),
              "data-parallel rank": (mpu.get_data_parallel_rank(), grid.get_data_parallel_rank())}
     bad = {k: v for k, v in pairs.items() if v[0] != v[1]}

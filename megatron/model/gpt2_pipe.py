@@ -25,7 +25,7 @@ from tds.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from .config import GPT2Config
 from .gpt2_model import GPT2Embedding, final_layernorm
 from .language_model import LMLoss
-from .pipe_common import ReplayCheckpoint, pipe_topology
+from .pipe_common import ReplayCheckpoint, pipe_groups
 from .transformer import TransformerLayer
 
 
@@ -65,8 +65,9 @@ def gpt2_layer_specs(config: GPT2Config, tp_group=None) -> list:
 class GPT2ModelPipe(ReplayCheckpoint, PipelineModule):
     """GPT-2 as a pipeline; see the module docstring.
 
-    topology: the (pipe, data, model) topology (default `mpu.get_topology()` when model parallel state is
-    initialised), or give num_stages for a pipe x data grid. partition_method: 'type:TransformerLayer'
+    parallel_state: the groups the layers and the pipeline use (default: mpu's current state); the model builds
+    none (`pipe_common.pipe_groups`). Or topology / num_stages (a pipe x data grid) for groups of the model's
+    own, built by tds. partition_method: 'type:TransformerLayer'
     (balanced layer counts), 'parameters', 'uniform' or an explicit list of num_stages + 1 spec boundaries.
     Activation checkpointing every config.checkpoint_num_layers specs, dropout replayed (`rng`).
     verbose: DeepSpeed's constructor prints and the per-stage layer listing (default: env TDS_VERBOSE).
@@ -76,10 +77,10 @@ class GPT2ModelPipe(ReplayCheckpoint, PipelineModule):
 
     def __init__(self, config: GPT2Config, topology=None, num_stages: Optional[int] = None,
                  partition_method: Union[str, list] = "type:TransformerLayer", tp_group=None,
-                 verbose: Optional[bool] = None, virtual_stages: int = 1):
-        tp_group = mpu.mappings.resolve_group(tp_group)[0]
-        topology = pipe_topology(topology, num_stages, tp_group)
-        super().__init__(gpt2_layer_specs(config, tp_group), num_stages=num_stages, topology=topology,
+                 verbose: Optional[bool] = None, virtual_stages: int = 1,
+                 parallel_state: Optional[mpu.ParallelState] = None):
+        tp_group, groups = pipe_groups(parallel_state, topology, num_stages, tp_group)
+        super().__init__(gpt2_layer_specs(config, tp_group), **groups,
                          loss_fn=LMLoss(tp_group), partition_method=partition_method,
                          activation_checkpoint_interval=config.checkpoint_num_layers,
                          activation_checkpoint_func=self._checkpoint,

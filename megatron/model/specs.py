@@ -1,13 +1,14 @@
 """One spec per model: what the training driver, the checkpoint tools and inference need to know of it.
 
     spec.config(args)                   resolved arguments -> GPT2Config / T5Config (model code never reads args)
-    spec.build_pipe(cfg)                the Pipe model of a RunConfig (`megatron.config.run_config`): its layers
-                                        over the pipeline stages (one stage at pp = 1)
+    spec.build_pipe(cfg, state)         the Pipe model of a RunConfig (`megatron.config.run_config`) over the
+                                        ParallelState's groups (one stage at pp = 1)
     spec.plain                          the plain model class (generation, evaluation, conversion, Hugging Face)
     spec.datasets(data, tokenizer, [n_train, n_valid, n_test]) -> [train, valid, test] (None = empty split);
                                         `data` is the RunConfig's data section (or arguments of the same names)
-    spec.get_batch(raw, data, tokenizer) -> (inputs, labels): raw is the loader's dict on tp rank 0, None
-                                        elsewhere; every tp rank gets the same micro-batch (one broadcast)
+    spec.get_batch(raw, data, tokenizer, tp_group) -> (inputs, labels): raw is the loader's dict on tp rank 0,
+                                        None elsewhere; every rank of tp_group (default: mpu's) gets the same
+                                        micro-batch (one broadcast)
 
 `spec_for(model_type)` is the registry, keyed by the `model_type` that megatron_args.json stores ('gpt',
 't5'); the entry scripts, `megatron.checkpointing` and `megatron.inference` all ask it.
@@ -43,14 +44,15 @@ class ModelSpec:
     model_type: str
     config: Callable[[Any], Any]
     plain: type
-    pipe: Callable[..., Any]            # the Pipe class: pipe(config, topology=, partition_method=, verbose=, ...)
+    pipe: Callable[..., Any]            # the Pipe class: pipe(config, parallel_state=, partition_method=, ...)
     datasets: Callable[[Any, Any, List[int]], list]
-    get_batch: Callable[[Optional[dict], Any, Any], tuple]
+    get_batch: Callable[..., tuple]
 
-    def build_pipe(self, cfg):
-        """This rank's stage(s) of the Pipe model of RunConfig `cfg`, split over its pipeline stages."""
+    def build_pipe(self, cfg, parallel_state: Optional[mpu.ParallelState] = None):
+        """This rank's stage(s) of the Pipe model of RunConfig `cfg`, split over its pipeline stages, over
+        `parallel_state`'s groups (default: mpu's current state)."""
         method = cfg.layout.partition_method
-        return self.pipe(cfg.model, topology=mpu.get_topology(),
+        return self.pipe(cfg.model, parallel_state=parallel_state,
                          partition_method=list(method) if isinstance(method, tuple) else method or "type:TransformerLayer",
                          verbose=cfg.logging.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
                          virtual_stages=cfg.layout.virtual_pipe_stages)
@@ -96,17 +98,17 @@ def t5_datasets(args, tokenizer, num_samples: List[int]) -> list:
                              args.decoder_seq_length, args.seed, tokenizer, noise_density=args.mask_prob)
 
 
-def gpt2_batch(raw: Optional[dict], args, tokenizer) -> tuple:
-    data = mpu.broadcast_data(["text"], raw, torch.int64)["text"]  # (b, s + 1)
+def gpt2_batch(raw: Optional[dict], args, tokenizer, tp_group=None) -> tuple:
+    data = mpu.broadcast_data(["text"], raw, torch.int64, tp_group)["text"]  # (b, s + 1)
     tokens, labels = data[:, :-1].contiguous(), data[:, 1:].contiguous()
     attention_mask, loss_mask, position_ids = get_ltor_masks_and_position_ids(
         tokens, tokenizer.eod, args.reset_position_ids, args.reset_attention_mask, args.eod_mask_loss)
     return (tokens, position_ids, attention_mask), (labels, loss_mask)
 
 
-def t5_batch(raw: Optional[dict], args, tokenizer) -> tuple:
+def t5_batch(raw: Optional[dict], args, tokenizer, tp_group=None) -> tuple:
     as_long = {key: raw[key].long() for key in T5_KEYS} if raw is not None else None
-    data = mpu.broadcast_data(T5_KEYS, as_long, torch.int64)
+    data = mpu.broadcast_data(T5_KEYS, as_long, torch.int64, tp_group)
     masks = [data[key].bool().unsqueeze(1) for key in ("enc_mask", "dec_mask", "enc_dec_mask")]  # (b, 1, q, k)
     return (data["text_enc"], data["text_dec"], *masks), (data["labels"], data["loss_mask"].float())
 

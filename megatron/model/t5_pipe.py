@@ -47,7 +47,7 @@ from tds.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from .attention import mask_to_bias
 from .config import T5Config
 from .language_model import LMLoss
-from .pipe_common import ReplayCheckpoint, pipe_topology
+from .pipe_common import ReplayCheckpoint, pipe_groups
 from .t5_model import (T5Embedding, T5FinalNorm, T5LMHead, attention_bias, decoder_layer_numbers,
                        encoder_layer_numbers, lm_head_number)
 from .transformer import T5TransformerLayer
@@ -132,10 +132,10 @@ class T5ModelPipe(ReplayCheckpoint, PipelineModule):
 
     def __init__(self, config: T5Config, topology=None, num_stages: Optional[int] = None,
                  partition_method: Union[str, list] = "type:TransformerLayer", tp_group=None,
-                 verbose: Optional[bool] = None, virtual_stages: int = 1):
-        tp_group = mpu.mappings.resolve_group(tp_group)[0]
-        topology = pipe_topology(topology, num_stages, tp_group)
-        super().__init__(t5_layer_specs(config, tp_group), num_stages=num_stages, topology=topology,
+                 verbose: Optional[bool] = None, virtual_stages: int = 1,
+                 parallel_state: Optional[mpu.ParallelState] = None):
+        tp_group, groups = pipe_groups(parallel_state, topology, num_stages, tp_group)
+        super().__init__(t5_layer_specs(config, tp_group), **groups,
                          loss_fn=LMLoss(tp_group), partition_method=partition_method,
                          activation_checkpoint_interval=config.checkpoint_num_layers,
                          activation_checkpoint_func=self._checkpoint,

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from tds.device import device
 from .layers import param_is_not_tensor_parallel_duplicate
-from .parallel_state import get_model_parallel_group, get_pipe_parallel_group
+from .parallel_state import get_pipe_parallel_group, get_tensor_model_parallel_group
 
 Params = Union[torch.Tensor, Iterable[torch.Tensor]]
 
@@ -31,7 +31,7 @@ def _reduce_groups(model_parallel_group) -> Sequence:
     """The groups to all-reduce over: the one given, else the tensor- then the pipeline-parallel group."""
     if model_parallel_group is not None:
         return [model_parallel_group]
-    return [get_model_parallel_group(), get_pipe_parallel_group()]
+    return [get_tensor_model_parallel_group(), get_pipe_parallel_group()]
 
 
 def get_grad_norm(parameters: Params, norm_type: float = 2.0, model_parallel_group=None,

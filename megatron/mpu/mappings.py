@@ -10,7 +10,7 @@ With p tensor-parallel ranks and X replicated on every rank (Megatron paper, sec
 so an MLP Y = GeLU(X A) B with A = [A_1, ..., A_p] split by columns and B = [B_1; ...; B_p] split by rows is
     Z = g( GeLU(f(X) A_r) B_r ).
 Shapes: split/gather act on the last dim, (..., h) <-> (..., h/p). `group=None` means the current
-tensor-model-parallel group (`get_model_parallel_group()`); without one (world size 1) every function is
+tensor-model-parallel group (`get_tensor_model_parallel_group()`); without one (world size 1) every function is
 the identity.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from .parallel_state import get_model_parallel_group
+from .parallel_state import get_tensor_model_parallel_group
 from .utils import split_tensor_along_last_dim
 
 
@@ -30,7 +30,7 @@ def resolve_group(group) -> Tuple[Optional[dist.ProcessGroup], int, int]:
     Without torch.distributed or parallel state this is (None, 0, 1).
     """
     if group is None:
-        group = get_model_parallel_group()
+        group = get_tensor_model_parallel_group()
     if group is None or not dist.is_initialized():
         return None, 0, 1
     return group, dist.get_rank(group), dist.get_world_size(group)

@@ -1,25 +1,37 @@
-"""Process groups for tensor (model), pipeline and data parallelism, built from one topology.
+"""Process groups for tensor, pipeline and data parallelism, built once, from one topology.
 
 The rank layout is DeepSpeed's `PipeModelDataParallelTopology`: axes ('pipe', 'data', 'model') with 'model'
-varying fastest, so DeepSpeed's engine, the TDS pipeline engine and the Megatron layers all see the same
-groups. For world size 8 with tp=2, pp=2 (so dp=2):
+(tensor) varying fastest. `initialize_model_parallel` builds every group the program uses, once, here; for
+world size 8 with tp=2, pp=2 (so dp=2):
 
-    tensor (model) groups:  [0, 1] [2, 3] [4, 5] [6, 7]
-    data groups:            [0, 2] [1, 3] [4, 6] [5, 7]
-    pipeline groups:        [0, 4] [1, 5] [2, 6] [3, 7]
+    tensor groups:            [0, 1] [2, 3] [4, 5] [6, 7]
+    pipeline groups:          [0, 4] [1, 5] [2, 6] [3, 7]      (also the point-to-point transport's)
+    data groups:              [0, 2] [1, 3] [4, 6] [5, 7]
+    model groups (pp x tp):   [0, 1, 4, 5] [2, 3, 6, 7]        one model replica: gradient norm, overflow
+    embedding groups:         [0, 4] [1, 5] [2, 6] [3, 7]      first and last stage (pp > 1): tied embeddings
 
-Everything lives on one `ParallelState` object; the Megatron-style accessors (`get_model_parallel_rank()`
-and friends) read the current one, for code ported from Megatron. New code should pass the state or its
-groups explicitly.
+The embedding groups (Megatron's) are groups of their own even where, as here at pp = 2, they hold the ranks
+of a pipeline group: their all-reduce runs while point-to-point transfers on the pipeline group are in flight.
+
+"Model parallel" means pipe x tensor (one model replica), as in DeepSpeed's grid and Megatron core; tensor
+parallelism is called tensor. `ParallelState.grid()` is the pipeline engine's view of these groups (a
+`tds.pipe.ProcessGrid`, no group of its own); `subgroup(ranks)` gives a model the groups of its tied weights
+(the embedding groups, or a group built here for any other rank list). Everything lives on one
+`ParallelState`, handed to the models, loaders, batch functions and the engine. The module-level accessors
+(`get_tensor_model_parallel_rank()` and friends) read the current state, for code written against Megatron's
+mpu API; Megatron's older `get_model_parallel_*` names are kept as aliases of the tensor-parallel ones for
+such code (they mean tensor there, as in Megatron 2019).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Optional
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+from tds.pipe.grid import ProcessGrid, rank_lists
 
 
 @dataclass(frozen=True)
@@ -44,16 +56,21 @@ class ParallelDims:
 
 @dataclass
 class ParallelState:
-    """This process's coordinates and groups in the (pipe, data, model) grid."""
+    """This process's coordinates and groups in the (pipe, data, model) grid; `mp` is pipe x tensor."""
     dims: ParallelDims
     topology: PipeModelDataParallelTopology
     global_rank: int
     tp_group: Optional[dist.ProcessGroup]
     pp_group: Optional[dist.ProcessGroup]
     dp_group: Optional[dist.ProcessGroup]
+    mp_group: Optional[dist.ProcessGroup]
     tp_ranks: list
     pp_ranks: list
     dp_ranks: list
+    mp_ranks: list
+    timeout_s: Optional[float] = None
+    _subgroups: Dict[Tuple[int, ...], dist.ProcessGroup] = field(default_factory=dict, repr=False)
+    _grid: Optional[ProcessGrid] = field(default=None, repr=False)
 
     @property
     def coord(self):
@@ -71,8 +88,28 @@ class ParallelState:
     def dp_rank(self) -> int:
         return self.coord.data
 
+    def subgroup(self, ranks: Sequence[int]) -> dist.ProcessGroup:
+        """The group of `ranks` a model adds (the stages that share a tied weight), built on first use and kept.
+        A collective on first use: every rank asks for the same lists in the same order."""
+        key = tuple(ranks)
+        if key not in self._subgroups:
+            self._subgroups[key] = _new_group(list(key), self.timeout_s)
+        return self._subgroups[key]
+
+    def grid(self) -> ProcessGrid:
+        """The pipeline engine's and DeepSpeed's view of these groups (one per state; it builds none)."""
+        if self._grid is None:
+            self._grid = ProcessGrid(self.topology, tensor=self.tp_group, pipe=self.pp_group, data=self.dp_group,
+                                     model=self.mp_group, subgroup=self.subgroup)
+        return self._grid
+
 
 _STATE: Optional[ParallelState] = None
+
+
+def _new_group(ranks: list, timeout_s: Optional[float]) -> dist.ProcessGroup:
+    """The one place megatron creates a process group."""
+    return dist.new_group(ranks, timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
 
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
@@ -86,13 +123,16 @@ def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_mode
     topo = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
     me = dist.get_rank()
     mine = {}
-    for axis in ("model", "pipe", "data"):
-        for ranks in topo.get_axis_comm_lists(axis):  # same order on every rank, as new_group requires
-            group = dist.new_group(ranks, timeout=None if timeout_s is None else timedelta(seconds=timeout_s))
+    for kind, lists in rank_lists(topo).items():
+        for ranks in lists:  # same order on every rank, as new_group requires
+            group = _new_group(ranks, timeout_s)
             if me in ranks:
-                mine[axis] = (group, ranks)
-    _STATE = ParallelState(dims, topo, me, mine["model"][0], mine["pipe"][0], mine["data"][0],
-                           mine["model"][1], mine["pipe"][1], mine["data"][1])
+                mine[kind] = (group, ranks)
+    kinds = ("tensor", "pipe", "data", "model")
+    _STATE = ParallelState(dims, topo, me, *(mine[k][0] for k in kinds), *(mine[k][1] for k in kinds),
+                           timeout_s=timeout_s)
+    for line in topo.get_axis_comm_lists("pipe") if dims.pp > 1 else []:
+        _STATE.subgroup([line[0], line[-1]])  # the embedding groups, kept for the models' tied embeddings
     return _STATE
 
 
@@ -130,27 +170,29 @@ def _axis(name: str):
     return group, ranks.index(s.global_rank), len(ranks)
 
 
-def get_model_parallel_group():
+def get_tensor_model_parallel_group():
     return _axis("tp")[0]
 
 
-def get_model_parallel_rank() -> int:
+def get_tensor_model_parallel_rank() -> int:
     return _axis("tp")[1]
 
 
-def get_model_parallel_world_size() -> int:
+def get_tensor_model_parallel_world_size() -> int:
     return _axis("tp")[2]
 
 
-def get_model_parallel_src_rank() -> int:
+def get_tensor_model_parallel_src_rank() -> int:
     """Global rank of tensor-parallel rank 0 in this process's tensor-parallel group."""
     return _STATE.tp_ranks[0] if _STATE is not None else 0
 
 
-get_tensor_model_parallel_group = get_model_parallel_group
-get_tensor_model_parallel_rank = get_model_parallel_rank
-get_tensor_model_parallel_world_size = get_model_parallel_world_size
-get_tensor_model_parallel_src_rank = get_model_parallel_src_rank
+# Megatron 2019's names for the tensor-parallel accessors, for code ported from it (they mean tensor there; in
+# this project "model parallel" is pipe x tensor, `ParallelState.mp_group`).
+get_model_parallel_group = get_tensor_model_parallel_group
+get_model_parallel_rank = get_tensor_model_parallel_rank
+get_model_parallel_world_size = get_tensor_model_parallel_world_size
+get_model_parallel_src_rank = get_tensor_model_parallel_src_rank
 
 
 def get_data_parallel_group():

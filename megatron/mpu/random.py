@@ -29,7 +29,7 @@ import torch
 import torch.utils.checkpoint
 
 from tds.device import get_rng_state, manual_seed, set_rng_state
-from .parallel_state import get_model_parallel_rank
+from .parallel_state import get_tensor_model_parallel_rank
 
 MODEL_PARALLEL_RNG = "model-parallel-rng"
 MODEL_PARALLEL_SEED_OFFSET = 2718
@@ -95,7 +95,7 @@ def model_parallel_seed(seed: int, tp_rank: Optional[int] = None) -> None:
     `tp_rank=None` reads the current tensor-model-parallel rank. Only the device generator is seeded
     (as Megatron); call torch.manual_seed too for CPU-side randomness such as weight initialisation.
     """
-    tp_rank = get_model_parallel_rank() if tp_rank is None else tp_rank
+    tp_rank = get_tensor_model_parallel_rank() if tp_rank is None else tp_rank
     _TRACKER.reset()
     manual_seed(seed)
     _TRACKER.add(MODEL_PARALLEL_RNG, seed + MODEL_PARALLEL_SEED_OFFSET + tp_rank)

@@ -49,10 +49,11 @@ def lr_scheduler(optimizer: torch.optim.Optimizer, lr: LRSchedule) -> AnnealingL
     return AnnealingLR(optimizer, lr.lr, lr.min_lr, lr.warmup, lr.decay, lr.style)
 
 
-def setup_engine(cfg: RunConfig, spec: ModelSpec):
-    """Pipe model, AdamW, LR schedule, wrapped by tds.initialize in the TDS PipelineEngine."""
+def setup_engine(cfg: RunConfig, spec: ModelSpec, state: mpu.ParallelState):
+    """Pipe model over `state`'s groups, AdamW, LR schedule, wrapped by tds.initialize in the TDS PipelineEngine
+    (whose groups are the model's grid: a view of `state`'s)."""
     try:
-        model = spec.build_pipe(cfg)
+        model = spec.build_pipe(cfg, state)
         optimizer = build_optimizer(model, cfg.optimizer)
         engine, _, _, _ = tds.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler(optimizer, cfg.lr),
                                          config=cfg.deepspeed_dict(), mpu=mpu)
@@ -64,16 +65,13 @@ def setup_engine(cfg: RunConfig, spec: ModelSpec):
     return engine
 
 
-def _reads_data() -> bool:
-    return mpu.get_model_parallel_rank() == 0
-
-
-def data_loader(dataset, consumed: int, cfg: RunConfig) -> Optional[torch.utils.data.DataLoader]:
+def data_loader(dataset, consumed: int, cfg: RunConfig, state: mpu.ParallelState) \
+        -> Optional[torch.utils.data.DataLoader]:
     """This dp rank's loader resuming after `consumed` samples; None where no data is read (tp rank > 0)."""
-    if dataset is None or not _reads_data():
+    if dataset is None or state.tp_rank != 0:
         return None
-    return build_pretraining_data_loader(dataset, consumed, cfg.batch.micro_batch_size, mpu.get_data_parallel_rank(),
-                                         mpu.get_data_parallel_world_size(), cfg.data.num_workers)
+    return build_pretraining_data_loader(dataset, consumed, cfg.batch.micro_batch_size, state.dp_rank, state.dims.dp,
+                                         cfg.data.num_workers)
 
 
 def split_sample_counts(batch: Batch, eval_iters: int) -> List[int]:
@@ -101,13 +99,13 @@ def settle_config(args: argparse.Namespace, spec: ModelSpec):
 
 
 def initialize_and_build(args: argparse.Namespace, spec: ModelSpec):
-    """Tokenizer and RunConfig, distributed start-up, engine; returns (engine, tokenizer, cfg)."""
+    """Tokenizer and RunConfig, distributed start-up, engine; returns (engine, tokenizer, cfg, the ParallelState)."""
     cfg, tokenizer = settle_config(args, spec)
-    initialize_megatron(cfg)
+    state = initialize_megatron(cfg)
     set_deepspeed_verbosity(cfg.logging.deepspeed_verbose)
-    engine = setup_engine(cfg, spec)
+    engine = setup_engine(cfg, spec, state)
     print_rank_0(layout_summary(cfg, engine))
-    return engine, tokenizer, cfg
+    return engine, tokenizer, cfg, state
 
 
 def set_deepspeed_verbosity(verbose: bool) -> None:
@@ -148,7 +146,7 @@ def already_complete(cfg: RunConfig, iteration: int) -> str:
 
 def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     """Train to --train-iters (resuming from --load), save at the end, evaluate on the test split."""
-    engine, tokenizer, cfg = initialize_and_build(args, spec)
+    engine, tokenizer, cfg, parallel = initialize_and_build(args, spec)
     iteration, consumed = load_checkpoint(engine, cfg) if cfg.checkpoint.load else (0, 0)
     if iteration >= cfg.batch.train_iters:
         print_rank_0(already_complete(cfg, iteration))
@@ -157,16 +155,16 @@ def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     datasets = spec.datasets(data, tokenizer, split_sample_counts(cfg.batch, cfg.logging.eval_iters))
     if datasets[0] is None:
         raise UserError(f"--split {data.split} leaves no training documents in --data-path {' '.join(data.data_path)}")
-    get_batch = partial(spec.get_batch, args=data, tokenizer=tokenizer)
+    get_batch = partial(spec.get_batch, args=data, tokenizer=tokenizer, tp_group=parallel.tp_group)
     state = TrainState(iteration, consumed, saved_iteration=iteration if cfg.checkpoint.load else -1)
     tb = TensorBoard(cfg.logging.tensorboard_dir)
 
     def eval_iter(split: int) -> Optional[Callable[[], BatchIterator]]:
         if datasets[split] is None:
             return None
-        return lambda: BatchIterator(data_loader(datasets[split], 0, cfg), get_batch)
+        return lambda: BatchIterator(data_loader(datasets[split], 0, cfg, parallel), get_batch)
 
-    train_iter = BatchIterator(data_loader(datasets[0], consumed, cfg), get_batch)
+    train_iter = BatchIterator(data_loader(datasets[0], consumed, cfg, parallel), get_batch)
     train(engine, cfg, state, train_iter, eval_iter(1), tb)
     if cfg.checkpoint.save and state.saved_iteration != state.iteration:
         save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)

@@ -9,13 +9,14 @@ from deepspeed.runtime.pipe.topology import (PipeDataParallelTopology, PipeModel
                                              ProcessTopology)
 
 from .engine import PipelineEngine
+from .grid import ProcessGrid
 from .meta import PipelineLayoutError, TensorDecl
 from .module import PipelineModule
 from .recompute import default_checkpoint, non_reentrant_checkpoint, reentrant_checkpoint
 from .p2p import PipelineCommError
 from .instructions import Instruction, Op, eval_schedule, train_schedule
 
-__all__ = ["PipelineModule", "PipelineEngine", "LayerSpec", "TiedLayerSpec", "ProcessTopology",
+__all__ = ["PipelineModule", "PipelineEngine", "ProcessGrid", "LayerSpec", "TiedLayerSpec", "ProcessTopology",
            "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineLayoutError",
            "PipelineCommError", "TensorDecl", "default_checkpoint", "non_reentrant_checkpoint",
            "reentrant_checkpoint", "Instruction", "Op", "train_schedule", "eval_schedule"]

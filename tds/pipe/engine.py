@@ -66,7 +66,7 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         timeout, source = resolve_timeout(cfg)
         self.module.configure_checkpointing(self._config)  # interval, use_reentrant, activation_checkpointing
         decls = self.module.declarations() if self.num_stages > 1 else []
-        self.p2p = P2P.create(self.stage_id, timeout) if self.num_stages > 1 else None
+        self.p2p = P2P(self.stage_id, timeout, self.grid.get_pipe_parallel_group()) if self.num_stages > 1 else None
         self.boundary = Boundary(self.p2p, decls, self.grid.get_slice_parallel_group(),
                                  self.grid.get_slice_parallel_world_size(), self.grid.get_slice_parallel_rank(),
                                  tds_device.device(), log_layout=self.grid.get_data_parallel_rank() == 0
@@ -126,7 +126,7 @@ class PipelineEngine(Executor, DeepSpeedEngine):
 
     def _process_groups(self) -> dict:
         """{name: group} of every group this engine (and the model's tied weights) runs collectives on; the
-        point-to-point group is not among them: `P2P.create` gives it the timeout when it creates it."""
+        point-to-point transport runs on the pipeline group."""
         groups = {"data-parallel": self.grid.get_data_parallel_group(),
                   "pipeline": self.grid.get_pipe_parallel_group(),
                   "tensor-parallel": self.grid.get_slice_parallel_group(),

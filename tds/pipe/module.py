@@ -2,7 +2,7 @@
 partition boundaries, activation checkpointing that does not look at class names, and a quiet constructor.
 
 Reused from DeepSpeed unchanged: LayerSpec/TiedLayerSpec building, 'parameters'/'uniform' partitioning,
-tied-weight groups and broadcast, per-layer checkpoint files (`layer_XX[-model_YY]-model_states.pt`).
+the tied-weight broadcast, per-layer checkpoint files (`layer_XX[-model_YY]-model_states.pt`).
 Every keyword of DeepSpeed 0.19's constructor is accepted; `dynamic_shape` is kept as an attribute and
 changes nothing (shapes may always change between micro-batches here).
 
@@ -31,29 +31,33 @@ checkpoint, or DeepSpeed's once deepspeed.checkpointing is configured); `reentra
 requires grad, a dummy input that does is passed so that reentrant recomputation still reaches the run's
 parameters. `set_checkpoint_interval(k)` and the cached `is_checkpointable_results` are DeepSpeed's API.
 
+Process groups (`grid.py`): with `grid=ProcessGrid(...)` the module, its engine and DeepSpeed's optimizers use
+the handed groups and the module builds none (its tied-weight groups come from `grid.subgroup`); with
+`topology=` or `num_stages=` tds builds its own, once (`grid.build_grid`). `model.mpu()` is the grid.
+
 Prints: DeepSpeed's constructor prints its seed settings, the topology and a per-stage layer listing on
 rank 0; here they appear only with `verbose=True` or env TDS_VERBOSE=1.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import glob
-import io
 import os
-import sys
 from typing import Callable, Optional, Sequence
 
 import torch
+import torch.distributed as dist
+from torch import nn
 
+from deepspeed.accelerator import get_accelerator
 from deepspeed.runtime import utils as ds_utils
-from deepspeed.runtime.pipe.module import LayerSpec, PipelineModule as _DSPipelineModule
+from deepspeed.runtime.pipe.module import LayerSpec, PipelineModule as _DSPipelineModule, TiedLayerSpec
+from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
 from .. import device as tds_device
 from . import recompute
+from .grid import ProcessGrid, build_grid
 from .meta import PipelineLayoutError, TensorDecl, make_declarations
-
-_DS_PRINTS = ("SEED_LAYERS=", "Using topology:")  # what DeepSpeed's constructor prints (rank 0)
 
 
 class PipelineModule(_DSPipelineModule):
@@ -70,6 +74,7 @@ class PipelineModule(_DSPipelineModule):
             TDS_VERBOSE=1).
         virtual_stages: model chunks per stage, v >= 1 (v >= 2 for the interleaved schedule, with
             config["pipeline"]["virtual_stages"] = v); see the module docstring.
+        grid: a `tds.pipe.ProcessGrid` over groups built elsewhere, instead of num_stages / topology.
     Undeclared (neither _input_grad nor _input_type), each stage infers the layout of what it sends from its
     first training micro-batch (`boundary.py`).
     """
@@ -81,24 +86,50 @@ class PipelineModule(_DSPipelineModule):
                  checkpointable_layers: Optional[list] = None, dynamic_shape: bool = False,
                  input_grad: Optional[Sequence[bool]] = None, input_type: Optional[Sequence[str]] = None,
                  input_pipe_partitioned: Optional[Sequence[bool]] = None, verbose: Optional[bool] = None,
-                 virtual_stages: int = 1):
+                 virtual_stages: int = 1, grid: Optional[ProcessGrid] = None):
         verbose = os.environ.get("TDS_VERBOSE", "0") not in ("", "0") if verbose is None else verbose
         if int(virtual_stages) < 1:
             raise ValueError(f"virtual_stages must be >= 1 (model chunks per pipeline stage), got {virtual_stages}")
-        self.virtual_stages = int(virtual_stages)  # read by _partition_layers inside DeepSpeed's constructor
-        with _without_lines(_DS_PRINTS, enabled=not verbose):
-            super().__init__(layers, num_stages=num_stages, topology=topology, loss_fn=loss_fn,
-                             seed_layers=seed_layers, seed_fn=seed_fn, base_seed=base_seed,
-                             partition_method=partition_method,
-                             activation_checkpoint_interval=activation_checkpoint_interval,
-                             activation_checkpoint_func=activation_checkpoint_func,
-                             checkpointable_layers=checkpointable_layers, dynamic_shape=dynamic_shape)
+        if checkpointable_layers is not None and not isinstance(checkpointable_layers, list):
+            raise TypeError(f"checkpointable_layers must be a list of class names, got {checkpointable_layers!r}")
+        torch.nn.Module.__init__(self)  # DeepSpeed's constructor, re-done without building groups of its own
+        self.virtual_stages = int(virtual_stages)
+        self.micro_offset, self.loss_fn, self.checkpointable_layers = 0, loss_fn, checkpointable_layers
+        self.seed_layers, self.seed_fn, self.base_seed = seed_layers, seed_fn, base_seed
+        self._attach_grid(_grid(grid, num_stages, topology), verbose)
+        self.activation_checkpoint_interval = activation_checkpoint_interval
+        self.activation_checkpoint_func = activation_checkpoint_func
+        self.is_checkpointable_results, self.is_checkpointable_results_interval = [], None
+        self._build_stage(layers, partition_method)
+        self.dynamic_shape = dynamic_shape
         if verbose and self.global_rank == 0:
             print(self._listing(), flush=True)
         self._input_grad = input_grad
         self._input_type = input_type
         self._input_pipe_partitioned = input_pipe_partitioned
         self._chunk_calls = [0] * self.virtual_stages  # forward calls per chunk (DeepSpeed's micro_offset)
+
+    def _attach_grid(self, grid: ProcessGrid, verbose: bool) -> None:
+        """The process groups are the grid's (handed, or tds's own); DeepSpeed's world group is torch's."""
+        self._grid, self._topo, self.num_stages = grid, grid.topology(), grid.pipe_parallel_size
+        self.world_group = dist.group.WORLD
+        self.global_rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.local_rank, self.stage_id = tds_device.local_rank(), grid.get_stage_id()
+        if verbose and self.global_rank == 0:
+            print(f"SEED_LAYERS={self.seed_layers} BASE_SEED={self.base_seed} "
+                  f"SEED_FN={getattr(self.seed_fn, '__name__', None)}\nUsing topology: {self._topo}", flush=True)
+
+    def _build_stage(self, layers, partition_method) -> None:
+        """As DeepSpeed's constructor: partition the layers, build this stage's, move them to the device, then
+        index the tied weights over the grid's groups and broadcast them."""
+        self._layer_specs = list(layers)
+        self._num_layers, self._local_start, self._local_stop = len(self._layer_specs), 0, None
+        self._partition_layers(method=partition_method)
+        self.forward_funcs, self.fwd_map, self.tied_modules, self.tied_weight_attrs = [], {}, nn.ModuleDict(), {}
+        self._build()
+        self.to(get_accelerator().device_name(self.local_rank))
+        self.tied_comms = self._index_tied_modules()
+        self._synchronize_tied_weights()
 
     # --- boundary layout -------------------------------------------------------------------------------
     def declarations(self) -> Optional[list[TensorDecl]]:
@@ -197,6 +228,28 @@ class PipelineModule(_DSPipelineModule):
         part = next(j for j in range(len(self.parts) - 1) if self.parts[j] <= layer_idx < self.parts[j + 1])
         return part % self.num_stages
 
+    def _index_tied_modules(self) -> dict:
+        """DeepSpeed's tied-weight groups: per tied key and (data, tensor) coordinate, the ranks of the stages
+        that hold the key, from the grid's `subgroup` (the handed state's groups, or tds's own)."""
+        tied_comms = {}
+        if self.num_stages == 1:
+            return tied_comms
+        tp = self._grid.get_slice_parallel_world_size()
+        tied = [(i, s.key) for i, s in enumerate(self._layer_specs) if isinstance(s, TiedLayerSpec)]
+        for key in sorted({k for _, k in tied}):  # the same order on every rank
+            stages = sorted({self.stage_owner(i) for i, k in tied if k == key})
+            for dp in range(self._grid.data_parallel_size):
+                for tp_rank in range(tp):
+                    coord = dict(data=dp, model=tp_rank) if tp > 1 else dict(data=dp)
+                    ranks = [self._grid.stage_to_global(stage_id=s, **coord) for s in stages]
+                    group = self._grid.subgroup(ranks)
+                    if self.global_rank in ranks:
+                        tied_comms[key] = dict(ranks=ranks, group=group, weight_attr=self.tied_weight_attrs[key],
+                                               module=self.tied_modules[key])
+                        for p in self.tied_modules[key].parameters():  # counted once by the fp16 optimizer
+                            p.ds_pipe_replicated = self.global_rank != ranks[0]
+        return tied_comms
+
     def ckpt_layer_path(self, ckpt_dir, local_layer_idx):
         """`layer_XX[-model_YY]-model_states.pt` of forward_funcs[local_layer_idx], XX its global index."""
         path = os.path.join(ckpt_dir, f"layer_{self.layer_index[local_layer_idx]:02d}")
@@ -292,42 +345,25 @@ class PipelineModule(_DSPipelineModule):
         return self.activation_checkpoint_func(run_with_dummy, dummy, *args)
 
 
+def _grid(grid: Optional[ProcessGrid], num_stages: Optional[int], topology) -> ProcessGrid:
+    """The handed grid, else tds's own over `topology` (or a pipe x data topology of `num_stages` stages)."""
+    if grid is not None:
+        if num_stages is not None or topology is not None:
+            raise ValueError(f"give a PipelineModule either grid= or num_stages=/topology=, not both (got "
+                             f"num_stages={num_stages}, topology={topology})")
+        return grid
+    if topology is None:
+        if num_stages is None:
+            raise ValueError("a PipelineModule needs num_stages=, topology= or grid=")
+        world = dist.get_world_size()
+        if world % num_stages != 0:
+            raise ValueError(f"num_stages ({num_stages}) must divide the world size ({world})")
+        topology = PipeDataParallelTopology(num_pp=num_stages, num_dp=world // num_stages)
+    return build_grid(topology)
+
+
 def _has_parameters(f) -> bool:
     """An nn.Module with parameters, or a TiedLayerSpec's forward_fn bound to one (a functools.partial)."""
     if isinstance(f, functools.partial):
         return any(_has_parameters(a) for a in f.args)
     return isinstance(f, torch.nn.Module) and any(True for _ in f.parameters())
-
-
-@contextlib.contextmanager
-def _without_lines(prefixes: tuple, enabled: bool):
-    """Drop whole stdout lines that start with one of `prefixes`; everything else passes through."""
-    if not enabled:
-        yield
-        return
-    out = _LineFilter(sys.stdout, prefixes)
-    with contextlib.redirect_stdout(out):
-        try:
-            yield
-        finally:
-            out.flush_pending()
-
-
-class _LineFilter(io.TextIOBase):
-    def __init__(self, target, prefixes: tuple):
-        super().__init__()
-        self.target, self.prefixes, self.pending = target, prefixes, ""
-
-    def write(self, s: str) -> int:
-        self.pending += s
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            if not line.startswith(self.prefixes):
-                self.target.write(line + "\n")
-        return len(s)
-
-    def flush_pending(self) -> None:
-        if self.pending and not self.pending.startswith(self.prefixes):
-            self.target.write(self.pending)
-        self.pending = ""
-        self.target.flush()

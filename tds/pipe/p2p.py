@@ -4,8 +4,10 @@ Sends are `isend`s that are only waited on at the end of a batch (or when they a
 send never blocks the sender; receives wait at most `timeout_s` seconds. With those two rules a schedule is
 deadlock-free exactly when `schedule.simulate` runs it to the end (tested there). A peer that dies or hangs
 makes the waiting rank raise `PipelineCommError` naming the stage, the instruction (with its micro-batch)
-and the peer rank instead of hanging. The transport uses its own process group so its timeout does not
-change the collectives'.
+and the peer rank instead of hanging. The transport runs on the pipeline group (the stages of one
+pipeline, as Megatron's point-to-point): its peers are the neighbouring stages, and every wait has its own
+timeout. It shares that group with the engine's end-of-batch collectives (loss broadcast, timeline), which
+start only after `wait_sends`, so no collective on it overlaps a transfer.
 """
 from __future__ import annotations
 
@@ -37,19 +39,13 @@ class P2PStats:
 
 @dataclass
 class P2P:
-    """Sends and receives of one rank; `stage_id` and the instruction text only feed error messages."""
+    """Sends and receives of one rank over `group` (the pipeline group; peers are global ranks);
+    `stage_id` and the instruction text only feed error messages."""
     stage_id: int
     timeout_s: float
-    group: object = None
+    group: object
     pending: list = field(default_factory=list)
     stats: P2PStats = field(default_factory=P2PStats)
-
-    @classmethod
-    def create(cls, stage_id: int, timeout_s: float) -> "P2P":
-        """Collective: every rank of the world must call it (it creates the transport's process group)."""
-        group = dist.new_group(ranks=list(range(dist.get_world_size())),
-                               timeout=datetime.timedelta(seconds=timeout_s))
-        return cls(stage_id=stage_id, timeout_s=timeout_s, group=group)
 
     def _count(self, t: torch.Tensor, header: bool) -> None:
         n = t.numel() * t.element_size()

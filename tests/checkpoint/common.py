@@ -125,9 +125,9 @@ def first_iteration_batches(model: str, args: List[str]) -> list:
     else:
         from pretrain_t5 import DEFAULTS, SPEC
     cfg, tokenizer = settle_config(parse_args(args, defaults=DEFAULTS, world_size=1), SPEC)
-    initialize_megatron(cfg)
+    state = initialize_megatron(cfg)
     datasets = SPEC.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, cfg.logging.eval_iters))
-    batches = BatchIterator(data_loader(datasets[0], 0, cfg), partial(SPEC.get_batch, args=cfg.data,
+    batches = BatchIterator(data_loader(datasets[0], 0, cfg, state), partial(SPEC.get_batch, args=cfg.data,
                                                                       tokenizer=tokenizer))
     return [next(batches) for _ in range(cfg.batch.gas)]
 

@@ -16,7 +16,7 @@ def _zero_state(argv, world_size):
     from megatron import mpu
     from tests.training.toy_model import TOY_SPEC
     args = parse_args(argv, defaults=GPT_DEFAULTS, world_size=world_size)
-    engine, _, cfg = initialize_and_build(args, TOY_SPEC)
+    engine, _, cfg, _ = initialize_and_build(args, TOY_SPEC)
     V, b, s = cfg.tokenizer.padded_vocab_size, cfg.batch.micro_batch_size, cfg.data.seq_length
     gen = torch.Generator().manual_seed(0)
     batches = iter([((torch.randint(V, (b, s), generator=gen),),

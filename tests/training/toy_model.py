@@ -62,13 +62,14 @@ def _specs(args):
             + [tds.pipe.LayerSpec(ToyHead, h, V, seed + 1 + args.num_layers)])
 
 
-def toy_pipe(config, topology, **_):
-    return tds.pipe.PipelineModule(_specs(config), topology=topology, loss_fn=toy_loss,
+def toy_pipe(config, parallel_state=None, **_):
+    state = parallel_state if parallel_state is not None else mpu.get_parallel_state()
+    return tds.pipe.PipelineModule(_specs(config), grid=state.grid(), loss_fn=toy_loss,
                                    partition_method="uniform", input_grad=[True], input_type=["float"])
 
 
-def toy_get_batch(raw, args, tokenizer):
-    data = mpu.broadcast_data(["text"], raw, torch.int64)["text"]  # (b, s + 1)
+def toy_get_batch(raw, args, tokenizer, tp_group=None):
+    data = mpu.broadcast_data(["text"], raw, torch.int64, tp_group)["text"]  # (b, s + 1)
     tokens, labels = data[:, :-1].contiguous(), data[:, 1:].contiguous()
     _, loss_mask, _ = get_ltor_masks_and_position_ids(tokens, tokenizer.eod, False, False, args.eod_mask_loss)
     return (tokens,), (labels, loss_mask)
