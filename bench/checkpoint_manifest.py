@@ -22,6 +22,7 @@ import sys
 import tempfile
 import time
 
+# the repository root, for the test suite's synthetic checkpoints and gloo launcher (tests/ and tools/ are not in the installed package)
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
 import torch  # noqa: E402

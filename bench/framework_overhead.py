@@ -27,6 +27,7 @@ from typing import Callable, Tuple
 
 import torch
 
+# the repository root, for the test suite's corpus builder (tests/ and tools/ are not in the installed package)
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
 from megatron import mpu  # noqa: E402
@@ -39,9 +40,11 @@ from megatron.model.language_model import LMLoss  # noqa: E402
 from megatron.training.optimizer import param_groups  # noqa: E402
 from megatron.training.loop import TrainState, train  # noqa: E402
 from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts  # noqa: E402
-from megatron.model.specs import gpt2_batch  # noqa: E402
-from pretrain_gpt2 import DEFAULTS, SPEC  # noqa: E402
+from megatron.config.arguments import ENTRY_DEFAULTS  # noqa: E402
+from megatron.model.specs import gpt2_batch, spec_for  # noqa: E402
 from tests.training.conftest import build_data  # noqa: E402
+
+DEFAULTS, SPEC = ENTRY_DEFAULTS["gpt"], spec_for("gpt")
 
 
 def bench_args(opts, data: dict) -> argparse.Namespace:

@@ -22,6 +22,7 @@ import sysconfig
 import tempfile
 from typing import List
 
+# the repository root, for the tools' modules (tests/ and tools/ are not in the installed package)
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
 from tools import preprocess_data, train_tokenizer  # noqa: E402

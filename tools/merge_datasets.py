@@ -15,12 +15,11 @@ import os
 import sys
 from typing import List, Optional
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
-from megatron.config.arguments import ArgumentParser  # noqa: E402
-from megatron.data.indexed_dataset import (MMapIndexedDataset, MMapIndexedDatasetBuilder,  # noqa: E402
+from megatron.config.arguments import ArgumentParser
+from megatron.data.indexed_dataset import (MMapIndexedDataset, MMapIndexedDatasetBuilder,
                                            data_file_path, index_file_path)
-from megatron.errors import UserError, exit_on_user_error  # noqa: E402
+from megatron.errors import UserError, exit_on_user_error
 
 
 class MergeError(UserError):

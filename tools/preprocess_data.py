@@ -19,7 +19,6 @@ Example::
         --append-eod --workers 2
 """
 import argparse
-import json
 import multiprocessing
 import multiprocessing.pool
 import os
@@ -30,22 +29,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from megatron.config.arguments import ArgumentParser
+from megatron.data import indexed_dataset
+from megatron.data.corpus import (TEXT_FORMATS, BadRecord, InputError, iter_records, parse_record,
+                                  resolve_format)
+from megatron.errors import exit_on_user_error
+from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer
 
-from megatron.config.arguments import ArgumentParser  # noqa: E402
-from megatron.data import indexed_dataset  # noqa: E402
-from megatron.errors import UserError, exit_on_user_error  # noqa: E402
-from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer  # noqa: E402
-
-TEXT_FORMATS = ("auto", "jsonl", "lines", "paragraphs")
 CHUNKSIZE = 25  # documents per task sent to a worker (Megatron's imap chunksize)
 MAX_REPORTED_BAD_LINES = 5
-
-
-class InputError(UserError):
-    """Bad input or arguments: `error: <message>` on one line and exit status 2 (megatron.errors)."""
 
 
 class Terminated(BaseException):
@@ -86,71 +80,6 @@ def _pool_worker_init(encoder: "Encoder") -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     encoder.initializer()
-
-
-class BadRecord(Exception):
-    """One input line that cannot be turned into a document."""
-
-
-def resolve_format(path: str, text_format: str) -> str:
-    if text_format != "auto":
-        return text_format
-    return "jsonl" if path.endswith((".jsonl", ".json")) else "lines"
-
-
-def iter_records(path: str, text_format: str) -> Iterator[Tuple[int, bytes]]:
-    """(first line number, raw bytes) of each document, read lazily."""
-    with open(path, "rb") as f:
-        if text_format != "paragraphs":
-            yield from enumerate(f, start=1)
-            return
-        lines, start = [], 0
-        for line_no, line in enumerate(f, start=1):
-            if line.strip():
-                start = start or line_no
-                lines.append(line)
-            elif lines:
-                yield start, b"".join(lines)
-                lines, start = [], 0
-        if lines:
-            yield start, b"".join(lines)
-
-
-def parse_record(raw: bytes, line_no: int, path: str, text_format: str, keys: List[str]) -> Dict[str, str]:
-    """Texts of one document by key; raises BadRecord naming the file and line."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise BadRecord(f"{path}:{line_no}: invalid UTF-8 at byte {e.start}") from None
-    if text_format != "jsonl":
-        return {keys[0]: text.rstrip("\r\n")}
-    if not text.strip():  # a blank line (e.g. at the end of the file) is an empty document
-        return {key: "" for key in keys}
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadRecord(f"{path}:{line_no}: malformed JSON at column {e.colno}: {e.msg}") from None
-    if not isinstance(obj, dict):
-        raise BadRecord(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
-    texts = {}
-    for key in keys:
-        if key not in obj:
-            raise BadRecord(f"{path}:{line_no}: no key {key!r} (keys: {', '.join(sorted(obj))}); see --json-keys")
-        if not isinstance(obj[key], str):
-            raise BadRecord(f"{path}:{line_no}: key {key!r} holds {type(obj[key]).__name__}, expected a string")
-        texts[key] = obj[key]
-    if "\\ud" in text or "\\uD" in text:  # a JSON escape may decode to a lone surrogate, which has no UTF-8
-        _check_surrogates(texts, line_no, path)
-    return texts
-
-
-def _check_surrogates(texts: Dict[str, str], line_no: int, path: str) -> None:
-    for key, value in texts.items():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise BadRecord(f"{path}:{line_no}: key {key!r} holds an unpaired surrogate "
-                            f"\\u{ord(value[e.start]):04x}") from None
 
 
 @dataclass

@@ -16,12 +16,11 @@ import os
 import sys
 from typing import Iterator, List, Optional, Tuple
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
 
-from megatron.config.arguments import ArgumentParser  # noqa: E402
-from megatron.errors import exit_on_user_error  # noqa: E402
-from tools.preprocess_data import (TEXT_FORMATS, BadRecord, InputError, iter_records, parse_record,  # noqa: E402
-                                   resolve_format)
+from megatron.config.arguments import ArgumentParser
+from megatron.errors import exit_on_user_error
+from megatron.data.corpus import (TEXT_FORMATS, BadRecord, InputError, iter_records, parse_record,
+                                  resolve_format)
 
 EOD_TOKEN = "<|endoftext|>"
 SPM_MODEL_NAME = "spm"

@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 
 import pytest
 
@@ -74,8 +75,10 @@ def _saved(folder):
 
 
 def test_checkpoint_holds_model_and_layout_records(gpt_data, tmp_path):
-    save = str(tmp_path / "ckpt")
-    argv = small_argv(gpt_data, tp=2, pp=2, train_iters=2, extra=["--save", save])
+    save, data = str(tmp_path / "ckpt"), dict(gpt_data, data_prefix=str(tmp_path / "docs"))
+    for ext in (".bin", ".idx"):  # a copy of its own: index maps cached beside it are this test's
+        shutil.copy(gpt_data["data_prefix"] + ext, data["data_prefix"] + ext)
+    argv = small_argv(data, tp=2, pp=2, train_iters=2, extra=["--save", save])
     run_distributed(train_state, 8, argv, 8, GPT_SPEC, GPT_DEFAULTS, timeout=600)
     saved = _saved(os.path.join(save, "iter_0000002"))
     assert saved["layout"] == dict(tp=2, pp=2, dp=2, zero_stage=1, virtual_pipe_stages=1, partition_method=None)

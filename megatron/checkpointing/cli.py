@@ -1,0 +1,135 @@
+"""Checkpoint conversion: inspect, reshape to any (tp, pp, dp), Hugging Face export / import, consolidated fp32.
+
+    python tools/convert_checkpoint.py inspect CKPT_DIR [--verify]
+    python tools/convert_checkpoint.py reshape --load CKPT_DIR --save OUT_DIR --tensor-model-parallel-size T \\
+        --pipe-parallel-size P [--data-parallel-size D] [--no-optimizer]
+    python tools/convert_checkpoint.py export-hf --load CKPT_DIR --output HF_DIR [--verify]
+    python tools/convert_checkpoint.py import-hf --input HF_DIR --save CKPT_DIR --tensor-model-parallel-size T \\
+        --pipe-parallel-size P
+    python tools/convert_checkpoint.py to-fp32 --load CKPT_DIR --output FILE(.pt|.safetensors)
+
+CKPT_DIR is a directory written with --save (its `latest` tag is used unless --tag is given) or a tag folder.
+Outputs are written under a temporary name and renamed when complete; inputs are only read. The library is
+megatron/checkpointing (the same code loads checkpoints in training). The same command line is
+`megatron-convert-checkpoint` and `python -m megatron.checkpointing.cli` where the package is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import List, Optional
+
+from megatron.errors import exit_on_user_error
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("inspect", help="model, layout, precision, shapes and files (metadata only)")
+    s.add_argument("load", metavar="CKPT_DIR")
+    s.add_argument("--tag", default=None)
+    s.add_argument("--verify", action="store_true", help="also read every file and compare its CRC-32 with "
+                                                         "manifest.json")
+    s = sub.add_parser("reshape", help="the checkpoint at another (tp, pp, dp), optimizer state included")
+    s.add_argument("--load", required=True, metavar="CKPT_DIR")
+    s.add_argument("--save", required=True, metavar="OUT_DIR", help="new directory (must not exist)")
+    _layout(s)
+    s.add_argument("--data-parallel-size", type=int, default=None, help="default: the saved one")
+    s.add_argument("--no-optimizer", action="store_true", help="weights and engine state only (smaller)")
+    s.add_argument("--tag", default=None)
+    s = sub.add_parser("export-hf", help="to a transformers GPT2LMHeadModel / T5ForConditionalGeneration folder")
+    s.add_argument("--load", required=True, metavar="CKPT_DIR")
+    s.add_argument("--output", required=True, metavar="HF_DIR", help="new directory (must not exist)")
+    s.add_argument("--tag", default=None)
+    for name in ("vocab-file", "merge-file", "tokenizer-model"):
+        s.add_argument(f"--{name}", default=None, help="override the checkpoint's tokenizer file")
+    s.add_argument("--verify", action="store_true", help="load the output with transformers, compare logits")
+    s = sub.add_parser("import-hf", help="a transformers GPT-2 / T5 folder -> a checkpoint to --load")
+    s.add_argument("--input", required=True, metavar="HF_DIR")
+    s.add_argument("--save", required=True, metavar="CKPT_DIR", help="new directory (must not exist)")
+    _layout(s)
+    s = sub.add_parser("to-fp32", help="one consolidated fp32 state dict of the plain model (tp = 1)")
+    s.add_argument("--load", required=True, metavar="CKPT_DIR")
+    s.add_argument("--output", required=True, metavar="FILE")
+    s.add_argument("--tag", default=None)
+    return p
+
+
+def _layout(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--tensor-model-parallel-size", "--target-tensor-parallel-size", type=int, required=True)
+    s.add_argument("--pipe-parallel-size", "--target-pipeline-parallel-size", type=int, required=True)
+
+
+def run(argv: Optional[List[str]] = None) -> None:
+    """Parse `argv` and run one subcommand (what `main` does, without the exit-status handling)."""
+    args = _parser().parse_args(argv)
+    from megatron.checkpointing.files import show_progress
+    show_progress(True)
+    COMMANDS[args.command](args)
+
+
+def _inspect(args) -> None:
+    from megatron.checkpointing.summary import inspect_lines
+    print("\n".join(inspect_lines(args.load, args.tag, args.verify)))
+
+
+def _reshape(args) -> None:
+    from megatron.checkpointing.reshape import reshape
+    r = reshape(args.load, args.save, args.tensor_model_parallel_size, args.pipe_parallel_size,
+                args.data_parallel_size, args.no_optimizer, args.tag)
+    print(f"reshaped {r.tag} from (tp, pp, dp) = {r.source} to {r.target} into {args.save} "
+          f"({r.source_bytes / 1e6:.1f} MB checkpoint, {r.seconds:.1f} s)")
+    if r.note:
+        print(r.note)
+
+
+def _export(args) -> None:
+    from megatron.checkpointing.hf import export_hf
+    overrides = dict(vocab_file=args.vocab_file, merge_file=args.merge_file, tokenizer_model=args.tokenizer_model)
+    report = export_hf(args.load, args.output, args.tag, overrides)
+    print(f"exported {report.model_type} ({report.parameters:,} parameters) to {args.output}: "
+          f"{', '.join(report.files)}")
+    if report.note:
+        print(report.note)
+    if args.verify:
+        from megatron.checkpointing.hf_verify import verify_export
+        difference = verify_export(args.load, args.output, args.tag)
+        print(f"verified with transformers: logits max relative difference {difference:.2e}")
+
+
+def _import(args) -> None:
+    from megatron.checkpointing.hf import IMPORT_TAG, import_hf
+    saved = import_hf(args.input, args.save, args.tensor_model_parallel_size, args.pipe_parallel_size)
+    print(f"imported {saved['model_type']} into {args.save}/{IMPORT_TAG} at (tp, pp) = "
+          f"({args.tensor_model_parallel_size}, {args.pipe_parallel_size}), weights only: --load {args.save} "
+          f"starts at iteration 0 with a fresh optimizer")
+    if saved.get("tokenizer_type"):
+        files = ([saved["tokenizer_model"]] if saved["tokenizer_model"] else [saved["vocab_file"], saved["merge_file"]])
+        print(f"tokenizer: --tokenizer-type {saved['tokenizer_type']} with {', '.join(files)}"
+              + (f" --vocab-extra-ids {saved['vocab_extra_ids']}" if saved.get("vocab_extra_ids") else ""))
+    else:
+        print(f"tokenizer: none in {args.input} (no spiece.model, nor vocab.json with merges.txt), so export-hf "
+              f"will write none; to train with one, add its files to {args.input} and import again")
+    vocab, rows, extra = saved["vocab_size"], saved["hf_vocab_size"], saved.get("vocab_extra_ids") or 0
+    sentinels = f" ({vocab - extra} base ids + {extra} sentinels <extra_id_*>)" if extra else ""
+    padding = f"; the HF table's other {rows - vocab} rows are kept as padding" if rows > vocab else ""
+    print(f"vocabulary: {vocab} ids{sentinels}{padding}, padded to {saved['padded_vocab_size']}")
+
+
+def _to_fp32(args) -> None:
+    from megatron.checkpointing.fp32 import to_fp32
+    state = to_fp32(args.load, args.output, args.tag)
+    print(f"wrote {len(state)} fp32 tensors ({sum(t.numel() for t in state.values()):,} parameters) to {args.output}")
+
+
+COMMANDS = {"inspect": _inspect, "reshape": _reshape, "export-hf": _export, "import-hf": _import,
+            "to-fp32": _to_fp32}
+
+
+def main() -> None:
+    exit_on_user_error(run)
+
+
+if __name__ == "__main__":
+    main()
