@@ -3,6 +3,7 @@ outside it, through `python -m megatron.checkpointing.cli` and the `megatron-con
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -11,9 +12,15 @@ from tests.checkpoint.synthetic import resolved_args, write_synthetic
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _wheel(out: str) -> str:
+def _wheel(source: str, out: str) -> str:
+    """Build from a copy of the project's files (a build writes build/ and *.egg-info beside its sources)."""
+    for name in ("megatron", "tds"):
+        shutil.copytree(os.path.join(ROOT, name), os.path.join(source, name),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "requirements.txt", "README.md"):
+        shutil.copy(os.path.join(ROOT, name), source)
     isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", out, ROOT],
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, "-w", out, source],
                    check=True, capture_output=True)
     (name,) = [f for f in os.listdir(out) if f.endswith(".whl")]
     return os.path.join(out, name)
@@ -23,7 +30,7 @@ def test_a_wheel_converts_a_checkpoint_outside_the_repository(tmp_path):
     target, elsewhere = str(tmp_path / "site"), tmp_path / "elsewhere"
     elsewhere.mkdir()
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target,
-                    _wheel(str(tmp_path / "dist"))], check=True, capture_output=True)
+                    _wheel(str(tmp_path / "source"), str(tmp_path / "dist"))], check=True, capture_output=True)
     ckpt = write_synthetic(str(tmp_path / "ckpt"), resolved_args("gpt2", (2, 2, 1), vocab_size=60))
     env = dict(os.environ, PYTHONPATH=target)
     where = subprocess.run([sys.executable, "-c", "import megatron, tds; print(megatron.__file__, tds.__file__)"],
