@@ -26,17 +26,27 @@ SHARD = "zero_pp_rank_1_mp_rank_01_optim_states.pt"
 OLDER = "the newest complete checkpoint in {ckpt} is iteration 2: load it with --ckpt-step 2"
 
 
-def _script_env(tmp_path, gpt_data, ckpt: str, iters: int) -> dict:
-    return _env(tmp_path, **LAYOUT, TRAIN_ITERS=str(iters), SAVE=ckpt, DATA_PATH=gpt_data["data_prefix"],
-                VOCAB_FILE=gpt_data["vocab"], MERGE_FILE=gpt_data["merges"])
+def _script_env(tmp_path, data, ckpt: str, iters: int) -> dict:
+    return _env(tmp_path, **LAYOUT, TRAIN_ITERS=str(iters), SAVE=ckpt, DATA_PATH=data["data_prefix"],
+                VOCAB_FILE=data["vocab"], MERGE_FILE=data["merges"])
 
 
 @pytest.fixture(scope="module")
-def saved(tmp_path_factory, gpt_data) -> str:
+def data(tmp_path_factory, gpt_data) -> dict:
+    """The session's corpus in a folder of its own: the index maps cached beside it are named without the
+    split, so another module's runs with another split must not share them."""
+    root = tmp_path_factory.mktemp("damaged_data")
+    for ext in (".bin", ".idx"):
+        shutil.copy(gpt_data["data_prefix"] + ext, str(root / "docs") + ext)
+    return dict(gpt_data, data_prefix=str(root / "docs"))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, data) -> str:
     """A checkpoint directory with iterations 2 and 4 (latest), saved through the example script."""
     root = tmp_path_factory.mktemp("damaged")
     ckpt = str(root / "checkpoints")
-    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(root, gpt_data, ckpt, 4), timeout=300)
+    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(root, data, ckpt, 4), timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     assert read_latest(ckpt) == "iter_0000004"
     return ckpt
@@ -53,45 +63,45 @@ def _truncate(path: str) -> None:
         f.truncate(os.path.getsize(path) // 2)
 
 
-def _resume_from_2(tmp_path, gpt_data, ckpt: str) -> None:
+def _resume_from_2(tmp_path, data, ckpt: str) -> None:
     """--ckpt-step 2 through the script loads iteration 2 and trains on to 6."""
-    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, gpt_data, ckpt, 6), ["--ckpt-step", "2"],
+    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, ckpt, 6), ["--ckpt-step", "2"],
                        timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert f"loaded checkpoint {ckpt}/iter_0000002: iteration 2" in out and read_latest(ckpt) == "iter_0000006"
 
 
-def test_truncated_layer_file_through_the_script(saved, gpt_data, tmp_path):
+def test_truncated_layer_file_through_the_script(saved, data, tmp_path):
     ckpt = _copy(saved, tmp_path)
     _truncate(os.path.join(ckpt, "iter_0000004", LAYER))
-    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, gpt_data, ckpt, 6), timeout=300)
+    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, ckpt, 6), timeout=300)
     _assert_one_line(proc, f"{ckpt}/iter_0000004/{LAYER} (weights of pipeline layer 2, tp rank 1) is truncated: ")
     assert OLDER.format(ckpt=ckpt) in proc.stderr
-    _resume_from_2(tmp_path, gpt_data, ckpt)
+    _resume_from_2(tmp_path, data, ckpt)
 
 
-def test_file_overwritten_in_place_through_the_script(saved, gpt_data, tmp_path):
+def test_file_overwritten_in_place_through_the_script(saved, data, tmp_path):
     """Same size, unreadable content: DeepSpeed's read fails, and the failure names the file."""
     ckpt = _copy(saved, tmp_path)
     path = os.path.join(ckpt, "iter_0000004", "mp_rank_01_model_states.pt")
     with open(path, "r+b") as f:
         f.write(bytes(os.path.getsize(path)))
-    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, gpt_data, ckpt, 6), timeout=300)
+    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, ckpt, 6), timeout=300)
     _assert_one_line(proc, "mp_rank_01_model_states.pt (engine state of pipeline stage 0, tp rank 1: LR scheduler, "
                            "steps, client state, RNG) is unreadable")
     assert OLDER.format(ckpt=ckpt) in proc.stderr
 
 
-def test_missing_shard_under_bare_torchrun(saved, gpt_data, tmp_path):
+def test_missing_shard_under_bare_torchrun(saved, data, tmp_path):
     """The line appears once and the workers exit 2; torchrun itself always exits 1 when a worker fails
     (its ChildFailedError), and prints its own report of the failed workers after the line."""
     ckpt = _copy(saved, tmp_path)
     os.remove(os.path.join(ckpt, "iter_0000004", SHARD))
     args = ["--tensor-model-parallel-size", "2", "--num-layers", "2", "--hidden-size", "32", "--num-attention-heads",
             "4", "--seq-length", "32", "--micro-batch-size", "2", "--gas", "1", "--train-iters", "6",
-            "--data-path", gpt_data["data_prefix"], "--vocab-file", gpt_data["vocab"], "--merge-file",
-            gpt_data["merges"], "--num-workers", "0", "--eval-iters", "0", "--save", ckpt, "--load", ckpt]
+            "--data-path", data["data_prefix"], "--vocab-file", data["vocab"], "--merge-file",
+            data["merges"], "--num-workers", "0", "--eval-iters", "0", "--save", ckpt, "--load", ckpt]
     env = _env(tmp_path, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port",
            str(free_port()), "pretrain_gpt2.py", *args]
@@ -105,14 +115,14 @@ def test_missing_shard_under_bare_torchrun(saved, gpt_data, tmp_path):
     assert "[rank" not in out, out[-3000:]  # no worker printed a traceback
 
 
-def test_ckpt_step_that_was_not_saved(saved, gpt_data, tmp_path):
-    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, gpt_data, saved, 6), ["--ckpt-step", "3"])
+def test_ckpt_step_that_was_not_saved(saved, data, tmp_path):
+    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, saved, 6), ["--ckpt-step", "3"])
     _assert_one_line(proc, f"--ckpt-step 3: {saved}/iter_0000003 does not exist; the iterations saved in --load "
                            f"{saved} are: 2, 4")
     assert "launching:" not in proc.stdout
 
 
-def test_checkpoint_saved_before_manifests(saved, gpt_data, tmp_path):
+def test_checkpoint_saved_before_manifests(saved, data, tmp_path):
     """Without manifest.json (what the save wrote before this change; nothing else differs) a truncated file
     is found by its missing zip end record, and the older iteration still loads."""
     ckpt = _copy(saved, tmp_path)
@@ -120,10 +130,10 @@ def test_checkpoint_saved_before_manifests(saved, gpt_data, tmp_path):
         if os.path.exists(os.path.join(ckpt, tag, "manifest.json")):
             os.remove(os.path.join(ckpt, tag, "manifest.json"))
     _truncate(os.path.join(ckpt, "iter_0000004", LAYER))
-    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, gpt_data, ckpt, 6), timeout=300)
+    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, ckpt, 6), timeout=300)
     _assert_one_line(proc, f"{LAYER} (weights of pipeline layer 2, tp rank 1) is truncated: ")
     assert "without the zip end record" in proc.stderr and OLDER.format(ckpt=ckpt) in proc.stderr
-    _resume_from_2(tmp_path, gpt_data, ckpt)
+    _resume_from_2(tmp_path, data, ckpt)
 
 
 def _tool(*argv: str) -> subprocess.CompletedProcess:
