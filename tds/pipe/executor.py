@@ -116,7 +116,9 @@ class Executor:
         if self._first_unit(ins):
             # copied, as DeepSpeed does: a layer that changes its input in place (nn.ReLU(inplace=True),
             # partitioned activation checkpointing) must not change the user's batch
-            state.inputs[(ins.micro_batch, ins.chunk)] = _to_device(batch[0], dev, detach=True, copy=True)
+            # reentrant checkpointing (DeepSpeed's decision): float inputs require grad
+            grad = self._reentrant_activation_checkpointing()
+            state.inputs[(ins.micro_batch, ins.chunk)] = _to_device(batch[0], dev, detach=True, copy=True, grad=grad)
         if self._last_unit(ins):
             state.labels[ins.micro_batch] = _to_device(batch[1], dev, detach=True)
 
@@ -219,12 +221,16 @@ class Executor:
         self._force_grad_boundary = False
 
 
-def _to_device(value, dev: torch.device, detach: bool, copy: bool = False):
+def _to_device(value, dev: torch.device, detach: bool, copy: bool = False, grad: bool = False):
+    """`value` (a tensor or a tuple of them) on `dev`; with `grad`, each float tensor is the copy of a leaf
+    that requires grad (a copy, not the leaf itself, so that an in-place first layer still works)."""
     if torch.is_tensor(value):
+        if grad and value.is_floating_point():
+            return value.detach().to(dev).requires_grad_().clone()
         value = value.to(dev, copy=copy)
         return value.detach() if detach else value
     if isinstance(value, (tuple, list)):
-        return tuple(_to_device(v, dev, detach, copy) for v in value)
+        return tuple(_to_device(v, dev, detach, copy, grad) for v in value)
     return value
 
 
