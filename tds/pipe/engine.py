@@ -102,6 +102,7 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         self.weight_grads = WeightGradStore() if self.schedule_kind == "zb-h1" else None
         attach(self.module, self.weight_grads)  # layers with a weight_grad_store attribute (weight_grad.py)
         self._loss_backward = False  # inside the loss unit's DeepSpeedEngine.backward
+        self._told_unsplit = False   # ZB-H1: parameters whose weight gradients B computes, reported once
         self.last_batch_stats: dict = {}
 
     def _copy_recovery_script(self, save_path: str) -> None:
