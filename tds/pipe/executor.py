@@ -46,6 +46,8 @@ class BatchState:
     compute_loss: bool = True
     keep_logits: bool = False
     last_recv: Unit = (-1, -1)  # the batch's last activation receive: no receive is posted ahead after it
+    grad_order: list = field(default_factory=list)   # the units of the batch's gradient receives, in order
+    grads_posted: dict = field(default_factory=dict)  # unit -> gradient receive posted ahead
     inputs: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)       # micro-batch -> labels (last unit)
     outputs: dict = field(default_factory=dict)
@@ -71,6 +73,7 @@ class Executor:
                     Op.STEP: self._exec_step}
         recvs = [(ins.micro_batch, ins.chunk) for ins in instructions if ins.op == Op.RECV_ACT]
         state.last_recv = recvs[-1] if recvs else (-1, -1)
+        state.grad_order = [(ins.micro_batch, ins.chunk) for ins in instructions if ins.op == Op.RECV_GRAD]
         recorder = self._timeline_begin(batch)
         clock = time.perf_counter
         try:  # exceptions: see PipelineEngine._mode
@@ -158,10 +161,25 @@ class Executor:
         unit = (ins.micro_batch, ins.chunk)
         out = state.outputs[unit] if state.training else state.outputs.pop(unit)
         self.boundary.send_activations(out, self.next_rank, str(ins))
+        self._post_grads_ahead(state)
 
     def _exec_recv_grad(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
-        state.grads[unit] = self.boundary.recv_grads(state.outputs[unit], self.next_rank, str(ins))
+        posted = state.grads_posted.pop(unit, None)
+        if posted is None and state.grad_order and state.grad_order[0] == unit:
+            state.grad_order.pop(0)  # received now, not ahead
+        state.grads[unit] = self.boundary.recv_grads(state.outputs[unit], self.next_rank, str(ins), posted)
+        self._post_grads_ahead(state)
+
+    def _post_grads_ahead(self, state: BatchState) -> None:
+        """Post the gradient receives of the units whose activations left, in the order the schedule receives
+        them, so that a gradient is taken in while the stage computes (as activations are, `recv_activations`)."""
+        if not self._receive_ahead:
+            return
+        order = state.grad_order
+        while order and order[0] in state.outputs:
+            unit = order.pop(0)
+            state.grads_posted[unit] = self.boundary.post_grads(state.outputs[unit], self.next_rank)
 
     def _exec_backward(self, ins: Instruction, state: BatchState) -> None:
         """DeepSpeed's backward protocol on every stage: the hooks DeepSpeedEngine.forward put on the stage's
