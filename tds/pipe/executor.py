@@ -238,18 +238,17 @@ class Executor:
             self._backward_epilogue()
 
     def _backward_input(self, roots: list, grads: list) -> graph_split.BackwardInput:
-        params = self._split_params()
+        """B through the graph split, except on a stage whose store linears defer (weight_grad.py): the rest of
+        its weights (norms, embeddings, biases) costs less in B than kept graphs and W calls would (README)."""
+        stored = {id(p) for m in self.module.modules() if getattr(m, "weight_grad_store", None) is not None
+                  for p in m.parameters(recurse=False)}
+        if stored:
+            return graph_split.backward_whole(roots, grads, [], "")
+        params = [p for p in self.module.parameters() if p.requires_grad]
         if self.module.activation_checkpoint_interval > 0 and any(self.module.is_checkpointable_results):
             return graph_split.backward_whole(roots, grads, params, "activation checkpointing (W would recompute "
                                               "each checkpointed segment again)")
         return graph_split.backward_input(roots, grads, params)
-
-    def _split_params(self) -> list:
-        """The stage's trainable parameters that B leaves to W through the autograd graph: all but those of
-        the layers whose weight gradients `weight_grad.py`'s store defers."""
-        stored = {id(p) for m in self.module.modules() if getattr(m, "weight_grad_store", None) is not None
-                  for p in m.parameters(recurse=False)}
-        return [p for p in self.module.parameters() if p.requires_grad and id(p) not in stored]
 
     def _report_unsplit(self, done) -> None:
         """Once per stage: the parameters whose weight gradients B computed (no W of their own)."""

@@ -23,7 +23,7 @@ With no leaf (the first stage without deferring linears) B is empty and W runs t
 checkpoint or another function that runs its own backward) gets its gradient wherever autograd gives it,
 i.e. in B: `BackwardInput.unsplit` names them. A graph with a reentrant checkpoint (torch's or DeepSpeed's
 CheckpointFunction, whose own backward refuses `inputs=`) runs its whole backward in B (`backward_whole`), and
-so does the engine for a stage that checkpoints activations at all: W would recompute each segment's forward
+so does the engine (executor.py) for a stage that checkpoints activations at all: W would recompute each segment's forward
 a second time (and a recomputation context made for one use, as Megatron's RNG replay, cannot run twice). Between B and W the micro-batch's graph is retained
 (B's saved tensors stay until W); a non-reentrant checkpointed segment is recomputed again in W.
 """
