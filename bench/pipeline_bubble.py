@@ -13,7 +13,8 @@ it). The engine records the timeline of batches 2 and 3 (`pipeline.timeline`; ba
     interleaved  (p-1) / (v m + p-1)                    v = 2 chunks per stage
     ZB-H1        (p-1) / (3m + p-1)                     idle (p-1)(F + B - W) = 1/3 of 1F1B's (p-1)(F + B + W)
 
-and the checks of issue 12: 1F1B and interleaved within 10% of their formula; ZB-H1's bubble at most 40% of
+and the checks of issue 12: 1F1B and interleaved within 10% of their formula (issue 20, short layers of
+20 ms: 1F1B within 5%); ZB-H1's bubble at most 40% of
 1F1B's at the same m, as a fraction of the batch (exactly 47% / 41% / 37% at m = 4 / 8 / 16 with F = B = W)
 and as idle time per stage (exactly 33%); ZB-H1's peak live activations (units whose forward ran and whose B
 did not, counted by the engine) not above 1F1B's on any stage. The fraction criterion cannot hold at m = 4
@@ -25,7 +26,7 @@ a deviation that grows with m and with v. With the default 200 ms per op it stay
 (measured: 1F1B 0.4-1.5%, interleaved 1.5-5.1%, ZB-H1 1.4-5.5%); with --ms 30 interleaved at m = 16 is 34%
 above its formula. One run takes about 3.5 minutes.
 
-    .venv/bin/python bench/pipeline_bubble.py [--ms 200] [--micro-batches 4 8 16] [--save-traces DIR]
+    .venv/bin/python bench/pipeline_bubble.py [--ms 200 20] [--micro-batches 4 8 16] [--save-traces DIR]
 
 `--save-traces DIR` keeps the Chrome traces (DIR/{schedule}_m{m}.json) for tools/plot_pipeline.py.
 """
@@ -109,13 +110,13 @@ def data():
         yield torch.randn(MBS, HIDDEN, generator=g), torch.randn(MBS, HIDDEN, generator=g)
 
 
-def measure(schedule: str, v: int, m: int, args, folder: str) -> dict | None:
+def measure(schedule: str, v: int, m: int, ms: float, folder: str) -> dict | None:
     """Three train batches; on rank 0 the bubble and idle time per stage of batches 2 and 3."""
     import torch.distributed as dist
 
     from tds.pipe.timeline import bubble_fractions, read_trace
-    trace = os.path.join(folder, f"{schedule}_m{m}.json")
-    seconds = args.ms / 1e3 / LAYERS_PER_STAGE  # per layer: a stage's F (B, W) costs args.ms
+    trace = os.path.join(folder, f"{schedule}_m{m}" + ("" if ms == 200 else f"_{ms:g}ms") + ".json")
+    seconds = ms / 1e3 / LAYERS_PER_STAGE  # per layer: a stage's F (B, W) costs ms
     engine = build(schedule, v, m, seconds, trace)
     it = data()
     for _ in range(3):
@@ -142,12 +143,16 @@ def formula(schedule: str, v: int, m: int) -> float:
 
 
 def run(args, folder: str) -> dict:
-    return {(s, v, m): measure(s, v, m, args, folder) for m in args.micro_batches for s, v in SCHEDULES}
+    return {ms: {(s, v, m): measure(s, v, m, ms, folder) for m in args.micro_batches for s, v in SCHEDULES}
+            for ms in args.ms}
 
 
-def report(results: dict, args) -> bool:
-    print(f"p = {P} stages, F = B = W = {args.ms:g} ms per stage and micro-batch (sleeps), micro-batch {MBS}, "
-          f"bubble averaged over stages and batches 2-3")
+def report(results: dict, ms: float, args) -> bool:
+    """The table and the checks of one op time: 1F1B within 10% of its formula at 200 ms (5% for short
+    layers, < 100 ms), interleaved within 10%; ZB-H1 as in the module docstring."""
+    one_tol = 0.10 if ms >= 100 else 0.05
+    print(f"p = {P} stages, F = B = W = {ms:g} ms per stage and micro-batch (sleeps; backward B + W = {2 * ms:g} ms), "
+          f"micro-batch {MBS}, bubble averaged over stages and batches 2-3")
     print(f"{'schedule':12s} {'m':>3s} {'measured':>9s} {'formula':>8s} {'rel.err':>8s} {'idle/stage':>11s}  "
           f"peak live activations per stage (pending W)")
     ok = True
@@ -161,7 +166,8 @@ def report(results: dict, args) -> bool:
     for m in args.micro_batches:
         one, inter, zb = (results[(s, v, m)] for s, v in SCHEDULES)
         checks = [
-            (f"m={m:2d} 1F1B within 10% of (p-1)/(m+p-1)", abs(one["bubble"] / formula("1f1b", 1, m) - 1) <= 0.10),
+            (f"m={m:2d} 1F1B within {one_tol:.0%} of (p-1)/(m+p-1)",
+             abs(one["bubble"] / formula("1f1b", 1, m) - 1) <= one_tol),
             (f"m={m:2d} interleaved within 10% of (p-1)/(vm+p-1)",
              abs(inter["bubble"] / formula("interleaved", 2, m) - 1) <= 0.10),
             (f"m={m:2d} ZB-H1 bubble fraction / 1F1B's = {zb['bubble'] / one['bubble']:.1%} "
@@ -180,7 +186,9 @@ def report(results: dict, args) -> bool:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--ms", type=float, default=200.0, help="F, B and W time of one stage per micro-batch (ms)")
+    p.add_argument("--ms", type=float, nargs="+", default=[200.0, 20.0],
+                   help="F, B and W time of one stage per micro-batch (ms), one run each (default: 200 and short "
+                        "layers, 20 ms forward and 40 ms backward)")
     p.add_argument("--micro-batches", type=int, nargs="+", default=[4, 8, 16])
     p.add_argument("--save-traces", metavar="DIR", help="keep the Chrome traces here")
     args = p.parse_args()
@@ -189,7 +197,7 @@ def main() -> None:
     results = run_on_ranks(run, P, args, folder)
     if not args.save_traces:
         shutil.rmtree(folder, ignore_errors=True)
-    ok = report(results, args)
+    ok = all([report(results[ms], ms, args) for ms in args.ms])
     sys.exit(0 if ok else 1)
 
 

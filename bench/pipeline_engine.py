@@ -11,9 +11,12 @@ bytes per activation hop) next to the payload traffic.
 
     .venv/bin/python bench/pipeline_engine.py [--steps 10 --warmup 3 --micro-batches 8 ...]
     .venv/bin/python bench/pipeline_engine.py --model gpt2 --schedules 1f1b interleaved zb-h1
+    .venv/bin/python bench/pipeline_engine.py --model encoder --schedules zb-h1 1f1b
 
 Models. `token` (default): embedding (V, h) -> L blocks x + W2 gelu(W1 x) (W1: h->2h) -> head (h, V);
-cross-entropy loss. `gpt2`: the small GPT-2 of megatron/model (pre-LN transformer layers on the mpu
+cross-entropy loss. `encoder`: the same embedding and head around L plain nn.TransformerEncoderLayer(h,
+heads, 4h, dropout 0, batch_first) (no TDS-specific layer: ZB-H1 defers their weight gradients through the
+autograd graph, tds/pipe/graph_split.py). `gpt2`: the small GPT-2 of megatron/model (pre-LN transformer layers on the mpu
 tensor-parallel linears, whose weight gradients ZB-H1 defers; learned positions; the word table tied to the
 LM head across the two stages; dropout 0.1), with causal attention built inside each layer so that only the
 hidden state crosses stages. Interleaved puts 2 chunks on each stage (the layers cut into 4 parts).
@@ -99,12 +102,16 @@ def specs(args):
         return ([TiedLayerSpec("embed", embed, config, **tied)]
                 + [LayerSpec(layer, config, i + 1) for i in range(args.layers)] + [LayerSpec(norm, config)]
                 + [TiedLayerSpec("embed", embed, config, forward_fn=embed.logits, **tied)])
-    return ([LayerSpec(Embed, args.vocab, args.hidden)] + [LayerSpec(Block, args.hidden) for _ in range(args.layers)]
-            + [LayerSpec(Head, args.hidden, args.vocab)])
+    if args.model == "encoder":
+        layer = [LayerSpec(nn.TransformerEncoderLayer, args.hidden, args.heads, 4 * args.hidden, dropout=0.0,
+                           batch_first=True) for _ in range(args.layers)]
+    else:
+        layer = [LayerSpec(Block, args.hidden) for _ in range(args.layers)]
+    return [LayerSpec(Embed, args.vocab, args.hidden)] + layer + [LayerSpec(Head, args.hidden, args.vocab)]
 
 
 def partition(args) -> str:
-    return "type:GPT2Layer" if args.model == "gpt2" else "uniform"
+    return {"gpt2": "type:GPT2Layer", "encoder": "type:TransformerEncoderLayer"}.get(args.model, "uniform")
 
 
 def config(args, schedule: str = "1f1b") -> dict:
@@ -191,7 +198,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--vocab", type=int, default=1024)
     p.add_argument("--heads", type=int, default=4, help="attention heads (gpt2)")
-    p.add_argument("--model", choices=["token", "gpt2"], default="token")
+    p.add_argument("--model", choices=["token", "encoder", "gpt2"], default="token")
     p.add_argument("--schedules", nargs="+", default=["1f1b"], choices=["1f1b", "interleaved", "zb-h1", "gpipe"],
                    help="TDS schedules to run beside DeepSpeed's 1F1B (the first also reports header traffic)")
     args = p.parse_args()

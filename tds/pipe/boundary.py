@@ -273,20 +273,31 @@ class Boundary:
                            f"on the sending stage but got no gradient here; zeros are sent back (declare "
                            f"_input_grad[{pos}]=False on the model to skip them)")
 
-    def recv_grads(self, outputs, peer: int, what: str) -> list:
-        """Gradients for the grad positions of `outputs`, in position order."""
-        tensors, _ = meta.as_tuple(outputs)
-        pos = [(d, t) for d, t in zip(self.decls, tensors) if d.grad]
+    def post_grads(self, outputs, peer: int):
+        """Start receiving the gradients for the grad positions of `outputs` (None: there are none); finish
+        with `recv_grads(..., posted=...)`. Receives from one peer complete in the order they are posted."""
+        pos, wire = self._grad_wire(outputs)
+        if not pos:
+            return None
+        if len(wire) == 1:
+            return self.p2p.post_recv(torch.empty(wire[0][1], dtype=wire[0][0], device=self.device), peer)
+        return self.p2p.post_recv(torch.empty(meta.packed_size(wire), dtype=torch.uint8, device=self.device), peer)
+
+    def recv_grads(self, outputs, peer: int, what: str, posted=None) -> list:
+        """Gradients for the grad positions of `outputs`, in position order (`posted`: from `post_grads`)."""
+        pos, wire = self._grad_wire(outputs)
         if not pos:
             return []
-        wire = [(t.dtype, meta.chunk_numel(t.numel(), self.tp_size) if d.partitioned and self.tp_size > 1
-                 else t.numel()) for d, t in pos]
-        if len(wire) == 1:
-            flats = [self.p2p.recv(torch.empty(wire[0][1], dtype=wire[0][0], device=self.device), peer, what)]
-        else:
-            payload = torch.empty(meta.packed_size(wire), dtype=torch.uint8, device=self.device)
-            flats = meta.unpack(self.p2p.recv(payload, peer, what), wire)
+        flat = self.p2p.wait_recv(posted or self.post_grads(outputs, peer), what)
+        flats = [flat] if len(wire) == 1 else meta.unpack(flat, wire)
         return [self._assemble(d.partitioned, f, tuple(t.shape)) for (d, t), f in zip(pos, flats)]
+
+    def _grad_wire(self, outputs) -> tuple[list, list]:
+        """([(decl, tensor)] of the grad positions of `outputs`, [(dtype, numel on the wire)] of each)."""
+        tensors, _ = meta.as_tuple(outputs)
+        pos = [(d, t) for d, t in zip(self.decls, tensors) if d.grad]
+        return pos, [(t.dtype, meta.chunk_numel(t.numel(), self.tp_size) if d.partitioned and self.tp_size > 1
+                      else t.numel()) for d, t in pos]
 
 
 def _numel(shape: tuple) -> int:

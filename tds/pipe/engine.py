@@ -26,6 +26,7 @@ from deepspeed.runtime.pipe.module import PipelineError
 from deepspeed.runtime.utils import is_model_parallel_parameter
 
 from .. import device as tds_device
+from . import recompute
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
 from .executor import BatchState, Executor
@@ -101,6 +102,7 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         self.weight_grads = WeightGradStore() if self.schedule_kind == "zb-h1" else None
         attach(self.module, self.weight_grads)  # layers with a weight_grad_store attribute (weight_grad.py)
         self._loss_backward = False  # inside the loss unit's DeepSpeedEngine.backward
+        self._told_unsplit = False   # ZB-H1: parameters whose weight gradients B computes, reported once
         self.last_batch_stats: dict = {}
 
     def _copy_recovery_script(self, save_path: str) -> None:
@@ -162,6 +164,14 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         check_schedule(self.schedule_kind, self.num_stages, max(1, micro_batches), self.virtual_stages)
         super().set_train_batch_size(train_batch_size)
         self.micro_batches = self.gradient_accumulation_steps()
+
+    def _reentrant_activation_checkpointing(self) -> bool:
+        """DeepSpeed 0.19.8's decision: the module recomputes with a reentrant function, so the first stage's
+        float inputs must require grad (a reentrant segment whose inputs do not is cut off from autograd).
+        Read from the module at each call, so set_checkpoint_interval() after initialize counts."""
+        if self.module.activation_checkpoint_interval <= 0:
+            return False
+        return recompute.is_reentrant(self.module.activation_checkpoint_func)
 
     def set_batch_fn(self, fn) -> None:
         """Post-process every loaded (inputs, labels) item with `fn` before use."""

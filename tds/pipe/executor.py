@@ -9,8 +9,9 @@ gradients back to it, round the ring of stages (`schedule.route`).
 Backward protocol (DeepSpeed's, on every stage):
     BACKWARD          the loss unit: DeepSpeedEngine.backward(loss); others: autograd.backward(outputs,
                       received grads) inside `_engine_backward()`, closed by `_backward_epilogue()`
-    BACKWARD_INPUT    (B, ZB-H1) the same, while `weight_grads.defer(unit)` queues each deferrable linear's
-                      weight-gradient work instead of running it (`weight_grad.py`)
+    BACKWARD_INPUT    (B, ZB-H1) the same from the same roots (the loss scaled as DeepSpeedEngine.backward
+                      scales it), but only what the stage inputs need (`graph_split.py`): the weight gradients
+                      wait in `weight_grads` under the unit, with the deferring linears' (`weight_grad.py`)
     BACKWARD_WEIGHT   (W) `weight_grads.run(unit)` inside `_engine_backward()`, closed by
                       `_backward_epilogue()` too: BF16_Optimizer adds the low-precision gradients to its fp32
                       accumulators there, so W's gradients must reach them before the next B clears them
@@ -27,9 +28,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from deepspeed.runtime.base_optimizer import ZeROOptimizer
 from deepspeed.runtime.engine import MEMORY_OPT_ALLREDUCE_SIZE, DeepSpeedEngine
+from deepspeed.utils import logger
 
 from .. import device as tds_device
+from . import graph_split
 from .instructions import Instruction, Op
 
 Unit = tuple[int, int]  # (micro-batch, chunk)
@@ -42,6 +46,8 @@ class BatchState:
     compute_loss: bool = True
     keep_logits: bool = False
     last_recv: Unit = (-1, -1)  # the batch's last activation receive: no receive is posted ahead after it
+    grad_order: list = field(default_factory=list)   # the units of the batch's gradient receives, in order
+    grads_posted: dict = field(default_factory=dict)  # unit -> gradient receive posted ahead
     inputs: dict = field(default_factory=dict)
     labels: dict = field(default_factory=dict)       # micro-batch -> labels (last unit)
     outputs: dict = field(default_factory=dict)
@@ -67,6 +73,7 @@ class Executor:
                     Op.STEP: self._exec_step}
         recvs = [(ins.micro_batch, ins.chunk) for ins in instructions if ins.op == Op.RECV_ACT]
         state.last_recv = recvs[-1] if recvs else (-1, -1)
+        state.grad_order = [(ins.micro_batch, ins.chunk) for ins in instructions if ins.op == Op.RECV_GRAD]
         recorder = self._timeline_begin(batch)
         clock = time.perf_counter
         try:  # exceptions: see PipelineEngine._mode
@@ -116,7 +123,9 @@ class Executor:
         if self._first_unit(ins):
             # copied, as DeepSpeed does: a layer that changes its input in place (nn.ReLU(inplace=True),
             # partitioned activation checkpointing) must not change the user's batch
-            state.inputs[(ins.micro_batch, ins.chunk)] = _to_device(batch[0], dev, detach=True, copy=True)
+            # reentrant checkpointing (DeepSpeed's decision): float inputs require grad
+            grad = self._reentrant_activation_checkpointing()
+            state.inputs[(ins.micro_batch, ins.chunk)] = _to_device(batch[0], dev, detach=True, copy=True, grad=grad)
         if self._last_unit(ins):
             state.labels[ins.micro_batch] = _to_device(batch[1], dev, detach=True)
 
@@ -152,16 +161,30 @@ class Executor:
         unit = (ins.micro_batch, ins.chunk)
         out = state.outputs[unit] if state.training else state.outputs.pop(unit)
         self.boundary.send_activations(out, self.next_rank, str(ins))
+        self._post_grads_ahead(state)
 
     def _exec_recv_grad(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
-        state.grads[unit] = self.boundary.recv_grads(state.outputs[unit], self.next_rank, str(ins))
+        posted = state.grads_posted.pop(unit, None)
+        if posted is None and state.grad_order and state.grad_order[0] == unit:
+            state.grad_order.pop(0)  # received now, not ahead
+        state.grads[unit] = self.boundary.recv_grads(state.outputs[unit], self.next_rank, str(ins), posted)
+        self._post_grads_ahead(state)
+
+    def _post_grads_ahead(self, state: BatchState) -> None:
+        """Post the gradient receives of the units whose activations left, in the order the schedule receives
+        them, so that a gradient is taken in while the stage computes (as activations are, `recv_activations`)."""
+        if not self._receive_ahead:
+            return
+        order = state.grad_order
+        while order and order[0] in state.outputs:
+            unit = order.pop(0)
+            state.grads_posted[unit] = self.boundary.post_grads(state.outputs[unit], self.next_rank)
 
     def _exec_backward(self, ins: Instruction, state: BatchState) -> None:
         """DeepSpeed's backward protocol on every stage: the hooks DeepSpeedEngine.forward put on the stage's
         outputs run the prologue when the first gradient arrives, `_backward_epilogue` closes it (ZeRO's
         backward depth back to 0, BF16_Optimizer's fp32 accumulation), as `DeepSpeedEngine.backward` does."""
-        unit = (ins.micro_batch, ins.chunk)
         if self._last_unit(ins):
             self._loss_backward = True
             try:
@@ -169,21 +192,41 @@ class Executor:
             finally:
                 self._loss_backward = False
             return
-        outputs = (state.outputs.pop(unit),) if torch.is_tensor(state.outputs[unit]) else state.outputs.pop(unit)
-        declared = [t for d, t in zip(self.boundary.decls, outputs) if d.grad]
-        pairs = [(t, g) for t, g in zip(declared, state.grads.pop(unit)) if t.requires_grad]
-        if not pairs:
+        roots, grads = self._backward_roots(ins, state)
+        if not roots:
             return  # no gradient reaches this stage's parameters: no prologue ran, nothing to close
         if self.using_bf16_optimizer:
             self.optimizer.clear_lp_grads()  # as DeepSpeed's pipeline engine; the prologue hook repeats it
         with self._engine_backward():
-            torch.autograd.backward([t for t, _ in pairs], [g for _, g in pairs])
+            torch.autograd.backward(roots, grads)
             self._backward_epilogue()
 
+    def _backward_roots(self, ins: Instruction, state: BatchState) -> tuple[list, list]:
+        """(tensors, gradients) the unit's backward starts from: the loss (scaled as DeepSpeedEngine.backward
+        scales it: 1/m, and the ZeRO or fp16 loss scale) or the outputs with the gradients received."""
+        unit = (ins.micro_batch, ins.chunk)
+        if self._last_unit(ins):
+            loss = self._fp16_scaled(state.loss_graphs.pop(ins.micro_batch)) / self.gradient_accumulation_steps()
+            return [self.optimizer.scale_if_loss(loss) if isinstance(self.optimizer, ZeROOptimizer) else loss], [None]
+        outputs = (state.outputs.pop(unit),) if torch.is_tensor(state.outputs[unit]) else state.outputs.pop(unit)
+        declared = [t for d, t in zip(self.boundary.decls, outputs) if d.grad]
+        pairs = [(t, g) for t, g in zip(declared, state.grads.pop(unit)) if t.requires_grad]
+        return [t for t, _ in pairs], [g for _, g in pairs]
+
     def _exec_backward_input(self, ins: Instruction, state: BatchState) -> None:
-        """B: the backward with the deferrable linears' weight gradients queued under this unit."""
-        with self.weight_grads.defer((ins.micro_batch, ins.chunk)):
-            self._exec_backward(ins, state)
+        """B: the backward without the weight gradients (`graph_split.py`), queued under this unit for W; the
+        deferring linears of `weight_grad.py` queue theirs too."""
+        unit = (ins.micro_batch, ins.chunk)
+        roots, grads = self._backward_roots(ins, state)
+        if roots:
+            with self.weight_grads.defer(unit):
+                if self.using_bf16_optimizer:
+                    self.optimizer.clear_lp_grads()
+                with self._engine_backward():
+                    done = self._backward_input(roots, grads)
+                    self._backward_epilogue()
+                self.weight_grads.later(done.run)
+            self._report_unsplit(done)
         self._count_live(state)
 
     def _exec_backward_weight(self, ins: Instruction, state: BatchState) -> None:
@@ -193,6 +236,31 @@ class Executor:
         with self._engine_backward():
             self.weight_grads.run((ins.micro_batch, ins.chunk))
             self._backward_epilogue()
+
+    def _backward_input(self, roots: list, grads: list) -> graph_split.BackwardInput:
+        """B through the graph split, except on a stage whose store linears defer (weight_grad.py): the rest of
+        its weights (norms, embeddings, biases) costs less in B than kept graphs and W calls would (README)."""
+        stored = {id(p) for m in self.module.modules() if getattr(m, "weight_grad_store", None) is not None
+                  for p in m.parameters(recurse=False)}
+        if stored:
+            return graph_split.backward_whole(roots, grads, [], "")
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        if self.module.activation_checkpoint_interval > 0 and any(self.module.is_checkpointable_results):
+            return graph_split.backward_whole(roots, grads, params, "activation checkpointing (W would recompute "
+                                              "each checkpointed segment again)")
+        return graph_split.backward_input(roots, grads, params)
+
+    def _report_unsplit(self, done) -> None:
+        """Once per stage: the parameters whose weight gradients B computed (no W of their own)."""
+        if not done.unsplit or self._told_unsplit:
+            return
+        self._told_unsplit = True
+        if self.grid.get_data_parallel_rank() == 0 and self.grid.get_slice_parallel_rank() == 0:
+            names = {id(p): n for n, p in self.module.named_parameters()}
+            listed = ", ".join(names.get(id(p), "?") for p in done.unsplit[:8])
+            more = f" and {len(done.unsplit) - 8} more" if len(done.unsplit) > 8 else ""
+            logger.warning(f"pipeline stage {self.stage_id}: ZB-H1 computes the weight gradients of {listed}{more} "
+                           f"in B, not W: {done.reason}")
 
     def _exec_send_grad(self, ins: Instruction, state: BatchState) -> None:
         self.boundary.send_grads(state.inputs.pop((ins.micro_batch, ins.chunk)), self.prev_rank, str(ins))
@@ -219,12 +287,16 @@ class Executor:
         self._force_grad_boundary = False
 
 
-def _to_device(value, dev: torch.device, detach: bool, copy: bool = False):
+def _to_device(value, dev: torch.device, detach: bool, copy: bool = False, grad: bool = False):
+    """`value` (a tensor or a tuple of them) on `dev`; with `grad`, each float tensor is the copy of a leaf
+    that requires grad (a copy, not the leaf itself, so that an in-place first layer still works)."""
     if torch.is_tensor(value):
+        if grad and value.is_floating_point():
+            return value.detach().to(dev).requires_grad_().clone()
         value = value.to(dev, copy=copy)
         return value.detach() if detach else value
     if isinstance(value, (tuple, list)):
-        return tuple(_to_device(v, dev, detach, copy) for v in value)
+        return tuple(_to_device(v, dev, detach, copy, grad) for v in value)
     return value
 
 

@@ -279,9 +279,9 @@ class PipelineModule(_DSPipelineModule):
         if pipe.get("activation_checkpoint_interval", 0) > 0:
             self.set_checkpoint_interval(pipe["activation_checkpoint_interval"])
         recompute.configure_from_config(ds_config, self._grid)
-        if pipe.get("use_reentrant") is not None and self.activation_checkpoint_func in recompute.DEFAULTS:
-            # a function the model supplied (e.g. one that replays its dropout) is never replaced
-            self.activation_checkpoint_func = recompute.by_reentrancy(pipe["use_reentrant"])
+        use_reentrant = pipe.get("use_reentrant")
+        if use_reentrant is not None and recompute.replaced_by_config(self.activation_checkpoint_func, use_reentrant):
+            self.activation_checkpoint_func = recompute.by_reentrancy(use_reentrant)
 
     def set_checkpoint_interval(self, interval: int) -> None:
         if interval < 0:

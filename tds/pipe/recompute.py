@@ -82,8 +82,24 @@ def configure_from_config(ds_config, grid) -> None:
 
 
 DEFAULTS = (default_checkpoint, reentrant_default, non_reentrant_default)  # what pipeline.use_reentrant may replace
+_NON_REENTRANT = (non_reentrant_checkpoint, non_reentrant_default, ds_checkpointing.non_reentrant_checkpoint)
 
 
 def by_reentrancy(use_reentrant: bool) -> Callable:
     """The function pipeline.use_reentrant selects."""
     return reentrant_default if use_reentrant else non_reentrant_default
+
+
+def replaced_by_config(func: Callable, use_reentrant: bool) -> bool:
+    """Whether pipeline.use_reentrant replaces the module's `func`: TDS's defaults, and with false also
+    DeepSpeed's default `deepspeed.checkpointing.checkpoint` given explicitly (DeepSpeed 0.19.8 replaces it);
+    a function of the model's own (e.g. one that replays its dropout) never."""
+    return func in DEFAULTS or (not use_reentrant and func is ds_checkpointing.checkpoint)
+
+
+def is_reentrant(func: Callable) -> bool:
+    """DeepSpeed 0.19.8's answer (every function but its non-reentrant one is reentrant), knowing TDS's own:
+    the non-reentrant ones are not, `default_checkpoint` is while deepspeed.checkpointing is configured."""
+    if func is default_checkpoint:
+        return ds_checkpointing.is_configured()
+    return func not in _NON_REENTRANT

@@ -53,7 +53,7 @@ class WeightGradStore:
 
     def __init__(self) -> None:
         self._key: Optional[Hashable] = None
-        self._queues: dict[Hashable, list[tuple[list[torch.Tensor], GradFn]]] = {}
+        self._queues: dict[Hashable, list[tuple[Optional[list[torch.Tensor]], Callable]]] = {}
 
     @property
     def deferring(self) -> bool:
@@ -74,6 +74,10 @@ class WeightGradStore:
         """Queue `grads()`, which returns one gradient per parameter of `params` (None: no gradient)."""
         self._queues.setdefault(self._key, []).append((params, grads))
 
+    def later(self, fn: Callable[[], None]) -> None:
+        """Queue `fn`, weight-gradient work computed elsewhere (`graph_split`), under the current key."""
+        self._queues.setdefault(self._key, []).append((None, fn))
+
     def pending(self) -> list:
         """Keys with queued work, in the order they were first deferred."""
         return list(self._queues)
@@ -82,6 +86,9 @@ class WeightGradStore:
         """W of `key`: compute its queued gradients and accumulate them into the parameters' `.grad`."""
         params, grads = [], []
         for ps, fn in self._queues.pop(key, []):
+            if ps is None:
+                fn()
+                continue
             for p, g in zip(ps, fn()):
                 if g is not None:
                     params.append(p)

@@ -124,6 +124,51 @@ def tied_batches(n: int) -> list:
             for _ in range(STEPS)]
 
 
+# --- plain torch layers under ZB-H1 (issue 20): only the schedule key differs from a 1F1B program --------------
+ZB = {"schedule": "zb-h1"}
+
+
+def linear_layers() -> list:
+    """nn.Linear / nn.LayerNorm: (b, D_IN) -> (b, D_OUT)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        return [nn.Linear(D_IN, 16), nn.Tanh(), nn.Linear(16, 16), nn.LayerNorm(16), nn.GELU(),
+                nn.Linear(16, 16, bias=False), nn.Tanh(), nn.Linear(16, D_OUT)]
+
+
+class MeanHead(nn.Linear):
+    """(b, s, h) -> mean over s -> (b, D_OUT)."""
+
+    def forward(self, x):
+        return super().forward(x.mean(1))
+
+
+def encoder_layers() -> list:
+    """nn.TransformerEncoderLayer x 3 between linears: (b, s, D_IN) -> (b, s, 16) -> (b, D_OUT)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(6)
+        return [nn.Linear(D_IN, 16)] + [nn.TransformerEncoderLayer(16, 4, 32, dropout=0.0, batch_first=True)
+                                         for _ in range(3)] + [MeanHead(16, D_OUT)]
+
+
+def encoder_batches(n: int) -> list:
+    g = torch.Generator().manual_seed(4)
+    return [[(torch.randn(MBS, 5, D_IN, generator=g), torch.randn(MBS, D_OUT, generator=g)) for _ in range(n)]
+            for _ in range(STEPS)]
+
+
+def zero_bubble_programs() -> dict[str, Program]:
+    """ZB-H1 over layers whose weight gradients only the autograd graph can defer (graph_split.py); with
+    reentrant checkpointing they cannot (B computes them, reported once per stage)."""
+    cnn_ck = {name: cnn(1, mode) for name, mode in (("zb_cnn_k1_default", "default"),
+                                                     ("zb_cnn_k1_reentrant", "reentrant"))}
+    for program in cnn_ck.values():
+        program.pipeline = ZB
+    return {"zb_linear": Program(linear_layers, tuple_batches, pipeline=ZB),
+            "zb_encoder": Program(encoder_layers, encoder_batches, pipeline=ZB),
+            "zb_tied": Program(tied_layers, tied_batches, pipeline=ZB), **cnn_ck}
+
+
 # --- the tuples DeepSpeed gets wrong (tests/tds/layers.py), undeclared -------------------------------------
 def tuple_layers(kind: str) -> Callable[[], list]:
     from tests.tds import test_engine_tuples as tuples
@@ -148,6 +193,7 @@ def programs() -> dict[str, Program]:
     out["unused_eval_first"] = Program(tuple_layers("unused"), tuple_batches, eval_first=True)
     for mode in ("default", "non_reentrant", "reentrant", "deepspeed"):
         out[f"cnn_k1_{mode}"] = cnn(1, mode)
+    out.update(zero_bubble_programs())
     return out
 
 
@@ -195,7 +241,7 @@ def run(name: str, pp: int, dp: int = 1, deepspeed_engine: bool = False) -> dict
         logger.removeHandler(logged)
     return {"losses": losses, "eval_loss": eval_loss, "params": harness.engine_params(engine),
             "stage": engine.stage_id, "events": list(layers.Recorder.events), "error": None,
-            "logs": [m for m in logged.messages if "layout" in m or "position" in m]}
+            "logs": [m for m in logged.messages if "layout" in m or "position" in m or "ZB-H1" in m]}
 
 
 class _Collect(logging.Handler):
