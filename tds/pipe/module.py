@@ -336,6 +336,7 @@ class PipelineModule(_DSPipelineModule):
         args = x if was_tuple else (x,)
         if any(torch.is_tensor(a) and a.requires_grad for a in args):
             def run(*inputs):
+                inputs = _non_leaf(inputs)
                 return self._run_layers(start, end, inputs if was_tuple else inputs[0], offset)
             return self.activation_checkpoint_func(run, *args)
 
@@ -360,6 +361,12 @@ def _grid(grid: Optional[ProcessGrid], num_stages: Optional[int], topology) -> P
             raise ValueError(f"num_stages ({num_stages}) must divide the world size ({world})")
         topology = PipeDataParallelTopology(num_pp=num_stages, num_dp=world // num_stages)
     return build_grid(topology)
+
+
+def _non_leaf(inputs: tuple) -> tuple:
+    """A reentrant checkpoint recomputes on detached leaves that require grad, which an in-place first layer
+    (nn.ReLU(inplace=True)) may not change: such a leaf is cloned (one copy of the segment input)."""
+    return tuple(t.clone() if torch.is_tensor(t) and t.is_leaf and t.requires_grad else t for t in inputs)
 
 
 def _has_parameters(f) -> bool:

@@ -193,8 +193,19 @@ def programs() -> dict[str, Program]:
     out["unused_eval_first"] = Program(tuple_layers("unused"), tuple_batches, eval_first=True)
     for mode in ("default", "non_reentrant", "reentrant", "deepspeed"):
         out[f"cnn_k1_{mode}"] = cnn(1, mode)
+    out["inplace_first_reentrant"] = Program(inplace_first_layers, tuple_batches, module_kwargs={
+        "activation_checkpoint_interval": 2, "activation_checkpoint_func": checkpoint_func("reentrant")})
     out.update(zero_bubble_programs())
     return out
+
+
+def inplace_first_layers() -> list:
+    """An in-place ReLU first on stage 0 and first in a reentrant checkpointed run (at pp 2), whose
+    recomputation gets inputs that require grad (the engine's `_reentrant_activation_checkpointing`)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(8)
+        return [nn.ReLU(inplace=True), nn.Linear(D_IN, H), nn.Tanh(), nn.Linear(H, H), nn.Tanh(), nn.Linear(H, H),
+                nn.Tanh(), nn.Linear(H, D_OUT)]
 
 
 # --- running -----------------------------------------------------------------------------------------------
