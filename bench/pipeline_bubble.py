@@ -42,8 +42,7 @@ import time
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _spawn import run_on_ranks  # noqa: E402  (bench/ is on the path when a script runs)
+from _spawn import run_on_ranks  # bench/ is on the path when a script runs
 
 P, LAYERS_PER_STAGE, HIDDEN, MBS = 4, 2, 8, 2
 SCHEDULES = (("1f1b", 1), ("interleaved", 2), ("zb-h1", 1))

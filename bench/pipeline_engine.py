@@ -26,16 +26,13 @@ are reported, no MFU (a shared CPU has no meaningful peak).
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _spawn import run_on_ranks  # noqa: E402  (bench/ is on the path when a script runs)
+from _spawn import run_on_ranks  # bench/ is on the path when a script runs
 
 
 class Embed(nn.Module):

@@ -19,17 +19,14 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _spawn import run_on_ranks  # noqa: E402  (bench/ is on the path when a script runs)
+from _spawn import run_on_ranks  # bench/ is on the path when a script runs
 
 P, HIDDEN, LAYERS = 2, 8, 4
 
