@@ -33,7 +33,7 @@ from .executor import BatchState, Executor
 from .module import PipelineModule
 from .p2p import P2P, PipelineCommError
 from .instructions import Op, check_schedule, eval_schedule, train_schedule
-from .timeline import TimelineRecorder, write_trace
+from .timeline import StageTimeline
 from .weight_grad import WeightGradStore, attach
 
 
@@ -84,7 +84,7 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         self._comm_in = self._describe_comms()  # {Op: text}, looked up per instruction (the groups never change)
         self._loss_comm = f"the loss all_reduce / broadcast over {self.comm.describe('data-parallel', 'pipeline')}"
         self._broken: str | None = None  # why point-to-point state is unknown after a failed batch
-        self._configure_timeline(cfg)
+        self.timeline = StageTimeline.from_config(cfg, self.grid, self.comm)
 
     def _configure_schedule(self, cfg: dict) -> None:
         """pipeline.schedule (default: 'interleaved' for a module built with virtual stages, else '1f1b') and
@@ -110,21 +110,6 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         (for checkpoints the script cannot read, such as those whose layers are saved in another format)."""
         if self._config.pipeline.get("recovery_script", True):
             super()._copy_recovery_script(save_path)
-
-    def _configure_timeline(self, cfg: dict) -> None:
-        """pipeline.timeline (a Chrome trace path) records the train batches numbered in
-        pipeline.timeline_batches (global step after the batch, as Megatron's iteration; default [3, 4])."""
-        self._timeline_path = cfg.get("timeline")
-        self._timeline = None
-        if not self._timeline_path:
-            return
-        batches = cfg.get("timeline_batches", [3, 4])
-        if isinstance(batches, int):
-            batches = [batches]
-        if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
-            raise ValueError(f"pipeline.timeline_batches must be a list of batch numbers >= 1 (Megatron's "
-                             f"iterations), got {batches!r}")
-        self._timeline = TimelineRecorder(self.stage_id, frozenset(batches))
 
     def _process_groups(self) -> dict:
         """{name: group} of every group this engine (and the model's tied weights) runs collectives on; the
@@ -189,8 +174,13 @@ class PipelineEngine(Executor, DeepSpeedEngine):
             raise RuntimeError("train_batch() needs gradients enabled; use eval_batch() for inference")
         state = BatchState(training=True)
         with self._mode(training=True, data_iter=data_iter, keep_iter=True):
+            recorder = self.timeline.begin(self.global_steps + 1) if self.timeline is not None else None
             self._run(train_schedule(self.schedule_kind, self.num_stages, self.stage_id, self.micro_batches,
-                                     self.virtual_stages), state, batch=self.global_steps + 1)
+                                     self.virtual_stages), state, recorder)
+            if recorder is not None:
+                self.timeline.maybe_write({"schedule": self.schedule_kind, "stages": self.num_stages,
+                                           "micro_batches": self.micro_batches,
+                                           "virtual_stages": self.virtual_stages, "time_unit": "s"})
             return self._aggregate_loss(state.losses)
 
     def eval_batch(self, data_iter, return_logits: bool = False, compute_loss: bool = True,
@@ -359,39 +349,6 @@ class PipelineEngine(Executor, DeepSpeedEngine):
                     return i, j
         raise RuntimeError(f"pipeline stage {self.stage_id}: tied weight {tuple(weight.shape)} is not in the "
                            f"BF16 optimizer's parameter groups")
-
-    # --- timeline ------------------------------------------------------------------------------------------
-    def _timeline_begin(self, batch: int | None):
-        """The recorder when train batch `batch` is a chosen timeline batch (after a barrier over the pipeline,
-        so that the stages' time origins line up), else None."""
-        rec = self._timeline
-        if rec is None or batch is None or batch not in rec.batches:
-            return None
-        if self.num_stages > 1:
-            with self.comm.guard("timeline", f"the barrier over {self.comm.describe('pipeline')}"):
-                dist.barrier(group=self.grid.get_pipe_parallel_group())
-        rec.begin_batch(batch)
-        return rec
-
-    def _timeline_maybe_write(self) -> None:
-        """Once every chosen batch is recorded: gather the stages' spans over the pipeline group and write the
-        trace from global rank 0 (data-parallel / tensor-parallel rank 0 stands for its stage)."""
-        rec = self._timeline
-        if not rec.done:
-            return
-        self._timeline = None
-        spans = rec.spans
-        if self.num_stages > 1:
-            group = self.grid.get_pipe_parallel_group()
-            dst = self.grid.stage_to_global(0)
-            gathered = [None] * self.num_stages if dist.get_rank() == dst else None
-            with self.comm.guard("timeline", f"the span gather over {self.comm.describe('pipeline')}"):
-                dist.gather_object(spans, gathered, dst=dst, group=group)
-            spans = [s for part in gathered or [] for s in part]
-        if dist.get_rank() == 0:
-            write_trace(self._timeline_path, spans, {
-                "schedule": self.schedule_kind, "stages": self.num_stages, "micro_batches": self.micro_batches,
-                "virtual_stages": self.virtual_stages, "time_unit": "s"})
 
     # --- loss ------------------------------------------------------------------------------------------
     def _aggregate_loss(self, losses: list, broadcast: bool = True) -> torch.Tensor:

@@ -61,10 +61,10 @@ class BatchState:
 
 class Executor:
     """Mixin of `PipelineEngine`: `_run` and the instruction handlers (uses the engine's boundary, p2p,
-    module, optimizer, grid, weight_grads, timeline and comm)."""
+    module, optimizer, grid, weight_grads and comm)."""
 
-    def _run(self, instructions: list[Instruction], state: BatchState, batch: int | None = None) -> None:
-        """Run `instructions`; record their spans when `batch` is a chosen timeline batch."""
+    def _run(self, instructions: list[Instruction], state: BatchState, recorder=None) -> None:
+        """Run `instructions`; record their spans with `recorder` (a `timeline.TimelineRecorder`) if given."""
         handlers = {Op.LOAD: self._exec_load, Op.RECV_ACT: self._exec_recv_act, Op.FORWARD: self._exec_forward,
                     Op.SEND_ACT: self._exec_send_act, Op.RECV_GRAD: self._exec_recv_grad,
                     Op.BACKWARD: self._exec_backward, Op.BACKWARD_INPUT: self._exec_backward_input,
@@ -74,7 +74,6 @@ class Executor:
         recvs = [(ins.micro_batch, ins.chunk) for ins in instructions if ins.op == Op.RECV_ACT]
         state.last_recv = recvs[-1] if recvs else (-1, -1)
         state.grad_order = [(ins.micro_batch, ins.chunk) for ins in instructions if ins.op == Op.RECV_GRAD]
-        recorder = self._timeline_begin(batch)
         clock = time.perf_counter
         try:  # exceptions: see PipelineEngine._mode
             for ins in instructions:
@@ -91,8 +90,6 @@ class Executor:
                 recorder.end_batch()
         self.last_batch_stats = {"peak_live_activations": state.peak_live,
                                  "peak_pending_weight_grads": state.peak_pending_w}
-        if recorder is not None:
-            self._timeline_maybe_write()
 
     # --- where a unit sits in the pipeline ----------------------------------------------------------------
     def _first_unit(self, ins: Instruction) -> bool:
