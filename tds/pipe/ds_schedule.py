@@ -28,7 +28,7 @@ from deepspeed.runtime.pipe.schedule import (BackwardPass, BufferOpInstruction, 
                                              PipeSchedule, RecvActivation, RecvGrad, ReduceGrads,
                                              ReduceTiedGrads, SendActivation, SendGrad)
 
-from .instructions import Op, eval_schedule, train_schedule
+from .instructions import Op, eval_schedule, peak_in_flight, train_schedule
 
 __all__ = ["PipeSchedule", "TrainSchedule", "InferenceSchedule", "DataParallelSchedule", "PipeInstruction",
            "BufferOpInstruction", "LoadMicroBatch", "ForwardPass", "BackwardPass", "SendActivation",
@@ -98,14 +98,6 @@ def _steps(stage_lists: list, stage_id: int, alternate: bool, buffers: int) -> l
     return out
 
 
-def _peak_in_flight(instructions: list) -> int:
-    live = peak = 0
-    for ins in instructions:
-        live += (ins.op == Op.FORWARD) - (ins.op == Op.BACKWARD)
-        peak = max(peak, live)
-    return peak
-
-
 class TrainSchedule(PipeSchedule):
     """DeepSpeed's TrainSchedule (1F1B) over `schedule.train_schedule(kind, stages, stage_id, micro_batches)`;
     `kind` ('1f1b' by default, or 'gpipe') is the only addition to DeepSpeed's signature."""
@@ -116,7 +108,7 @@ class TrainSchedule(PipeSchedule):
         self.instructions = [train_schedule(kind, stages, s, micro_batches) for s in range(stages)]
 
     def num_pipe_buffers(self) -> int:
-        return max(2, _peak_in_flight(self.instructions[self.stage_id]))
+        return max(2, peak_in_flight(self.instructions[self.stage_id]))
 
     def steps(self):
         yield from _steps(self.instructions, self.stage_id, alternate=True, buffers=self.num_pipe_buffers())

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from deepspeed.runtime.base_optimizer import ZeROOptimizer
 from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
-from deepspeed.runtime.engine import DeepSpeedEngine
+from deepspeed.runtime.engine import MEMORY_OPT_ALLREDUCE_SIZE, DeepSpeedEngine
 from deepspeed.runtime.pipe.module import PipelineError
 from deepspeed.runtime.utils import is_model_parallel_parameter
 
@@ -29,15 +29,15 @@ from .. import device as tds_device
 from . import recompute
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
-from .executor import BatchState, Executor
+from .executor import BatchState, StageContext, StageExecutor
 from .module import PipelineModule
 from .p2p import P2P, PipelineCommError
 from .instructions import Op, check_schedule, eval_schedule, train_schedule
-from .timeline import TimelineRecorder, write_trace
+from .timeline import StageTimeline
 from .weight_grad import WeightGradStore, attach
 
 
-class PipelineEngine(Executor, DeepSpeedEngine):
+class PipelineEngine(DeepSpeedEngine):
     """Built by `tds.initialize` for a `tds.pipe.PipelineModule`; use `train_batch` / `eval_batch`."""
 
     def __init__(self, *args, **kwargs):
@@ -81,10 +81,15 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         groups = self._process_groups()
         apply_timeout(groups, timeout)
         self.comm = CommGuard(self.stage_id, timeout, source, groups)
-        self._comm_in = self._describe_comms()  # {Op: text}, looked up per instruction (the groups never change)
         self._loss_comm = f"the loss all_reduce / broadcast over {self.comm.describe('data-parallel', 'pipeline')}"
         self._broken: str | None = None  # why point-to-point state is unknown after a failed batch
-        self._configure_timeline(cfg)
+        self.timeline = StageTimeline.from_config(cfg, self.grid, self.comm)
+        self.executor = StageExecutor(StageContext(
+            stage_id=self.stage_id, num_stages=p, chunks=self.virtual_stages, prev_rank=self.prev_rank,
+            next_rank=self.next_rank, receive_ahead=self._receive_ahead, module=self.module, boundary=self.boundary,
+            p2p=self.p2p, weight_grads=self.weight_grads, comm=self.comm, comm_in=self._describe_comms(),
+            reports=self.grid.get_data_parallel_rank() == 0 and self.grid.get_slice_parallel_rank() == 0,
+            engine=self))
 
     def _configure_schedule(self, cfg: dict) -> None:
         """pipeline.schedule (default: 'interleaved' for a module built with virtual stages, else '1f1b') and
@@ -102,7 +107,6 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         self.weight_grads = WeightGradStore() if self.schedule_kind == "zb-h1" else None
         attach(self.module, self.weight_grads)  # layers with a weight_grad_store attribute (weight_grad.py)
         self._loss_backward = False  # inside the loss unit's DeepSpeedEngine.backward
-        self._told_unsplit = False   # ZB-H1: parameters whose weight gradients B computes, reported once
         self.last_batch_stats: dict = {}
 
     def _copy_recovery_script(self, save_path: str) -> None:
@@ -110,21 +114,6 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         (for checkpoints the script cannot read, such as those whose layers are saved in another format)."""
         if self._config.pipeline.get("recovery_script", True):
             super()._copy_recovery_script(save_path)
-
-    def _configure_timeline(self, cfg: dict) -> None:
-        """pipeline.timeline (a Chrome trace path) records the train batches numbered in
-        pipeline.timeline_batches (global step after the batch, as Megatron's iteration; default [3, 4])."""
-        self._timeline_path = cfg.get("timeline")
-        self._timeline = None
-        if not self._timeline_path:
-            return
-        batches = cfg.get("timeline_batches", [3, 4])
-        if isinstance(batches, int):
-            batches = [batches]
-        if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
-            raise ValueError(f"pipeline.timeline_batches must be a list of batch numbers >= 1 (Megatron's "
-                             f"iterations), got {batches!r}")
-        self._timeline = TimelineRecorder(self.stage_id, frozenset(batches))
 
     def _process_groups(self) -> dict:
         """{name: group} of every group this engine (and the model's tied weights) runs collectives on; the
@@ -189,8 +178,13 @@ class PipelineEngine(Executor, DeepSpeedEngine):
             raise RuntimeError("train_batch() needs gradients enabled; use eval_batch() for inference")
         state = BatchState(training=True)
         with self._mode(training=True, data_iter=data_iter, keep_iter=True):
+            recorder = self.timeline.begin(self.global_steps + 1) if self.timeline is not None else None
             self._run(train_schedule(self.schedule_kind, self.num_stages, self.stage_id, self.micro_batches,
-                                     self.virtual_stages), state, batch=self.global_steps + 1)
+                                     self.virtual_stages), state, recorder)
+            if recorder is not None:
+                self.timeline.maybe_write({"schedule": self.schedule_kind, "stages": self.num_stages,
+                                           "micro_batches": self.micro_batches,
+                                           "virtual_stages": self.virtual_stages, "time_unit": "s"})
             return self._aggregate_loss(state.losses)
 
     def eval_batch(self, data_iter, return_logits: bool = False, compute_loss: bool = True,
@@ -211,6 +205,12 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         if return_logits:
             return loss, (state.logits if self.is_last_stage() else None)
         return loss
+
+    def _run(self, instructions: list, state: BatchState, recorder=None) -> None:
+        try:
+            self.last_batch_stats = self.executor.run(instructions, state, recorder)
+        finally:
+            self._force_grad_boundary = False
 
     @contextlib.contextmanager
     def _mode(self, training: bool, data_iter=None, keep_iter: bool = False):
@@ -360,38 +360,50 @@ class PipelineEngine(Executor, DeepSpeedEngine):
         raise RuntimeError(f"pipeline stage {self.stage_id}: tied weight {tuple(weight.shape)} is not in the "
                            f"BF16 optimizer's parameter groups")
 
-    # --- timeline ------------------------------------------------------------------------------------------
-    def _timeline_begin(self, batch: int | None):
-        """The recorder when train batch `batch` is a chosen timeline batch (after a barrier over the pipeline,
-        so that the stages' time origins line up), else None."""
-        rec = self._timeline
-        if rec is None or batch is None or batch not in rec.batches:
-            return None
-        if self.num_stages > 1:
-            with self.comm.guard("timeline", f"the barrier over {self.comm.describe('pipeline')}"):
-                dist.barrier(group=self.grid.get_pipe_parallel_group())
-        rec.begin_batch(batch)
-        return rec
+    # --- the executor's hooks (executor.EngineHooks) -------------------------------------------------------
+    def _next_micro_batch(self, where: str):
+        if self.data_iterator is None:
+            raise RuntimeError(f"{where}: no data iterator; pass one to train_batch()/eval_batch() on the first "
+                               f"and last stage")
+        batch = next(self.data_iterator)
+        return self.batch_fn(batch) if self.batch_fn is not None else batch
 
-    def _timeline_maybe_write(self) -> None:
-        """Once every chosen batch is recorded: gather the stages' spans over the pipeline group and write the
-        trace from global rank 0 (data-parallel / tensor-parallel rank 0 stands for its stage)."""
-        rec = self._timeline
-        if not rec.done:
-            return
-        self._timeline = None
-        spans = rec.spans
-        if self.num_stages > 1:
-            group = self.grid.get_pipe_parallel_group()
-            dst = self.grid.stage_to_global(0)
-            gathered = [None] * self.num_stages if dist.get_rank() == dst else None
-            with self.comm.guard("timeline", f"the span gather over {self.comm.describe('pipeline')}"):
-                dist.gather_object(spans, gathered, dst=dst, group=group)
-            spans = [s for part in gathered or [] for s in part]
-        if dist.get_rank() == 0:
-            write_trace(self._timeline_path, spans, {
-                "schedule": self.schedule_kind, "stages": self.num_stages, "micro_batches": self.micro_batches,
-                "virtual_stages": self.virtual_stages, "time_unit": "s"})
+    def _stage_forward(self, inputs, **kwargs):
+        return DeepSpeedEngine.forward(self, inputs, **kwargs)
+
+    def _backward_loss(self, loss: torch.Tensor) -> None:
+        self._loss_backward = True
+        try:
+            DeepSpeedEngine.backward(self, self._fp16_scaled(loss))
+        finally:
+            self._loss_backward = False
+
+    def _scaled_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        loss = self._fp16_scaled(loss) / self.gradient_accumulation_steps()
+        return self.optimizer.scale_if_loss(loss) if isinstance(self.optimizer, ZeROOptimizer) else loss
+
+    @contextlib.contextmanager
+    def _stage_backward(self):
+        if self.using_bf16_optimizer:
+            self.optimizer.clear_lp_grads()  # as DeepSpeed's pipeline engine; the prologue hook repeats it
+        with self._engine_backward():
+            yield
+            self._backward_epilogue()
+
+    def _reduce_grads(self) -> None:
+        if self.dp_world_size == 1 and not self.zero_optimization():
+            return  # one replica: DeepSpeed would flatten, all-reduce over one rank and copy back, for nothing
+        self._force_grad_boundary = True
+        if self.using_bf16_optimizer:
+            self.buffered_allreduce_fallback(grads=None, elements_per_buffer=MEMORY_OPT_ALLREDUCE_SIZE)
+        else:
+            self.allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE)
+        self._force_grad_boundary = False  # (and in _run's finally, if this raises)
+
+    def _step_optimizer(self) -> None:
+        self._force_grad_boundary = True
+        self._take_model_step(None)
+        self._force_grad_boundary = False
 
     # --- loss ------------------------------------------------------------------------------------------
     def _aggregate_loss(self, losses: list, broadcast: bool = True) -> torch.Tensor:

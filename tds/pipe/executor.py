@@ -8,33 +8,47 @@ gradients back to it, round the ring of stages (`schedule.route`).
 
 Backward protocol (DeepSpeed's, on every stage):
     BACKWARD          the loss unit: DeepSpeedEngine.backward(loss); others: autograd.backward(outputs,
-                      received grads) inside `_engine_backward()`, closed by `_backward_epilogue()`
+                      received grads) inside `_stage_backward()` (DeepSpeed's `_engine_backward` marker,
+                      closed by `_backward_epilogue()`)
     BACKWARD_INPUT    (B, ZB-H1) the same from the same roots (the loss scaled as DeepSpeedEngine.backward
                       scales it), but only what the stage inputs need (`graph_split.py`): the weight gradients
                       wait in `weight_grads` under the unit, with the deferring linears' (`weight_grad.py`)
-    BACKWARD_WEIGHT   (W) `weight_grads.run(unit)` inside `_engine_backward()`, closed by
-                      `_backward_epilogue()` too: BF16_Optimizer adds the low-precision gradients to its fp32
-                      accumulators there, so W's gradients must reach them before the next B clears them
+    BACKWARD_WEIGHT   (W) `weight_grads.run(unit)` inside `_stage_backward()` too: BF16_Optimizer adds the
+                      low-precision gradients to its fp32 accumulators there, so W's gradients must reach them
+                      before the next B clears them
 
-Counted per batch (`engine.last_batch_stats`): peak live activations = most units whose forward ran and whose
-backward (B under ZB-H1) did not yet, measured by the buffers this stage holds, and the most units with
-weight-gradient work pending (ZB-H1).
+The executor reads and calls nothing but its `StageContext`, built once by the engine:
+    place         stage_id, num_stages, chunks (model chunks per stage), prev_rank / next_rank (round the
+                  ring), receive_ahead
+    objects       module, boundary, p2p, weight_grads, comm and comm_in (what communicates in each op)
+    reports       whether this rank logs the stage's warnings
+    engine        the DeepSpeed engine's side of a step (`EngineHooks`): _next_micro_batch,
+                  _reentrant_activation_checkpointing, _stage_forward, _backward_loss, _scaled_loss,
+                  _stage_backward, _tied_grad, _reduce_grads, _step_optimizer
+
+Counted per batch (returned by `StageExecutor.run`, kept as `engine.last_batch_stats`): peak live activations
+= most units whose forward ran and whose backward (B under ZB-H1) did not yet, measured by the buffers this
+stage holds, and the most units with weight-gradient work pending (ZB-H1).
 """
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 
-from deepspeed.runtime.base_optimizer import ZeROOptimizer
-from deepspeed.runtime.engine import MEMORY_OPT_ALLREDUCE_SIZE, DeepSpeedEngine
 from deepspeed.utils import logger
 
 from .. import device as tds_device
 from . import graph_split
+from .boundary import Boundary
+from .collectives import CommGuard
 from .instructions import Instruction, Op
+from .p2p import P2P
+from .weight_grad import WeightGradStore
 
 Unit = tuple[int, int]  # (micro-batch, chunk)
 
@@ -59,12 +73,68 @@ class BatchState:
     peak_pending_w: int = 0  # most units with queued weight-gradient work (ZB-H1)
 
 
-class Executor:
-    """Mixin of `PipelineEngine`: `_run` and the instruction handlers (uses the engine's boundary, p2p,
-    module, optimizer, grid, weight_grads, timeline and comm)."""
+class EngineHooks(Protocol):
+    """The DeepSpeed engine's side of a step, as the executor calls it (`PipelineEngine` implements it)."""
 
-    def _run(self, instructions: list[Instruction], state: BatchState, batch: int | None = None) -> None:
-        """Run `instructions`; record their spans when `batch` is a chosen timeline batch."""
+    def _next_micro_batch(self, where: str) -> Any:
+        """The next (inputs, labels) item of the data iterator, after the engine's batch_fn."""
+
+    def _reentrant_activation_checkpointing(self) -> bool:
+        """Whether the first stage's float inputs must require grad (reentrant activation checkpointing)."""
+
+    def _stage_forward(self, inputs, **kwargs):
+        """DeepSpeedEngine.forward of the stage's module (its backward hooks on the outputs)."""
+
+    def _backward_loss(self, loss: torch.Tensor) -> None:
+        """DeepSpeedEngine.backward of a micro-batch's loss (1/m and the loss scale applied there)."""
+
+    def _scaled_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """`loss` scaled as DeepSpeedEngine.backward scales it (1/m, the ZeRO or fp16 loss scale)."""
+
+    def _stage_backward(self) -> AbstractContextManager:
+        """The block of a backward not started by DeepSpeedEngine.backward: the prologue's state, the
+        engine-backward marker, and on leaving it without an exception the epilogue."""
+
+    def _tied_grad(self, weight: torch.nn.Parameter) -> torch.Tensor:
+        """The gradient tensor the optimizer reads for a tied weight (zeros where this stage did not use it)."""
+
+    def _reduce_grads(self) -> None:
+        """The data-parallel gradient all_reduce at the end of a batch."""
+
+    def _step_optimizer(self) -> None:
+        """The optimizer step (with the engine's clipping, loss scaling and LR schedule)."""
+
+
+@dataclass(frozen=True)
+class StageContext:
+    """Everything a stage's executor reads, built once by the engine (module docstring)."""
+    stage_id: int
+    num_stages: int
+    chunks: int                     # model chunks per stage (virtual stages)
+    prev_rank: int | None           # global ranks of the previous / next stage round the ring; None at p = 1
+    next_rank: int | None
+    receive_ahead: bool             # post the next receive before it is reached
+    module: torch.nn.Module         # the stage's `PipelineModule`
+    boundary: Boundary
+    p2p: P2P | None                 # None at p = 1
+    weight_grads: WeightGradStore | None  # ZB-H1 only
+    comm: CommGuard
+    comm_in: dict                   # {Op: what communicates inside an instruction of that op}
+    reports: bool                   # this rank logs the stage's warnings (data- and tensor-parallel rank 0)
+    engine: EngineHooks
+
+
+class StageExecutor:
+    """Runs one stage's instruction lists (`run`), one handler per `Op`, from its `StageContext` alone."""
+
+    def __init__(self, ctx: StageContext) -> None:
+        self.ctx = ctx
+        self._told_unsplit = False  # ZB-H1: parameters whose weight gradients B computes, reported once
+
+    def run(self, instructions: list[Instruction], state: BatchState, recorder=None) -> dict:
+        """Run `instructions`; record their spans with `recorder` (a `timeline.TimelineRecorder`) if given.
+        Returns the batch's counts (module docstring)."""
+        ctx = self.ctx
         handlers = {Op.LOAD: self._exec_load, Op.RECV_ACT: self._exec_recv_act, Op.FORWARD: self._exec_forward,
                     Op.SEND_ACT: self._exec_send_act, Op.RECV_GRAD: self._exec_recv_grad,
                     Op.BACKWARD: self._exec_backward, Op.BACKWARD_INPUT: self._exec_backward_input,
@@ -74,72 +144,63 @@ class Executor:
         recvs = [(ins.micro_batch, ins.chunk) for ins in instructions if ins.op == Op.RECV_ACT]
         state.last_recv = recvs[-1] if recvs else (-1, -1)
         state.grad_order = [(ins.micro_batch, ins.chunk) for ins in instructions if ins.op == Op.RECV_GRAD]
-        recorder = self._timeline_begin(batch)
         clock = time.perf_counter
         try:  # exceptions: see PipelineEngine._mode
             for ins in instructions:
                 t0 = clock()
-                with self.comm.guard(f"instruction {ins}", self._comm_in[ins.op]):
+                with ctx.comm.guard(f"instruction {ins}", ctx.comm_in[ins.op]):
                     handlers[ins.op](ins, state)
                 if recorder is not None:
                     recorder.record(ins, t0, clock())
-            if self.p2p is not None:
-                self.p2p.wait_sends()
+            if ctx.p2p is not None:
+                ctx.p2p.wait_sends()
         finally:
-            self._force_grad_boundary = False
             if recorder is not None:
                 recorder.end_batch()
-        self.last_batch_stats = {"peak_live_activations": state.peak_live,
-                                 "peak_pending_weight_grads": state.peak_pending_w}
-        if recorder is not None:
-            self._timeline_maybe_write()
+        return {"peak_live_activations": state.peak_live, "peak_pending_weight_grads": state.peak_pending_w}
 
     # --- where a unit sits in the pipeline ----------------------------------------------------------------
     def _first_unit(self, ins: Instruction) -> bool:
         """Stage 0, chunk 0: takes the inputs from the data iterator, sends no gradient back."""
-        return self.is_first_stage() and ins.chunk == 0
+        return self.ctx.stage_id == 0 and ins.chunk == 0
 
     def _last_unit(self, ins: Instruction) -> bool:
         """Stage p-1, chunk v-1: computes the loss, sends no activation on."""
-        return self.is_last_stage() and ins.chunk == self.virtual_stages - 1
+        return self.ctx.stage_id == self.ctx.num_stages - 1 and ins.chunk == self.ctx.chunks - 1
 
     def _count_live(self, state: BatchState) -> None:
         state.peak_live = max(state.peak_live, len(state.outputs) + len(state.loss_graphs))
-        pending = len(self.weight_grads.pending()) if self.weight_grads is not None else 0
+        pending = len(self.ctx.weight_grads.pending()) if self.ctx.weight_grads is not None else 0
         state.peak_pending_w = max(state.peak_pending_w, pending)
 
     # --- handlers ------------------------------------------------------------------------------------------
     def _exec_load(self, ins: Instruction, state: BatchState) -> None:
-        if self.data_iterator is None:
-            raise RuntimeError(f"pipeline stage {self.stage_id}, {ins}: no data iterator; pass one to "
-                               f"train_batch()/eval_batch() on the first and last stage")
-        batch = next(self.data_iterator)
-        if self.batch_fn is not None:
-            batch = self.batch_fn(batch)
+        where = f"pipeline stage {self.ctx.stage_id}, {ins}"
+        batch = self.ctx.engine._next_micro_batch(where)
         if not isinstance(batch, (tuple, list)) or len(batch) != 2:
-            raise ValueError(f"pipeline stage {self.stage_id}, {ins}: the data iterator must yield (inputs, labels) "
-                             f"per micro-batch, got {type(batch).__name__}")
+            raise ValueError(f"{where}: the data iterator must yield (inputs, labels) per micro-batch, got "
+                             f"{type(batch).__name__}")
         dev = tds_device.device()
         if self._first_unit(ins):
             # copied, as DeepSpeed does: a layer that changes its input in place (nn.ReLU(inplace=True),
             # partitioned activation checkpointing) must not change the user's batch
             # reentrant checkpointing (DeepSpeed's decision): float inputs require grad
-            grad = self._reentrant_activation_checkpointing()
+            grad = self.ctx.engine._reentrant_activation_checkpointing()
             state.inputs[(ins.micro_batch, ins.chunk)] = _to_device(batch[0], dev, detach=True, copy=True, grad=grad)
         if self._last_unit(ins):
             state.labels[ins.micro_batch] = _to_device(batch[1], dev, detach=True)
 
     def _exec_recv_act(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
-        more = unit != state.last_recv and self._receive_ahead
-        state.inputs[unit] = self.boundary.recv_activations(self.prev_rank, str(ins), state.training, more)
+        more = unit != state.last_recv and self.ctx.receive_ahead
+        state.inputs[unit] = self.ctx.boundary.recv_activations(self.ctx.prev_rank, str(ins), state.training, more)
 
     def _exec_forward(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
         keep = state.training and not self._first_unit(ins)  # kept for send_grads
         inputs = state.inputs[unit] if keep else state.inputs.pop(unit)
-        kwargs = {"chunk": ins.chunk} if self.virtual_stages > 1 else {}
-        outputs = DeepSpeedEngine.forward(self, inputs, **kwargs)
+        kwargs = {"chunk": ins.chunk} if self.ctx.chunks > 1 else {}
+        outputs = self.ctx.engine._stage_forward(inputs, **kwargs)
         if not self._last_unit(ins):
             state.outputs[unit] = outputs
             self._count_live(state)
@@ -148,9 +209,10 @@ class Executor:
             state.logits.append(_detach(outputs))
         if not state.compute_loss:
             return
-        loss = self.module.loss_fn(outputs, state.labels.pop(ins.micro_batch)) if self.module.loss_fn else outputs
+        module = self.ctx.module
+        loss = module.loss_fn(outputs, state.labels.pop(ins.micro_batch)) if module.loss_fn else outputs
         if not (torch.is_tensor(loss) and loss.numel() == 1):
-            raise ValueError(f"pipeline stage {self.stage_id}, {ins}: the loss must be a scalar tensor, got "
+            raise ValueError(f"pipeline stage {self.ctx.stage_id}, {ins}: the loss must be a scalar tensor, got "
                              f"{type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}")
         state.losses.append(loss.detach().float().reshape(()))
         if state.training:
@@ -160,7 +222,7 @@ class Executor:
     def _exec_send_act(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
         out = state.outputs[unit] if state.training else state.outputs.pop(unit)
-        self.boundary.send_activations(out, self.next_rank, str(ins))
+        self.ctx.boundary.send_activations(out, self.ctx.next_rank, str(ins))
         self._post_grads_ahead(state)
 
     def _exec_recv_grad(self, ins: Instruction, state: BatchState) -> None:
@@ -168,48 +230,40 @@ class Executor:
         posted = state.grads_posted.pop(unit, None)
         if posted is None and state.grad_order and state.grad_order[0] == unit:
             state.grad_order.pop(0)  # received now, not ahead
-        state.grads[unit] = self.boundary.recv_grads(state.outputs[unit], self.next_rank, str(ins), posted)
+        state.grads[unit] = self.ctx.boundary.recv_grads(state.outputs[unit], self.ctx.next_rank, str(ins), posted)
         self._post_grads_ahead(state)
 
     def _post_grads_ahead(self, state: BatchState) -> None:
         """Post the gradient receives of the units whose activations left, in the order the schedule receives
         them, so that a gradient is taken in while the stage computes (as activations are, `recv_activations`)."""
-        if not self._receive_ahead:
+        if not self.ctx.receive_ahead:
             return
         order = state.grad_order
         while order and order[0] in state.outputs:
             unit = order.pop(0)
-            state.grads_posted[unit] = self.boundary.post_grads(state.outputs[unit], self.next_rank)
+            state.grads_posted[unit] = self.ctx.boundary.post_grads(state.outputs[unit], self.ctx.next_rank)
 
     def _exec_backward(self, ins: Instruction, state: BatchState) -> None:
         """DeepSpeed's backward protocol on every stage: the hooks DeepSpeedEngine.forward put on the stage's
         outputs run the prologue when the first gradient arrives, `_backward_epilogue` closes it (ZeRO's
         backward depth back to 0, BF16_Optimizer's fp32 accumulation), as `DeepSpeedEngine.backward` does."""
         if self._last_unit(ins):
-            self._loss_backward = True
-            try:
-                DeepSpeedEngine.backward(self, self._fp16_scaled(state.loss_graphs.pop(ins.micro_batch)))
-            finally:
-                self._loss_backward = False
+            self.ctx.engine._backward_loss(state.loss_graphs.pop(ins.micro_batch))
             return
         roots, grads = self._backward_roots(ins, state)
         if not roots:
             return  # no gradient reaches this stage's parameters: no prologue ran, nothing to close
-        if self.using_bf16_optimizer:
-            self.optimizer.clear_lp_grads()  # as DeepSpeed's pipeline engine; the prologue hook repeats it
-        with self._engine_backward():
+        with self.ctx.engine._stage_backward():
             torch.autograd.backward(roots, grads)
-            self._backward_epilogue()
 
     def _backward_roots(self, ins: Instruction, state: BatchState) -> tuple[list, list]:
         """(tensors, gradients) the unit's backward starts from: the loss (scaled as DeepSpeedEngine.backward
         scales it: 1/m, and the ZeRO or fp16 loss scale) or the outputs with the gradients received."""
         unit = (ins.micro_batch, ins.chunk)
         if self._last_unit(ins):
-            loss = self._fp16_scaled(state.loss_graphs.pop(ins.micro_batch)) / self.gradient_accumulation_steps()
-            return [self.optimizer.scale_if_loss(loss) if isinstance(self.optimizer, ZeROOptimizer) else loss], [None]
+            return [self.ctx.engine._scaled_loss(state.loss_graphs.pop(ins.micro_batch))], [None]
         outputs = (state.outputs.pop(unit),) if torch.is_tensor(state.outputs[unit]) else state.outputs.pop(unit)
-        declared = [t for d, t in zip(self.boundary.decls, outputs) if d.grad]
+        declared = [t for d, t in zip(self.ctx.boundary.decls, outputs) if d.grad]
         pairs = [(t, g) for t, g in zip(declared, state.grads.pop(unit)) if t.requires_grad]
         return [t for t, _ in pairs], [g for _, g in pairs]
 
@@ -219,33 +273,30 @@ class Executor:
         unit = (ins.micro_batch, ins.chunk)
         roots, grads = self._backward_roots(ins, state)
         if roots:
-            with self.weight_grads.defer(unit):
-                if self.using_bf16_optimizer:
-                    self.optimizer.clear_lp_grads()
-                with self._engine_backward():
+            store = self.ctx.weight_grads
+            with store.defer(unit):
+                with self.ctx.engine._stage_backward():
                     done = self._backward_input(roots, grads)
-                    self._backward_epilogue()
-                self.weight_grads.later(done.run)
+                store.later(done.run)
             self._report_unsplit(done)
         self._count_live(state)
 
     def _exec_backward_weight(self, ins: Instruction, state: BatchState) -> None:
-        """W: the unit's queued weight gradients, accumulated as a backward would (module docstring)."""
-        if self.using_bf16_optimizer:
-            self.optimizer.clear_lp_grads()  # B's epilogue already moved the low-precision grads to fp32
-        with self._engine_backward():
-            self.weight_grads.run((ins.micro_batch, ins.chunk))
-            self._backward_epilogue()
+        """W: the unit's queued weight gradients, accumulated as a backward would (module docstring); under
+        BF16_Optimizer the low-precision gradients are cleared first, B's epilogue having moved them to fp32."""
+        with self.ctx.engine._stage_backward():
+            self.ctx.weight_grads.run((ins.micro_batch, ins.chunk))
 
     def _backward_input(self, roots: list, grads: list) -> graph_split.BackwardInput:
         """B through the graph split, except on a stage whose store linears defer (weight_grad.py): the rest of
         its weights (norms, embeddings, biases) costs less in B than kept graphs and W calls would (README)."""
-        stored = {id(p) for m in self.module.modules() if getattr(m, "weight_grad_store", None) is not None
+        module = self.ctx.module
+        stored = {id(p) for m in module.modules() if getattr(m, "weight_grad_store", None) is not None
                   for p in m.parameters(recurse=False)}
         if stored:
             return graph_split.backward_whole(roots, grads, [], "")
-        params = [p for p in self.module.parameters() if p.requires_grad]
-        if self.module.activation_checkpoint_interval > 0 and any(self.module.is_checkpointable_results):
+        params = [p for p in module.parameters() if p.requires_grad]
+        if module.activation_checkpoint_interval > 0 and any(module.is_checkpointable_results):
             return graph_split.backward_whole(roots, grads, params, "activation checkpointing (W would recompute "
                                               "each checkpointed segment again)")
         return graph_split.backward_input(roots, grads, params)
@@ -255,36 +306,27 @@ class Executor:
         if not done.unsplit or self._told_unsplit:
             return
         self._told_unsplit = True
-        if self.grid.get_data_parallel_rank() == 0 and self.grid.get_slice_parallel_rank() == 0:
-            names = {id(p): n for n, p in self.module.named_parameters()}
+        if self.ctx.reports:
+            names = {id(p): n for n, p in self.ctx.module.named_parameters()}
             listed = ", ".join(names.get(id(p), "?") for p in done.unsplit[:8])
             more = f" and {len(done.unsplit) - 8} more" if len(done.unsplit) > 8 else ""
-            logger.warning(f"pipeline stage {self.stage_id}: ZB-H1 computes the weight gradients of {listed}{more} "
-                           f"in B, not W: {done.reason}")
+            logger.warning(f"pipeline stage {self.ctx.stage_id}: ZB-H1 computes the weight gradients of {listed}"
+                           f"{more} in B, not W: {done.reason}")
 
     def _exec_send_grad(self, ins: Instruction, state: BatchState) -> None:
-        self.boundary.send_grads(state.inputs.pop((ins.micro_batch, ins.chunk)), self.prev_rank, str(ins))
+        self.ctx.boundary.send_grads(state.inputs.pop((ins.micro_batch, ins.chunk)), self.ctx.prev_rank, str(ins))
 
     def _exec_reduce_tied(self, ins: Instruction, state: BatchState) -> None:
         """Sum tied-weight gradients over the stages that share them, keys in sorted order on every rank."""
-        for weight, group in self.module.get_tied_weights_and_groups():
+        for weight, group in self.ctx.module.get_tied_weights_and_groups():
             if weight.requires_grad:  # frozen on every rank alike
-                dist.all_reduce(self._tied_grad(weight), group=group)
+                dist.all_reduce(self.ctx.engine._tied_grad(weight), group=group)
 
     def _exec_reduce_grads(self, ins: Instruction, state: BatchState) -> None:
-        if self.dp_world_size == 1 and not self.zero_optimization():
-            return  # one replica: DeepSpeed would flatten, all-reduce over one rank and copy back, for nothing
-        self._force_grad_boundary = True
-        if self.using_bf16_optimizer:
-            self.buffered_allreduce_fallback(grads=None, elements_per_buffer=MEMORY_OPT_ALLREDUCE_SIZE)
-        else:
-            self.allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE)
-        self._force_grad_boundary = False  # (and in _run's finally, if this raises)
+        self.ctx.engine._reduce_grads()
 
     def _exec_step(self, ins: Instruction, state: BatchState) -> None:
-        self._force_grad_boundary = True
-        self._take_model_step(None)
-        self._force_grad_boundary = False
+        self.ctx.engine._step_optimizer()
 
 
 def _to_device(value, dev: torch.device, detach: bool, copy: bool = False, grad: bool = False):

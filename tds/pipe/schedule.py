@@ -6,7 +6,6 @@ DeepSpeed looks for them. Library code imports the two modules themselves.
 from .ds_schedule import *  # noqa: F401,F403
 from .ds_schedule import __all__ as _ds_names
 from .instructions import *  # noqa: F401,F403
-from .instructions import _expand  # noqa: F401  (tests)
 from .instructions import __all__ as _tds_names
 
 __all__ = _tds_names + _ds_names

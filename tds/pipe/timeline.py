@@ -1,7 +1,8 @@
 """Pipeline timelines: when each stage ran each instruction, in the Chrome trace format.
 
 The engine records spans (stage, op, micro-batch, chunk, start, end) around every instruction of chosen
-batches with a `TimelineRecorder`; `schedule_sim.simulate_timed` produces the same spans from given costs.
+batches with a `TimelineRecorder`, which its `StageTimeline` (the `pipeline.timeline` option) hands out and
+writes; `schedule_sim.simulate_timed` produces the same spans from given costs.
 `write_trace` stores them as Chrome trace JSON (`chrome://tracing` and https://ui.perfetto.dev open it: one
 process per batch, one thread per stage), `read_trace` reads them back and `bubble_fractions` measures:
 
@@ -20,9 +21,11 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
+import torch.distributed as dist
+
 from .instructions import COMPUTE_OPS, Instruction
 
-__all__ = ["Span", "TimelineRecorder", "write_trace", "read_trace", "bubble_fractions"]
+__all__ = ["Span", "TimelineRecorder", "StageTimeline", "write_trace", "read_trace", "bubble_fractions"]
 
 _COMPUTE = {op.value for op in COMPUTE_OPS}
 
@@ -83,6 +86,61 @@ class TimelineRecorder:
     def done(self) -> bool:
         """True once every chosen batch has been recorded (time to write the trace)."""
         return {s.batch for s in self.spans} >= set(self.batches)
+
+
+class StageTimeline:
+    """The engine's `pipeline.timeline` option on one stage: records the chosen train batches and, once all
+    are recorded, writes one trace from global rank 0 (data-parallel / tensor-parallel rank 0 stands for its
+    stage). `from_config` returns None when no timeline is asked for."""
+
+    def __init__(self, path: str, batches, grid, comm) -> None:
+        self.path, self.grid, self.comm = path, grid, comm
+        self.num_stages = grid.pipe_parallel_size
+        self.recorder: TimelineRecorder | None = TimelineRecorder(grid.get_stage_id(), frozenset(batches))
+
+    @classmethod
+    def from_config(cls, cfg: dict, grid, comm) -> "StageTimeline | None":
+        """pipeline.timeline (a Chrome trace path) records the train batches numbered in
+        pipeline.timeline_batches (global step after the batch, as Megatron's iteration; default [3, 4])."""
+        path = cfg.get("timeline")
+        if not path:
+            return None
+        batches = cfg.get("timeline_batches", [3, 4])
+        if isinstance(batches, int):
+            batches = [batches]
+        if not batches or any(not isinstance(b, int) or b < 1 for b in batches):
+            raise ValueError(f"pipeline.timeline_batches must be a list of batch numbers >= 1 (Megatron's "
+                             f"iterations), got {batches!r}")
+        return cls(path, batches, grid, comm)
+
+    def begin(self, batch: int) -> TimelineRecorder | None:
+        """The recorder when train batch `batch` is a chosen batch not yet written (after a barrier over the
+        pipeline, so that the stages' time origins line up), else None."""
+        rec = self.recorder
+        if rec is None or batch not in rec.batches:
+            return None
+        if self.num_stages > 1:
+            with self.comm.guard("timeline", f"the barrier over {self.comm.describe('pipeline')}"):
+                dist.barrier(group=self.grid.get_pipe_parallel_group())
+        rec.begin_batch(batch)
+        return rec
+
+    def maybe_write(self, metadata: dict) -> None:
+        """Once every chosen batch is recorded: gather the stages' spans over the pipeline group and write the
+        trace, with `metadata`, from global rank 0."""
+        rec = self.recorder
+        if rec is None or not rec.done:
+            return
+        self.recorder = None
+        spans = rec.spans
+        if self.num_stages > 1:
+            dst = self.grid.stage_to_global(0)
+            gathered = [None] * self.num_stages if dist.get_rank() == dst else None
+            with self.comm.guard("timeline", f"the span gather over {self.comm.describe('pipeline')}"):
+                dist.gather_object(spans, gathered, dst=dst, group=self.grid.get_pipe_parallel_group())
+            spans = [s for part in gathered or [] for s in part]
+        if dist.get_rank() == 0:
+            write_trace(self.path, spans, metadata)
 
 
 def _short(span: Span) -> str:

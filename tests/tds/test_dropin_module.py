@@ -115,12 +115,12 @@ def checkpoint_saved_bytes(engine) -> list[int]:
     """Activation bytes kept by DeepSpeed's checkpoint function (CheckpointFunction's saved float inputs, the
     partition where partitioned; not the int64 shape records) in each micro-batch's graph, read just before
     its backward; -1 where no DeepSpeed checkpoint is in the graph (torch's checkpoint ran)."""
-    seen, original = [], engine._exec_backward
+    seen, original = [], engine.executor._exec_backward
 
     def measure(ins, state):
         seen.append(_saved_bytes(state.loss_graphs[ins.micro_batch].grad_fn))
         original(ins, state)
-    engine._exec_backward = measure
+    engine.executor._exec_backward = measure
     return seen
 
 

@@ -16,7 +16,7 @@ def grads_rank(gas: int, mbs: int) -> dict:
     """Gradients on every stage just before the optimizer step of the first batch."""
     engine = harness.build(common.stack_specs(), ([True], ["float"], [False]), pp=2, gas=gas, mbs=mbs, zero=0)
     captured = {}
-    reduce = engine._exec_reduce_grads
+    reduce = engine.executor._exec_reduce_grads
 
     def spy(ins, state):
         module = engine.module
@@ -24,7 +24,7 @@ def grads_rank(gas: int, mbs: int) -> dict:
             for n, p in layer.named_parameters():
                 captured[f"{i + module._local_start}.{n}"] = p.grad.detach().clone()
         reduce(ins, state)
-    engine._exec_reduce_grads = spy
+    engine.executor._exec_reduce_grads = spy
     X, Y = common.make_data(1, gas * mbs)
     engine.train_batch(common.rank_iterator(X, Y, 0, 1, gas, mbs))
     return captured

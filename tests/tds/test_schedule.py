@@ -101,7 +101,7 @@ def test_interleaved_deadlock_free(p, m, v):
 def test_interleaved_m_not_multiple_of_p_is_refused_because_the_order_breaks():
     """Why check_schedule asks m % p == 0: Megatron's order with a short last group deadlocks (p=4, m=5,
     v=3) or crosses an activation with a gradient on the shared link of p = 2 (m=3)."""
-    from tds.pipe.schedule import SCHEDULES, _expand
+    from tds.pipe.instructions import SCHEDULES, _expand
     for (p, m, v), error in [((4, 5, 3), "deadlock"), ((2, 3, 2), r"received \('grad', 1, 1\)")]:
         lists = [[i for u in SCHEDULES["interleaved"](p, s, m, v) for i in _expand(u, p, s, v)] for s in range(p)]
         with pytest.raises(RuntimeError, match=error):
