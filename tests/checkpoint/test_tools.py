@@ -103,8 +103,9 @@ def test_bad_input_is_one_line(gpt2_222, tmp_path):
     assert result.returncode == 2 and len(errors) == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
 
 
-def _to_previous_layout(folder: str) -> None:
-    """Rewrite a pp = 1 checkpoint as the previous layout wrote it: the module in mp_rank_00, no layer files."""
+def _to_previous_layout(folder: str, plain_path: bool = False) -> None:
+    """Rewrite a pp = 1 checkpoint as the previous layout wrote it: the module in mp_rank_00, no layer files;
+    with `plain_path`, also without the later module_form and model / layout records (the plain-model path)."""
     args = read_args(folder)
     table = ModelTable(args)
     module = {}
@@ -119,6 +120,8 @@ def _to_previous_layout(folder: str) -> None:
     engine["module"] = {p.name: module[p.name] for p in table.params}
     torch.save(engine, path)
     os.remove(os.path.join(folder, "manifest.json"))  # the previous layout predates manifests
+    if plain_path:
+        write_args(folder, {k: v for k, v in args.items() if k not in ("module_form", "model", "layout")})
 
 
 def test_previous_pp1_layout_reads_the_same(gpt2_222, tmp_path):
@@ -140,7 +143,7 @@ def test_previous_pp1_layout_resumes_exactly(data_prefix, tmp_path):
     save = str(tmp_path / "ckpt")
     straight = train("gpt2", data_prefix, (1, 1, 1), 4)
     train("gpt2", data_prefix, (1, 1, 1), 2, ["--save", save])
-    _to_previous_layout(os.path.join(save, "iter_0000002"))
+    _to_previous_layout(os.path.join(save, "iter_0000002"), plain_path=True)
     assert train("gpt2", data_prefix, (1, 1, 1), 4, ["--load", save]) == straight[2:]
 
 
