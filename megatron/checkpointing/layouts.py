@@ -135,7 +135,8 @@ def _write_rank(ck, folder, args, table, bounds, stage, tp_rank, weights, optim,
             state["optimizer"] = sd
             _save_zero(sd, args, os.path.join(folder, zero_file(0, mp, True)))
         else:
-            state["optimizer"] = write_client(st) if kind == "client" else write_unfused(st)
+            state["optimizer"] = (write_client(st, table.unused_copies(bounds, stage, pp)) if kind == "client"
+                                  else write_unfused(st))
     torch.save(state, os.path.join(folder, mp_rank_file(mp)))
 
 

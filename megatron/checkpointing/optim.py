@@ -184,13 +184,14 @@ def read_flat(states: Sequence[dict], groups: List[Tuple[str, List[str]]], shape
 
 
 # --- per-parameter layouts (stage 0) --------------------------------------------------------------------
-def _adam_state_dict(st: StageOptim) -> dict:
-    """torch AdamW state_dict over the stage's parameters, indexed in group order."""
+def _adam_state_dict(st: StageOptim, stateless: Sequence[str] = ()) -> dict:
+    """torch AdamW state_dict over the stage's parameters, indexed in group order; the `stateless` ones never
+    had a gradient, so torch holds no state for them."""
     state, groups, index = {}, [], 0
     for kind, names in st.groups:
         ids = []
         for n in names:
-            if st.step[kind] is not None:
+            if st.step[kind] is not None and n not in stateless:
                 state[index] = {"step": _copy(st.step[kind]), **{k: st.tensors[n][k].clone() for k in STATE_KEYS}}
             ids.append(index)
             index += 1
@@ -218,8 +219,10 @@ def _read_adam(sd: dict, st: StageOptim, shapes: Dict[str, torch.Size]) -> None:
         st.step.setdefault(kind, None)
 
 
-def write_client(st: StageOptim) -> dict:
-    return _adam_state_dict(st)
+def write_client(st: StageOptim, unused: Sequence[str] = ()) -> dict:
+    """Stage-0 fp32 (torch AdamW): no state for the `unused` copies a stage holds (`ModelTable.unused_copies`),
+    which never get a gradient there."""
+    return _adam_state_dict(st, unused)
 
 
 def read_client(sd: dict, groups, weights: Dict[str, torch.Tensor]) -> StageOptim:
