@@ -86,8 +86,9 @@ def check_compatible(saved: Dict[str, Any], run: Dict[str, Any], where: str) -> 
 
 
 def _same_layout(saved: Dict[str, Any], cfg) -> bool:
-    """Same (tp, pp, dp), ZeRO stage, partition and chunks per stage (these decide each rank's files)."""
-    return layout_record(saved) == cfg.layout.record() and not plain_pp1(saved)
+    """Same (tp, pp, dp), ZeRO stage, partition and chunks per stage (these decide each rank's files): the
+    'layout' records this run would save and the checkpoint has."""
+    return layout_record(saved) == layout_record(cfg.record) and not plain_pp1(saved)
 
 
 def _dims(cfg) -> Tuple[int, int, int]:

@@ -1,7 +1,7 @@
 """The run's configuration as frozen records, one per section, built once from the resolved arguments.
 
     parse_args(argv)  -> resolved argparse.Namespace (megatron.config.resolution: every derived value, checks)
-    settle(args, vocab_size, spec) -> RunConfig  (the tokenizer's vocabulary is the last value; then frozen)
+    settle(with_vocabulary(args, V), spec) -> RunConfig  (the tokenizer's vocabulary is the last value; frozen)
 
 Each consumer receives the section it needs (torchtitan's JobConfig, nanoGPT's `model_args`):
 
@@ -29,11 +29,11 @@ from typing import Any, Dict, Mapping, Optional, Tuple, Union
 from megatron.config.batch_schedule import BatchSchedule
 
 
-def _pick(cls, args: argparse.Namespace, **renamed):
-    """An instance of section `cls` from `args`: each field from the argument of the same name, or as renamed."""
+def _pick(cls, args: argparse.Namespace):
+    """An instance of section `cls` from `args`: each field from the argument of the same name."""
     values = {}
     for f in fields(cls):
-        value = getattr(args, renamed.get(f.name, f.name), None)
+        value = getattr(args, f.name, None)
         values[f.name] = tuple(value) if isinstance(value, list) else value
     return cls(**values)
 
@@ -51,13 +51,6 @@ class Layout:
     virtual_pipe_stages: int     # model chunks per pipeline stage (1 unless interleaved)
     partition_method: Union[None, str, Tuple[int, ...]]
     distributed_timeout_minutes: float
-
-    def record(self) -> Dict[str, Any]:
-        """What a checkpoint stores of the layout (its own record in megatron_args.json)."""
-        return dict(tp=self.tp, pp=self.pp, dp=self.dp, zero_stage=self.ds_zero_stage,
-                    virtual_pipe_stages=self.virtual_pipe_stages,
-                    partition_method=list(self.partition_method) if isinstance(self.partition_method, tuple)
-                    else self.partition_method)
 
 
 @dataclass(frozen=True)
