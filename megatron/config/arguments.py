@@ -171,12 +171,30 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "draw it with tools/plot_pipeline.py OUT.json -o timeline.png")
     g.add_argument("--pipeline-timeline-batches", type=int, nargs="+", default=None, metavar="ITERATION",
                    help="iterations to record (pipeline.timeline_batches), default 3 4")
+    g = p.add_argument_group("long runs (preemption, time limits, NaN)")
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="on SIGTERM or SIGUSR1 (SLURM's preemption and time-limit signals, `scancel --signal`) to any "
+                        "rank, every rank finishes its iteration, saves a checkpoint at it (with --save) and exits 0; "
+                        "further signals during that save are ignored (on in the example scripts)")
+    g.add_argument("--exit-duration-in-mins", type=float, default=None,
+                   help="save (with --save) and exit 0 once the run has lasted this many minutes")
+    g.add_argument("--check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
+                   action=argparse.BooleanOptionalAction, default=True,
+                   help="fp32/bf16: stop before the optimizer step when the loss or the gradient norm is NaN or "
+                        "infinite, naming the iteration, the first stage and rank and the last checkpoint (default "
+                        "on; fp16 skips such steps through its loss scale instead)")
+    g.add_argument("--max-skipped-steps", type=int, default=100, metavar="N",
+                   help="fp16: stop after N consecutive steps skipped for overflow (0 = never; default 100)")
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save", type=str, default=None)
     g.add_argument("--load", type=str, default=None)
     g.add_argument("--ckpt-step", type=int, default=None, metavar="N",
                    help="load iteration N of --load (its folder iter_000000N) instead of the one `latest` names")
     g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--async-save", action="store_true",
+                   help="write checkpoints in the background: the state is copied off the training tensors, "
+                        "training goes on, `latest` moves only once every rank's files are complete; a new save "
+                        "and the run's exit wait for the previous one")
     g.add_argument("--no-load-optim", action="store_true", help="load model weights only")
     g.add_argument("--no-load-rng", action="store_true", help="do not restore the random number generators")
     g.add_argument("--finetune", action="store_true",

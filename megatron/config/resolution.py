@@ -314,6 +314,10 @@ def _resolve_schedule(args: argparse.Namespace) -> None:
     _need(args.exit_interval is None or args.exit_interval >= 1,
           f"--exit-interval must be >= 1, got {args.exit_interval}")
     _need(args.eval_interval >= 1, f"--eval-interval must be >= 1, got {args.eval_interval}")
+    _need(args.exit_duration_in_mins is None or args.exit_duration_in_mins > 0,
+          f"--exit-duration-in-mins must be > 0, got {args.exit_duration_in_mins}")
+    _need(args.max_skipped_steps >= 0, f"--max-skipped-steps must be >= 0, got {args.max_skipped_steps}")
+    _need(not args.async_save or args.save is not None, "--async-save needs --save DIR")
     if args.distributed_timeout_minutes is None:
         args.distributed_timeout_minutes = DISTRIBUTED_TIMEOUT_MINUTES
     _need(args.distributed_timeout_minutes > 0,

@@ -11,6 +11,7 @@ Each consumer receives the section it needs (torchtitan's JobConfig, nanoGPT's `
     optimizer   AdamW and clipping;  lr: the LR schedule in its unit (iterations or samples)
     precision   fp16 / bf16;  data: datasets and micro-batches;  tokenizer: files and vocabulary sizes
     checkpoint  --save / --load and what to load;  logging: intervals, evaluation, TensorBoard
+    exit        early stops: --exit-interval, signals, --exit-duration-in-mins, non-finite loss or gradients
     ds_config   the dict DeepSpeed receives (derived from the sections by megatron.config.ds_config)
     record      the full resolved command line, read-only: written to megatron_args.json for information
 
@@ -125,6 +126,7 @@ class Checkpoint:
     save: Optional[str]
     load: Optional[str]
     save_interval: Optional[int]
+    async_save: bool
     ckpt_step: Optional[int]         # load this iteration instead of `latest`
     finetune: bool
     no_load_optim: bool
@@ -136,9 +138,18 @@ class Logging:
     log_interval: int
     eval_interval: int
     eval_iters: int
-    exit_interval: Optional[int]
     tensorboard_dir: Optional[str]
     deepspeed_verbose: bool
+
+
+@dataclass(frozen=True)
+class Exit:
+    """When a run stops early (saving first): an iteration multiple, a signal, a time limit, a non-finite step."""
+    exit_interval: Optional[int]
+    exit_signal_handler: bool
+    exit_duration_in_mins: Optional[float]
+    check_for_nan_in_loss_and_grad: bool
+    max_skipped_steps: int                   # fp16: consecutive overflow skips before stopping (0 = never)
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,7 @@ class RunConfig:
     tokenizer: Tokenizer
     checkpoint: Checkpoint
     logging: Logging
+    exit: Exit
     ds_config: Mapping[str, Any]     # read-only; `deepspeed_dict()` gives DeepSpeed its own copy
     record: Mapping[str, Any]        # the resolved command line (JSON types), read-only
 
@@ -181,6 +193,7 @@ def lr_schedule_of(args: argparse.Namespace) -> LRSchedule:
 
 def checkpoint_of(args: argparse.Namespace) -> Checkpoint:
     return Checkpoint(save=args.save, load=args.load, save_interval=args.save_interval,
+                      async_save=bool(args.async_save),
                       ckpt_step=args.ckpt_step, finetune=bool(args.finetune), no_load_optim=bool(args.no_load_optim),
                       no_load_rng=bool(args.no_load_rng))
 
@@ -197,5 +210,6 @@ def settle(args: argparse.Namespace, spec) -> RunConfig:
         model_type=args.model_type, seed=args.seed, model=spec.config(args), layout=layout_of(args), batch=_pick(Batch, args),
         optimizer=_pick(Optimizer, args), lr=lr_schedule_of(args), precision=_pick(Precision, args),
         data=_pick(Data, args), tokenizer=_pick(Tokenizer, args), checkpoint=checkpoint_of(args),
-        logging=_pick(Logging, args), ds_config=MappingProxyType(copy.deepcopy(args.ds_config)),
+        logging=_pick(Logging, args), exit=_pick(Exit, args),
+        ds_config=MappingProxyType(copy.deepcopy(args.ds_config)),
         record=MappingProxyType(json_record(args)))

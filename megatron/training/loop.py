@@ -91,11 +91,11 @@ def train(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch]
         if make_valid_iter is not None and log.eval_iters > 0 and state.iteration % log.eval_interval == 0:
             evaluate_and_print(engine, cfg, make_valid_iter(), f"iteration {state.iteration}", tb,
                                state.iteration, "valid")
-        exiting = log.exit_interval is not None and state.iteration % log.exit_interval == 0
+        exiting = cfg.exit.exit_interval is not None and state.iteration % cfg.exit.exit_interval == 0
         if save.save and (exiting or (save.save_interval and state.iteration % save.save_interval == 0)):
             save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
             state.saved_iteration = state.iteration
         if exiting:
-            print_rank_last(f"exiting at iteration {state.iteration} (--exit-interval {log.exit_interval})")
+            print_rank_last(f"exiting at iteration {state.iteration} (--exit-interval {cfg.exit.exit_interval})")
             break
     return state

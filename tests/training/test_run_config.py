@@ -29,8 +29,9 @@ def test_every_section_is_frozen_and_holds_the_resolved_values(gpt_data):
     cfg, tokenizer = _cfg(gpt_data)
     sections = [f.name for f in dataclasses.fields(cfg)]
     assert sections == ["model_type", "seed", "model", "layout", "batch", "optimizer", "lr", "precision", "data",
-                        "tokenizer", "checkpoint", "logging", "ds_config", "record"]
-    for name in ("layout", "batch", "optimizer", "lr", "precision", "data", "tokenizer", "checkpoint", "logging"):
+                        "tokenizer", "checkpoint", "logging", "exit", "ds_config", "record"]
+    for name in ("layout", "batch", "optimizer", "lr", "precision", "data", "tokenizer", "checkpoint", "logging",
+                 "exit"):
         section = getattr(cfg, name)
         field = dataclasses.fields(section)[0].name
         with pytest.raises(dataclasses.FrozenInstanceError):
@@ -51,6 +52,8 @@ def test_every_section_is_frozen_and_holds_the_resolved_values(gpt_data):
     assert cfg.tokenizer.padded_vocab_size % (8 * 2) == 0 and cfg.model.vocab_size == tokenizer.vocab_size
     assert cfg.model == GPT_SPEC.config(argparse.Namespace(**cfg.record))
     assert cfg.data.data_path == (gpt_data["data_prefix"],) and cfg.data.seq_length == 32
+    assert cfg.exit.check_for_nan_in_loss_and_grad and not cfg.exit.exit_signal_handler
+    assert (cfg.exit.max_skipped_steps, cfg.checkpoint.async_save) == (100, False)
     copy = cfg.deepspeed_dict()
     copy["zero_optimization"]["stage"] = 0
     assert cfg.ds_config["zero_optimization"]["stage"] == 1  # DeepSpeed gets its own copy
