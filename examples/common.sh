@@ -35,7 +35,8 @@ run_settings() {
     SPLIT=${SPLIT:-949,50,1}
     LAUNCHER=${LAUNCHER:-$([[ -n "${HOSTFILE:-}" ]] && echo deepspeed || echo torchrun)}
     HOSTFILE=${HOSTFILE:-}
-    MASTER_PORT=${MASTER_PORT:-29500}
+    # in a SLURM job: the port megatron.config.launcher_env derives from the job id
+    MASTER_PORT=${MASTER_PORT:-$([[ ${SLURM_JOB_ID:-} =~ ^[0-9]+$ ]] && echo $(( 10000 + SLURM_JOB_ID % 20000 )) || echo 29500)}
 }
 
 # data_path_args: DATA_PATH into the array DATA_PATH_ARGS. One prefix (spaces allowed), or Megatron's
@@ -91,11 +92,16 @@ build_default_data() {
 }
 
 # world_size: the number of processes the launcher will start (the slots of HOSTFILE with the DeepSpeed
-#   launcher, else NPROC on this node).
+#   launcher; the SLURM job's tasks with srun; NPROC on each of its nodes with srun-torchrun; else NPROC on
+#   this node).
 world_size() {
     if [[ $LAUNCHER == deepspeed && -n "$HOSTFILE" ]]; then
         awk '!/^[[:space:]]*#/ { for (i = 1; i <= NF; i++) if ($i ~ /^slots=/) { sub(/^slots=/, "", $i); n += $i } }
              END { print n + 0 }' "$HOSTFILE"
+    elif [[ $LAUNCHER == srun ]]; then
+        echo "${SLURM_NTASKS:?LAUNCHER=srun runs inside a SLURM allocation (sbatch, salloc)}"
+    elif [[ $LAUNCHER == srun-torchrun ]]; then
+        echo $(( NPROC * ${SLURM_JOB_NUM_NODES:?LAUNCHER=srun-torchrun runs inside a SLURM allocation (sbatch, salloc)} ))
     else
         echo "$NPROC"
     fi
@@ -124,23 +130,34 @@ hide_after() {
 
 # launch SCRIPT ARGS...
 #   LAUNCHER=torchrun (default; one node, NPROC processes) or deepspeed (HOSTFILE for several nodes,
-#   else NPROC local processes; MASTER_PORT). A user error seen by any process (megatron.errors) is printed
-#   once, as `error: ...`, after the launcher has stopped, and the script exits 2.
+#   else NPROC local processes; MASTER_PORT). Inside a SLURM allocation (examples/slurm): srun (one task per
+#   rank, every task of the job; the ranks come from SLURM's variables) or srun-torchrun (one task per node,
+#   each a torchrun of NPROC processes meeting at the job's first node, MASTER_PORT). A user error seen by any
+#   process (megatron.errors) is printed once, as `error: ...`, after the launcher has stopped, and the script
+#   exits 2.
 launch() {
     local script=$1
     shift
-    local cmd
+    local cmd nodes
     case "$LAUNCHER" in
         torchrun)
             cmd=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" --standalone) ;;
         deepspeed)
             cmd=(deepspeed --master_port "$MASTER_PORT")
             if [[ -n "$HOSTFILE" ]]; then cmd+=(--hostfile "$HOSTFILE"); else cmd+=(--num_gpus "$NPROC"); fi ;;
+        srun)
+            cmd=(srun --kill-on-bad-exit=1 "$PYTHON") ;;
+        srun-torchrun)
+            nodes=$SLURM_JOB_NUM_NODES
+            cmd=(srun --nodes "$nodes" --ntasks "$nodes" --ntasks-per-node 1 --kill-on-bad-exit=1
+                 "$PYTHON" -m torch.distributed.run --nnodes "$nodes" --nproc_per_node "$NPROC"
+                 --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID"
+                 --rdzv_endpoint "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):$MASTER_PORT") ;;
         *)
-            echo "error: LAUNCHER must be torchrun or deepspeed, got '$LAUNCHER'" >&2
+            echo "error: LAUNCHER must be torchrun, deepspeed, srun or srun-torchrun, got '$LAUNCHER'" >&2
             return 2 ;;
     esac
-    echo "launching: ${cmd[*]} $script ($NPROC processes per node)"
+    echo "launching: ${cmd[*]} $script ($(world_size) processes)"
     cd "$REPO" || return
     local error_file status out_pid err_pid
     error_file=$(mktemp -u "${TMPDIR:-/tmp}/megatron-error.XXXXXXXX")
