@@ -51,7 +51,9 @@ data_path_args() {
 }
 
 # common_train_args: the pretrain_*.py arguments both models take, into the array TRAIN_ARGS; the caller
-#   appends its model shape and tokenizer arguments.
+#   appends its model shape and tokenizer arguments. --exit-signal-handler is on (EXIT_SIGNAL_HANDLER=0 turns it
+#   off): a SIGTERM or SIGUSR1 to the script saves at the current iteration and exits 0 (forward_signal);
+#   EXIT_DURATION_IN_MINS=N does the same after N minutes.
 common_train_args() {
     data_path_args
     TRAIN_ARGS=(
@@ -65,6 +67,8 @@ common_train_args() {
         --save "$SAVE" --load "$LOAD" --save-interval "$SAVE_INTERVAL"
         --deepspeed --deepspeed_config "$DS_CONFIG"
     )
+    if [[ ${EXIT_SIGNAL_HANDLER:-1} != 0 ]]; then TRAIN_ARGS+=(--exit-signal-handler); fi
+    if [[ -n "${EXIT_DURATION_IN_MINS:-}" ]]; then TRAIN_ARGS+=(--exit-duration-in-mins "$EXIT_DURATION_IN_MINS"); fi
     if [[ -n "$PRECISION" ]]; then TRAIN_ARGS+=("$PRECISION"); fi
     if [[ -n "$ACTIVATION_CHECKPOINT" ]]; then TRAIN_ARGS+=("$ACTIVATION_CHECKPOINT"); fi
 }
@@ -128,6 +132,28 @@ hide_after() {
     done
 }
 
+# training_processes PID: the descendants of PID that a launcher started as training ranks (LOCAL_RANK is in
+#   their environment, not in the launcher's), with their data-loader workers (which inherit the handler).
+training_processes() {
+    local child
+    for child in $(pgrep -P "$1"); do
+        if tr '\0' '\n' < "/proc/$child/environ" 2> /dev/null | grep -q '^LOCAL_RANK='; then echo "$child"; fi
+        training_processes "$child"
+    done
+}
+
+# forward_signal SIGNAL PID: a SIGTERM or SIGUSR1 sent to this script (a scheduler's preemption or time
+#   limit) goes to the training processes under launcher PID, not to the launcher: with --exit-signal-handler
+#   they finish the iteration, save a checkpoint and exit 0, and so does the launcher (torchrun and DeepSpeed's
+#   launcher would kill them on a SIGTERM of their own and exit non-zero; a SIGUSR1 would kill torchrun).
+forward_signal() {
+    local pids
+    pids=$(training_processes "$2")
+    echo "received SIG$1: passing it to the training processes ($(echo "$pids" | wc -w))"
+    # shellcheck disable=SC2086  # one pid per word
+    if [[ -n $pids ]]; then kill -s "$1" $pids 2> /dev/null || true; fi
+}
+
 # launch SCRIPT ARGS...
 #   LAUNCHER=torchrun (default; one node, NPROC processes) or deepspeed (HOSTFILE for several nodes,
 #   else NPROC local processes; MASTER_PORT). Inside a SLURM allocation (examples/slurm): srun (one task per
@@ -166,7 +192,17 @@ launch() {
     exec 4> >(hide_after "$error_file" >&2)
     err_pid=$!
     status=0
-    MEGATRON_ERROR_FILE=$error_file "${cmd[@]}" "$script" "$@" >&3 2>&4 3>&- 4>&- || status=$?
+    MEGATRON_ERROR_FILE=$error_file "${cmd[@]}" "$script" "$@" >&3 2>&4 3>&- 4>&- &
+    local launcher_pid=$!
+    # shellcheck disable=SC2064  # the pid is fixed now
+    trap "forward_signal TERM $launcher_pid" TERM
+    # shellcheck disable=SC2064
+    trap "forward_signal USR1 $launcher_pid" USR1
+    while :; do  # a trapped signal interrupts `wait`; wait again until the launcher has exited
+        wait "$launcher_pid" && status=0 || status=$?
+        kill -0 "$launcher_pid" 2> /dev/null || break
+    done
+    trap - TERM USR1
     exec 3>&- 4>&-
     wait "$out_pid" "$err_pid" 2>/dev/null || true  # the filters have printed everything
     if [[ -s $error_file ]]; then

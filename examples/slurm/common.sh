@@ -12,7 +12,7 @@
 #           (`--signal=B:USR1@120`, `scancel --batch --signal=...`) and is forwarded to the training workers
 #           on every node (examples/slurm/signal_workers.sh), never to torchrun.
 #
-# The ranks train with --exit-signal-handler: on the signal every rank finishes its iteration, saves a
+# The ranks train with --exit-signal-handler (examples/common.sh passes it): on the signal every rank finishes its iteration, saves a
 # checkpoint there and exits 0. The run resumes from `latest` in SAVE. When the step ended with status 0 and
 # the checkpoint in SAVE is before the run's last iteration, the job requeues itself (`scontrol requeue`,
 # with `#SBATCH --requeue`; SLURM starts a requeued job about two minutes later). REQUEUE=0 turns that off.
@@ -25,9 +25,9 @@ REPO=${REPO:-${SLURM_SUBMIT_DIR:?submit with sbatch from the repository root, or
 PYTHON=${PYTHON:-python}
 export REPO PYTHON
 
-# forward_signal SIGNAL: SIGNAL to the training workers of this job on each of its nodes (a step that
+# forward_to_workers SIGNAL: SIGNAL to the training workers of this job on each of its nodes (a step that
 #   shares the job's CPUs with the running one).
-forward_signal() {
+forward_to_workers() {
     echo "batch shell: SIG$1 received, forwarding it to the training workers"
     srun --overlap --nodes "$SLURM_JOB_NUM_NODES" --ntasks "$SLURM_JOB_NUM_NODES" --ntasks-per-node 1 \
         bash "$REPO/examples/slurm/signal_workers.sh" "$1" || true
@@ -57,11 +57,11 @@ slurm_train() {
     export SAVE=${SAVE:-$WORK_DIR/checkpoints}
     export SAMPLES=${SAMPLES:-0}
     echo "SLURM job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: $model, $style style"
-    bash "$REPO/examples/ds_pretrain_$model.sh" --exit-signal-handler "$@" &
+    bash "$REPO/examples/ds_pretrain_$model.sh" "$@" &
     local run=$! status
     if [[ $style == torchrun ]]; then
-        trap 'forward_signal USR1' USR1
-        trap 'forward_signal TERM' TERM
+        trap 'forward_to_workers USR1' USR1
+        trap 'forward_to_workers TERM' TERM
     fi
     while true; do
         status=0

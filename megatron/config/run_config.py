@@ -207,7 +207,8 @@ def settle(args: argparse.Namespace, spec) -> RunConfig:
     """The RunConfig of resolved `args` whose vocabulary is settled (`resolution.with_vocabulary`); `spec` maps
     the arguments to the model's config (`spec.config(args)`)."""
     return RunConfig(
-        model_type=args.model_type, seed=args.seed, model=spec.config(args), layout=layout_of(args), batch=_pick(Batch, args),
+        model_type=args.model_type, seed=args.seed, model=spec.config(args), layout=layout_of(args),
+        batch=_pick(Batch, args),
         optimizer=_pick(Optimizer, args), lr=lr_schedule_of(args), precision=_pick(Precision, args),
         data=_pick(Data, args), tokenizer=_pick(Tokenizer, args), checkpoint=checkpoint_of(args),
         logging=_pick(Logging, args), exit=_pick(Exit, args),

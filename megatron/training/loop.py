@@ -15,13 +15,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, List, Optional
 
+import tds
 from megatron.config.batch_schedule import BatchSchedule
 from megatron.config.run_config import RunConfig
+from megatron.errors import UserError
 from megatron.training.batches import Batch
-from megatron.checkpointing import save_checkpoint
+from megatron.checkpointing import checkpoint_tag, save_checkpoint
+from megatron.training.exit_conditions import ExitConditions
 from megatron.training.evaluation import evaluate_and_print
 from megatron.training.flops import flops_per_iteration, tokens_per_sample
-from megatron.logging_utils import IntervalStats, TensorBoard, format_log_line, interval_metrics, print_rank_last
+from megatron.logging_utils import (IntervalStats, TensorBoard, format_log_line, interval_metrics, print_rank_0,
+                                    print_rank_last)
 from megatron.model.rng import start_iteration
 from tds import device as tds_device
 
@@ -32,7 +36,9 @@ class TrainState:
     consumed_train_samples: int
     losses: List[float] = field(default_factory=list)  # per iteration, from the first one of this run
     grad_norms: List[Optional[float]] = field(default_factory=list)  # before clipping, per iteration
-    saved_iteration: int = -1
+    saved_iteration: int = -1     # the newest checkpoint of this run, or the one it resumed from
+    loaded_iteration: int = -1
+    skipped_in_a_row: int = 0     # fp16: consecutive steps skipped for overflow
 
 
 def set_iteration_batch(engine, lr_unit: str, schedule: BatchSchedule, consumed: int) -> int:
@@ -67,24 +73,72 @@ def _log_interval(engine, cfg: RunConfig, state: TrainState, stats: IntervalStat
     tb.scalars({**metrics, **extra}, state.iteration)
 
 
+class TrainingStopped(UserError):
+    """A step that cannot be taken (non-finite loss or gradients, fp16 skipping too long): one line, exit 2."""
+
+
+def last_checkpoint(cfg: RunConfig, state: TrainState) -> str:
+    """Where the newest checkpoint of this run (or the one it resumed from) is, for a stopping message."""
+    if state.saved_iteration < 0:
+        return "none (no checkpoint saved or loaded by this run)"
+    folder = cfg.checkpoint.save if state.saved_iteration > state.loaded_iteration else cfg.checkpoint.load
+    return f"{folder}/{checkpoint_tag(state.saved_iteration)} (iteration {state.saved_iteration})"
+
+
+def train_step(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch]) -> float:
+    """engine.train_batch for iteration state.iteration + 1; a non-finite value stops the run (TrainingStopped)."""
+    try:
+        return float(engine.train_batch(data_iter=train_iter))
+    except tds.pipe.NonFiniteError as err:
+        raise TrainingStopped(f"iteration {state.iteration + 1}: {err.detail} (--check-for-nan-in-loss-and-grad); the "
+                              f"last checkpoint is {last_checkpoint(cfg, state)}") from None
+
+
+def check_skipped(engine, cfg: RunConfig, state: TrainState, skipped_before: int) -> None:
+    """fp16: count consecutive steps the loss scaler skipped; stop after --max-skipped-steps of them."""
+    state.skipped_in_a_row = state.skipped_in_a_row + 1 if engine.skipped_steps > skipped_before else 0
+    limit = cfg.exit.max_skipped_steps
+    if limit and state.skipped_in_a_row >= limit:
+        raise TrainingStopped(f"iteration {state.iteration}: {state.skipped_in_a_row} consecutive steps skipped for "
+                              f"fp16 overflow (loss scale {_loss_scale(engine, True)}; --max-skipped-steps {limit}); "
+                              f"the last checkpoint is {last_checkpoint(cfg, state)}")
+
+
+def save_and_exit(engine, cfg: RunConfig, state: TrainState, exits: ExitConditions, why: str) -> None:
+    """Every rank: the run stops early at state.iteration (a signal, a time limit): save there with --save."""
+    exits.ignore_further()
+    where = "no --save: nothing saved"
+    if cfg.checkpoint.save:
+        if state.saved_iteration != state.iteration:
+            save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
+            state.saved_iteration = state.iteration
+        where = f"checkpoint {cfg.checkpoint.save}/{checkpoint_tag(state.iteration)}"
+    print_rank_0(f"exiting at iteration {state.iteration} of {cfg.batch.train_iters}: {why}; {where}")
+
+
 def train(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch],
-          make_valid_iter: Optional[Callable[[], Iterator[Batch]]], tb: TensorBoard) -> TrainState:
-    """Iterate from state.iteration + 1 to --train-iters (or the next multiple of --exit-interval);
-    log, evaluate and save on their intervals."""
+          make_valid_iter: Optional[Callable[[], Iterator[Batch]]], tb: TensorBoard,
+          exits: Optional[ExitConditions] = None) -> TrainState:
+    """Iterate from state.iteration + 1 to --train-iters (or the next multiple of --exit-interval, or until
+    `exits` says stop); log, evaluate and save on their intervals."""
     stats, schedule, log, save = IntervalStats(), cfg.batch.schedule(), cfg.logging, cfg.checkpoint
+    exits = exits or ExitConditions(False, None)
     engine.train()
     while state.iteration < cfg.batch.train_iters:
         batch = set_iteration_batch(engine, cfg.lr.unit, schedule, state.consumed_train_samples)
         lr = engine.lr_scheduler.get_lr()
         start = time.perf_counter()
         start_iteration(engine.module, state.iteration)  # dropout masks follow (iteration, micro-batch)
-        loss = float(engine.train_batch(data_iter=train_iter))
+        skipped_before = engine.skipped_steps
+        loss = train_step(engine, cfg, state, train_iter)
         tds_device.synchronize()
         state.iteration += 1
         state.consumed_train_samples += batch
         state.losses.append(loss)
         state.grad_norms.append(_grad_norm(engine))
         stats.add(loss, state.grad_norms[-1], time.perf_counter() - start, batch)
+        if cfg.precision.fp16:
+            check_skipped(engine, cfg, state, skipped_before)
         if state.iteration % log.log_interval == 0:
             _log_interval(engine, cfg, state, stats, lr, tb)
             stats = IntervalStats()
@@ -97,5 +151,9 @@ def train(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch]
             state.saved_iteration = state.iteration
         if exiting:
             print_rank_last(f"exiting at iteration {state.iteration} (--exit-interval {cfg.exit.exit_interval})")
+            break
+        why = exits.reason()
+        if why is not None:
+            save_and_exit(engine, cfg, state, exits, why)
             break
     return state

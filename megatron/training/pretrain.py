@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import time
 from functools import partial
 from typing import Callable, List, Optional, Sequence
 
@@ -43,6 +44,7 @@ from megatron.model.specs import ModelSpec
 from megatron.training.optimizer import build_optimizer
 from megatron.config.preflight import check_inputs
 from megatron.tokenizer import build_tokenizer
+from megatron.training.exit_conditions import ExitConditions
 from megatron.training.loop import TrainState, train
 
 
@@ -147,8 +149,19 @@ def already_complete(cfg: RunConfig, iteration: int) -> str:
 
 
 def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
-    """Train to --train-iters (resuming from --load), save at the end, evaluate on the test split."""
+    """Train to --train-iters (resuming from --load), save at the end, evaluate on the test split; stop
+    early (saving first) on a signal or the time limit (`exit_conditions`)."""
+    started = time.monotonic()
     engine, tokenizer, cfg, parallel = initialize_and_build(args, spec)
+    exits = ExitConditions.of(cfg.exit, started)  # before the data loaders fork their workers
+    try:
+        return _pretrain(engine, tokenizer, cfg, parallel, spec, exits)
+    finally:
+        exits.close()
+
+
+def _pretrain(engine, tokenizer, cfg: RunConfig, parallel: mpu.ParallelState, spec: ModelSpec,
+              exits: ExitConditions) -> TrainState:
     iteration, consumed = load_checkpoint(engine, cfg) if cfg.checkpoint.load else (0, 0)
     if iteration >= cfg.batch.train_iters:
         print_rank_0(already_complete(cfg, iteration))
@@ -158,7 +171,8 @@ def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     if datasets[0] is None:
         raise UserError(f"--split {data.split} leaves no training documents in --data-path {' '.join(data.data_path)}")
     get_batch = partial(spec.get_batch, args=data, tokenizer=tokenizer, tp_group=parallel.tp_group)
-    state = TrainState(iteration, consumed, saved_iteration=iteration if cfg.checkpoint.load else -1)
+    loaded = iteration if cfg.checkpoint.load else -1
+    state = TrainState(iteration, consumed, saved_iteration=loaded, loaded_iteration=loaded)
     tb = TensorBoard(cfg.logging.tensorboard_dir)
 
     def eval_iter(split: int) -> Optional[Callable[[], BatchIterator]]:
@@ -167,7 +181,7 @@ def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
         return lambda: BatchIterator(data_loader(datasets[split], 0, cfg, parallel), get_batch)
 
     train_iter = BatchIterator(data_loader(datasets[0], consumed, cfg, parallel), get_batch)
-    train(engine, cfg, state, train_iter, eval_iter(1), tb)
+    train(engine, cfg, state, train_iter, eval_iter(1), tb, exits)
     if cfg.checkpoint.save and state.saved_iteration != state.iteration:
         save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
     test_iter = eval_iter(2)

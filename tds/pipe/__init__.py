@@ -9,6 +9,7 @@ from deepspeed.runtime.pipe.topology import (PipeDataParallelTopology, PipeModel
                                              ProcessTopology)
 
 from .engine import PipelineEngine
+from .finite import NonFiniteError
 from .grid import ProcessGrid
 from .meta import PipelineLayoutError, TensorDecl
 from .module import PipelineModule
@@ -18,5 +19,5 @@ from .instructions import Instruction, Op, eval_schedule, train_schedule
 
 __all__ = ["PipelineModule", "PipelineEngine", "ProcessGrid", "LayerSpec", "TiedLayerSpec", "ProcessTopology",
            "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineLayoutError",
-           "PipelineCommError", "TensorDecl", "default_checkpoint", "non_reentrant_checkpoint",
+           "PipelineCommError", "NonFiniteError", "TensorDecl", "default_checkpoint", "non_reentrant_checkpoint",
            "reentrant_checkpoint", "Instruction", "Op", "train_schedule", "eval_schedule"]

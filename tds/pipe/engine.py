@@ -30,6 +30,7 @@ from . import recompute
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
 from .executor import BatchState, StageContext, StageExecutor
+from .finite import FiniteCheck, local_grads
 from .module import PipelineModule
 from .p2p import P2P, PipelineCommError
 from .instructions import Op, check_schedule, eval_schedule, train_schedule
@@ -84,10 +85,14 @@ class PipelineEngine(DeepSpeedEngine):
         self._loss_comm = f"the loss all_reduce / broadcast over {self.comm.describe('data-parallel', 'pipeline')}"
         self._broken: str | None = None  # why point-to-point state is unknown after a failed batch
         self.timeline = StageTimeline.from_config(cfg, self.grid, self.comm)
+        self.finite = FiniteCheck(self.stage_id, p, dist.get_rank(), dist.get_world_size(),
+                                  (self.grid.get_model_parallel_group(), self.grid.get_data_parallel_group())) \
+            if cfg.get("check_finite", False) else None
         self.executor = StageExecutor(StageContext(
             stage_id=self.stage_id, num_stages=p, chunks=self.virtual_stages, prev_rank=self.prev_rank,
             next_rank=self.next_rank, receive_ahead=self._receive_ahead, module=self.module, boundary=self.boundary,
             p2p=self.p2p, weight_grads=self.weight_grads, comm=self.comm, comm_in=self._describe_comms(),
+            finite=self.finite,
             reports=self.grid.get_data_parallel_rank() == 0 and self.grid.get_slice_parallel_rank() == 0,
             engine=self))
 
@@ -177,6 +182,8 @@ class PipelineEngine(DeepSpeedEngine):
         if not torch.is_grad_enabled():
             raise RuntimeError("train_batch() needs gradients enabled; use eval_batch() for inference")
         state = BatchState(training=True)
+        if self.finite is not None:
+            self.finite.reset()
         with self._mode(training=True, data_iter=data_iter, keep_iter=True):
             recorder = self.timeline.begin(self.global_steps + 1) if self.timeline is not None else None
             self._run(train_schedule(self.schedule_kind, self.num_stages, self.stage_id, self.micro_batches,
@@ -401,6 +408,9 @@ class PipelineEngine(DeepSpeedEngine):
         self._force_grad_boundary = False  # (and in _run's finally, if this raises)
 
     def _step_optimizer(self) -> None:
+        if self.finite is not None:  # every rank agrees before any rank steps (finite.py)
+            self.finite.watch("gradients", local_grads(self.module, self.optimizer))
+            self.finite.check(self.global_steps + 1)
         self._force_grad_boundary = True
         self._take_model_step(None)
         self._force_grad_boundary = False

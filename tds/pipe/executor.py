@@ -46,6 +46,7 @@ from .. import device as tds_device
 from . import graph_split
 from .boundary import Boundary
 from .collectives import CommGuard
+from .finite import FiniteCheck
 from .instructions import Instruction, Op
 from .p2p import P2P
 from .weight_grad import WeightGradStore
@@ -122,6 +123,7 @@ class StageContext:
     comm_in: dict                   # {Op: what communicates inside an instruction of that op}
     reports: bool                   # this rank logs the stage's warnings (data- and tensor-parallel rank 0)
     engine: EngineHooks
+    finite: FiniteCheck | None = None  # pipeline.check_finite: watches sent activations and losses
 
 
 class StageExecutor:
@@ -215,6 +217,8 @@ class StageExecutor:
             raise ValueError(f"pipeline stage {self.ctx.stage_id}, {ins}: the loss must be a scalar tensor, got "
                              f"{type(loss).__name__} {tuple(getattr(loss, 'shape', ()))}")
         state.losses.append(loss.detach().float().reshape(()))
+        if self.ctx.finite is not None:
+            self.ctx.finite.watch("forward", [loss])
         if state.training:
             state.loss_graphs[ins.micro_batch] = loss
             self._count_live(state)
@@ -222,6 +226,8 @@ class StageExecutor:
     def _exec_send_act(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
         out = state.outputs[unit] if state.training else state.outputs.pop(unit)
+        if self.ctx.finite is not None:
+            self.ctx.finite.watch("forward", (out,) if torch.is_tensor(out) else out)
         self.ctx.boundary.send_activations(out, self.ctx.next_rank, str(ins))
         self._post_grads_ahead(state)
 

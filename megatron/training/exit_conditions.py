@@ -1,0 +1,76 @@
+"""When a run stops early and saves: a scheduler's signal (--exit-signal-handler) or a time limit
+(--exit-duration-in-mins), agreed by every rank once per iteration.
+
+SLURM preempts or ends a job by sending SIGTERM (or the signal of `--signal=USR1@120`) and, after its grace
+time, SIGKILL; a launcher may forward the same signal twice, and only some ranks may receive it. The handler
+only records the first signal (later ones change nothing; SIGKILL stays the hard stop). After each iteration
+`ExitConditions.reason()` runs one all_reduce (MAX) of two integers over the world group: the signal any rank
+received, and whether any rank has run longer than the limit. Every rank then sees the same answer, so every
+rank saves the same iteration and exits 0. The cost is measured by bench/exit_check.py (README: Long runs).
+
+The handler is installed when the run starts, before any DataLoader worker is forked: a worker inherits it,
+so a signal sent to every process of a job (scancel) only sets a flag there.
+"""
+from __future__ import annotations
+
+import signal
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from tds import device as tds_device
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class ExitConditions:
+    """The signal handler and the time limit of one run (`close()` restores the previous handlers)."""
+
+    def __init__(self, signal_handler: bool, duration_mins: Optional[float], started: Optional[float] = None):
+        self.started = time.monotonic() if started is None else started
+        self.limit_s = None if duration_mins is None else 60.0 * duration_mins
+        self.received: Optional[int] = None
+        self._previous = {}
+        if signal_handler:
+            for sig in SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._record)
+
+    @classmethod
+    def of(cls, exit_cfg, started: Optional[float] = None) -> "ExitConditions":
+        """From the RunConfig's exit section."""
+        return cls(exit_cfg.exit_signal_handler, exit_cfg.exit_duration_in_mins, started)
+
+    def _record(self, signum: int, frame) -> None:
+        if self.received is None:
+            self.received = signum
+
+    @property
+    def active(self) -> bool:
+        return bool(self._previous) or self.limit_s is not None
+
+    def reason(self) -> Optional[str]:
+        """Collective (when active): why every rank should stop now, or None."""
+        if not self.active:
+            return None
+        timed_out = self.limit_s is not None and time.monotonic() - self.started >= self.limit_s
+        flags = torch.tensor([self.received or 0, int(timed_out)], dtype=torch.int64, device=tds_device.device())
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        signum, timed_out = int(flags[0]), bool(flags[1])
+        if signum:
+            return f"received {signal.Signals(signum).name} (--exit-signal-handler)"
+        if timed_out:
+            return f"the run has lasted {self.limit_s / 60:g} minutes (--exit-duration-in-mins)"
+        return None
+
+    def ignore_further(self) -> None:
+        """Stopping: ignore the handled signals from now on (the save runs to its end)."""
+        for sig in self._previous:
+            signal.signal(sig, signal.SIG_IGN)
+
+    def close(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous = {}
