@@ -35,8 +35,11 @@ run_settings() {
     SPLIT=${SPLIT:-949,50,1}
     LAUNCHER=${LAUNCHER:-$([[ -n "${HOSTFILE:-}" ]] && echo deepspeed || echo torchrun)}
     HOSTFILE=${HOSTFILE:-}
-    # in a SLURM job: the port megatron.config.launcher_env derives from the job id
-    MASTER_PORT=${MASTER_PORT:-$([[ ${SLURM_JOB_ID:-} =~ ^[0-9]+$ ]] && echo $(( 10000 + SLURM_JOB_ID % 20000 )) || echo 29500)}
+    local port=29500
+    if [[ ${SLURM_JOB_ID:-} =~ ^[0-9]+$ ]]; then
+        port=$(( 10000 + SLURM_JOB_ID % 20000 ))  # in a SLURM job: megatron.config.launcher_env's rule
+    fi
+    MASTER_PORT=${MASTER_PORT:-$port}
 }
 
 # data_path_args: DATA_PATH into the array DATA_PATH_ARGS. One prefix (spaces allowed), or Megatron's
@@ -105,7 +108,8 @@ world_size() {
     elif [[ $LAUNCHER == srun ]]; then
         echo "${SLURM_NTASKS:?LAUNCHER=srun runs inside a SLURM allocation (sbatch, salloc)}"
     elif [[ $LAUNCHER == srun-torchrun ]]; then
-        echo $(( NPROC * ${SLURM_JOB_NUM_NODES:?LAUNCHER=srun-torchrun runs inside a SLURM allocation (sbatch, salloc)} ))
+        : "${SLURM_JOB_NUM_NODES:?LAUNCHER=srun-torchrun runs inside a SLURM allocation (sbatch, salloc)}"
+        echo $(( NPROC * SLURM_JOB_NUM_NODES ))
     else
         echo "$NPROC"
     fi

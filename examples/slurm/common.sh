@@ -12,8 +12,8 @@
 #           (`--signal=B:USR1@120`, `scancel --batch --signal=...`) and is forwarded to the training workers
 #           on every node (examples/slurm/signal_workers.sh), never to torchrun.
 #
-# The ranks train with --exit-signal-handler (examples/common.sh passes it): on the signal every rank finishes its iteration, saves a
-# checkpoint there and exits 0. The run resumes from `latest` in SAVE. When the step ended with status 0 and
+# The ranks train with --exit-signal-handler (examples/common.sh passes it): on the signal every rank finishes
+# its iteration, saves a checkpoint there and exits 0. The run resumes from `latest` in SAVE. When the step ended with status 0 and
 # the checkpoint in SAVE is before the run's last iteration, the job requeues itself (`scontrol requeue`,
 # with `#SBATCH --requeue`; SLURM starts a requeued job about two minutes later). REQUEUE=0 turns that off.
 #
@@ -71,7 +71,8 @@ slurm_train() {
     done
     trap - USR1 TERM
     if (( status == 0 )) && [[ ${REQUEUE:-1} == 1 ]] && unfinished "$SAVE"; then
-        echo "the run stopped before its last iteration (checkpoint $(cat "$SAVE/latest")): requeueing job $SLURM_JOB_ID"
+        echo "the run stopped before its last iteration (checkpoint $(cat "$SAVE/latest")):" \
+            "requeueing job $SLURM_JOB_ID"
         scontrol requeue "$SLURM_JOB_ID"
     fi
     return "$status"
