@@ -3,7 +3,8 @@
 #
 #   tests/slurm/cluster.sh start     install slurm-wlm and munge if missing (apt-get), write the configuration,
 #                                    start munged, slurmctld and slurmd, wait until the node is idle
-#   tests/slurm/cluster.sh stop      cancel the jobs left, stop the three daemons, delete the state
+#   tests/slurm/cluster.sh stop      cancel the jobs left, stop the three daemons, delete the state (the daemons'
+#                                    logs stay in CLUSTER_DIR-logs)
 #   tests/slurm/cluster.sh env       print `export SLURM_CONF=...` (eval it to use sinfo/srun/sbatch by hand)
 #
 # Everything lives in CLUSTER_DIR (default /tmp/megatron-slurm-cluster): slurm.conf, cgroup.conf, a munge key
@@ -133,8 +134,10 @@ stop() {
     stop_daemon "$CLUSTER_DIR/slurmd.pid"
     stop_daemon "$CLUSTER_DIR/slurmctld.pid"
     stop_daemon "$CLUSTER_DIR/munge/munged.pid"
+    rm -rf "$CLUSTER_DIR-logs"
+    mv "$CLUSTER_DIR/log" "$CLUSTER_DIR-logs"
     rm -rf "$CLUSTER_DIR"
-    echo "SLURM cluster stopped"
+    echo "SLURM cluster stopped (its logs: $CLUSTER_DIR-logs)"
 }
 
 case "${1:-}" in

@@ -24,9 +24,10 @@ from tests.training.conftest import build_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONF = "/tmp/megatron-slurm-cluster/slurm.conf"
-# a tiny GPT-2 at (tp, pp, dp) = (2, 2, 1) on 4 ranks, every iteration logged (examples/ds_pretrain_*.sh variables)
-TINY = dict(NUM_LAYERS="2", HIDDEN="32", HEADS="4", SEQ_LEN="32", MICRO_BATCH="2", GAS="2", TP="2", PP="2",
-            NPROC="4", LOG_INTERVAL="1", EVAL_INTERVAL="1000", EVAL_ITERS="1", SAVE_INTERVAL="1000", SAMPLES="0")
+# a tiny model at (tp, pp, dp) = (1, 2, 1) on 2 ranks (2 shared cores), every iteration logged
+# (examples/ds_pretrain_*.sh variables)
+TINY = dict(NUM_LAYERS="2", HIDDEN="32", HEADS="4", SEQ_LEN="32", MICRO_BATCH="2", GAS="2", TP="1", PP="2",
+            NPROC="2", LOG_INTERVAL="1", EVAL_INTERVAL="1000", EVAL_ITERS="1", SAVE_INTERVAL="1000", SAMPLES="0")
 LOSS_LINE = re.compile(r"^iteration (\d+)/\d+ \|.*?\| loss ([0-9.]+) ", re.M)
 
 
@@ -90,6 +91,20 @@ def wait_for_state(job: str, env: Dict[str, str], states: tuple, timeout: float,
     subprocess.run(["scancel", job], env=env, timeout=30)
     tail = read(log)[-4000:] if log else ""
     raise AssertionError(f"job {job} not {'/'.join(states)} after {timeout:.0f} s: {fields.get('JobState')}\n{tail}")
+
+
+def release_requeued(job: str, env: Dict[str, str], timeout: float = 120) -> None:
+    """Let a requeued job start now instead of after SLURM's hold of about two minutes, once the node has
+    finished with its previous run (a start while slurmd still cleans up that run fails the job)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        node = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+        if node == "idle" and job_fields(job, env).get("JobState") == "PENDING":
+            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True, timeout=30)
+            return
+        time.sleep(1)
+    raise AssertionError(f"job {job} requeued, but the node is not idle after {timeout:.0f} s: {node}")
 
 
 def wait_for_line(path: str, pattern: str, timeout: float, job: str, env: Dict[str, str]) -> None:

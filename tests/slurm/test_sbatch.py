@@ -1,4 +1,4 @@
-"""The sbatch scripts of examples/slurm on the real cluster, with a tiny GPT-2 at (tp, pp, dp) = (2, 2, 1):
+"""The sbatch scripts of examples/slurm on the real cluster, with a tiny GPT-2 at (tp, pp, dp) = (1, 2, 1):
 
 - gpt2_torchrun.sbatch (one task per node running torchrun) completes; t5_srun.sbatch (one task per rank) too.
 - Preemption: `scancel --signal=TERM` to the ranks of gpt2_srun.sbatch, and `scancel --batch --signal=USR1` to
@@ -8,7 +8,7 @@
   uninterrupted run at every iteration and the same final weights, bit for bit.
 
 SLURM holds a requeued job for about two minutes before it may start again; the test releases it at once with
-`scontrol update JobId=... StartTime=now`.
+`scontrol update JobId=... StartTime=now` once the node is idle.
 """
 import os
 import re
@@ -16,13 +16,13 @@ import subprocess
 
 import pytest
 
-from tests.slurm.conftest import (TINY, assert_same_weights, data_env, job_fields, logged_losses, read, sbatch,
-                                  wait_for_line, wait_for_state)
+from tests.slurm.conftest import (TINY, assert_same_weights, data_env, job_fields, logged_losses, read,
+                                  release_requeued, sbatch, wait_for_line, wait_for_state)
 
 pytestmark = pytest.mark.slurm
 ITERS = 20
 DONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-SRUN_STYLE = ["--ntasks-per-node=4"]  # the scripts ask for 8 tasks per node; (2, 2, 1) needs 4
+SRUN_STYLE = ["--ntasks-per-node=2"]  # the scripts ask for 8 tasks per node; (1, 2, 1) needs 2
 
 
 def _gpt2_env(cluster, data, work_dir, **extra):
@@ -50,8 +50,8 @@ def uninterrupted(cluster, data, tmp_path_factory):
 
 def test_torchrun_per_node_style_completes(uninterrupted):
     log, save = uninterrupted
-    assert "--ntasks-per-node 1" in log and "-m torch.distributed.run --nnodes 1 --nproc_per_node 4" in log, log
-    assert "ranks: from the launcher's RANK/WORLD_SIZE (torchrun, deepspeed): world size 4" in log
+    assert "--ntasks-per-node 1" in log and "-m torch.distributed.run --nnodes 1 --nproc_per_node 2" in log, log
+    assert "ranks: from the launcher's RANK/WORLD_SIZE (torchrun, deepspeed): world size 2" in log
     assert sorted(logged_losses(log)) == list(range(1, ITERS + 1))
     assert open(os.path.join(save, "latest")).read().strip() == f"iter_{ITERS:07d}"
     assert "requeueing" not in log
@@ -63,8 +63,8 @@ def test_t5_one_task_per_rank_completes(cluster, data, tmp_path):
     bpe = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", data["vocab"], "--merge-file", data["merges"]]
     job = sbatch("t5_srun.sbatch", env, str(tmp_path / "job.out"), *SRUN_STYLE, args=bpe)
     log = _assert_completed(job, env, str(tmp_path / "job.out"))
-    assert "ranks: from SLURM's SLURM_PROCID/SLURM_NTASKS (srun): world size 4, 4 per node" in log, log
-    assert "T5: tp=2, pp=2, 2 iterations" in log and sorted(logged_losses(log)) == [1, 2]
+    assert "ranks: from SLURM's SLURM_PROCID/SLURM_NTASKS (srun): world size 2, 2 per node" in log, log
+    assert "T5: tp=1, pp=2, 2 iterations" in log and sorted(logged_losses(log)) == [1, 2]
 
 
 @pytest.mark.parametrize("script,options,scancel", [
@@ -88,7 +88,7 @@ def test_preempted_job_requeues_and_resumes_bit_for_bit(cluster, data, tmp_path,
     assert f"requeueing job {job}" in log
     assert open(tmp_path / "checkpoints" / "latest").read().strip() == f"iter_{iteration:07d}"
 
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True, timeout=30)
+    release_requeued(job, env)
     log = _assert_completed(job, env, log_path, restarts=1)
     assert re.search(rf"^loaded checkpoint \S+iter_{iteration:07d}: iteration {iteration},", log, re.M), log[-4000:]
     reference_log, reference_save = uninterrupted
