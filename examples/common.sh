@@ -152,13 +152,17 @@ forward_signal() {
 #   LAUNCHER=torchrun (default; one node, NPROC processes) or deepspeed (HOSTFILE for several nodes,
 #   else NPROC local processes; MASTER_PORT). A user error seen by any process (megatron.errors) is printed
 #   once, as `error: ...`, after the launcher has stopped, and the script exits 2.
+#   MAX_RESTARTS=N: after a rank fails, start every rank again, up to N times; each start resumes from
+#   `latest` (--load = --save). torchrun does it itself (--max-restarts N); DeepSpeed's launcher has no such
+#   option, so the script launches it again (not after a user error, which would fail the same way).
 launch() {
     local script=$1
     shift
     local cmd
     case "$LAUNCHER" in
         torchrun)
-            cmd=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" --standalone) ;;
+            cmd=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" --standalone
+                 --max-restarts "${MAX_RESTARTS:-0}") ;;
         deepspeed)
             cmd=(deepspeed --master_port "$MASTER_PORT")
             if [[ -n "$HOSTFILE" ]]; then cmd+=(--hostfile "$HOSTFILE"); else cmd+=(--num_gpus "$NPROC"); fi ;;
@@ -166,6 +170,21 @@ launch() {
             echo "error: LAUNCHER must be torchrun or deepspeed, got '$LAUNCHER'" >&2
             return 2 ;;
     esac
+    local attempt=0 status=0
+    while :; do
+        launch_once "$script" "$@" && status=0 || status=$?
+        if [[ $LAUNCHER != deepspeed || $status == 0 || $status == 2 ]] || (( attempt >= ${MAX_RESTARTS:-0} )); then
+            return "$status"
+        fi
+        attempt=$(( attempt + 1 ))
+        echo "the launcher exited with status $status: restart $attempt of ${MAX_RESTARTS} (resumes from latest)"
+    done
+}
+
+# launch_once SCRIPT ARGS...: one run of the launcher command `cmd` (see launch).
+launch_once() {
+    local script=$1
+    shift
     echo "launching: ${cmd[*]} $script ($NPROC processes per node)"
     cd "$REPO" || return
     local error_file status out_pid err_pid
