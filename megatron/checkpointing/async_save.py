@@ -4,12 +4,12 @@ One asynchronous save, on every rank (`save_async`, called by `engine_io.save_ch
 
     main thread   wait for this rank's previous save (on rank 0: also its publication)
                   remove this rank's markers (and, rank 0, the manifest) a killed earlier save of the tag left
-                  DeepSpeed's engine.save_checkpoint with a `QueuedCheckpointEngine` in place of the engine's
-                  checkpoint engine: DeepSpeed runs as in a synchronous save (its barriers, the state dicts,
-                  the file names, in the same order on every rank), but each `save(state_dict, path)` only
-                  copies the state into host memory (`snapshot`) and records it; rank 0 writes
-                  megatron_args.json; the write is handed to a daemon thread and the loop goes on
-    thread        each recorded file through the real checkpoint engine (torch.save), fsync; then the marker
+                  DeepSpeed's engine.save_checkpoint with the `save(state_dict, path)` of its checkpoint engine
+                  replaced for the call: DeepSpeed runs as in a synchronous save (its barriers, the state
+                  dicts, the file names, in the same order on every rank), but each save only copies the
+                  state into host memory (`snapshot`) and records it; rank 0 writes megatron_args.json; the
+                  writes are handed to a daemon thread and the loop goes on
+    thread        each recorded file through the checkpoint engine's own save (torch.save), fsync; the marker
                   .done.<rank>.json: {"files": {name: {bytes, crc32}}} of this rank's files
     rank 0's      once every rank's marker exists: manifest.json (the markers' entries and any other file of
     thread        the folder, e.g. megatron_args.json), `latest` replaced atomically, the markers removed
@@ -22,7 +22,7 @@ reports instead of waiting; the error reaches the main thread of the failing ran
 next save or at `wait_for_saves`, which every rank calls before it exits. The thread is a daemon: a run
 that fails elsewhere exits at once and its unpublished save is left as an unlisted folder.
 
-Why a stand-in checkpoint engine rather than a copy of DeepSpeed's save: every file DeepSpeed writes (the
+Why a recording `save` rather than a copy of DeepSpeed's save: every file DeepSpeed writes (the
 per-layer weights, mp_rank engine state, ZeRO partitions) goes through `checkpoint_engine.save`, so the
 asynchronous save writes the same files with the same bytes as the synchronous one (`snapshot` keeps
 shared storages shared), and the collectives stay on the main thread, where DeepSpeed puts them.
@@ -93,21 +93,6 @@ def snapshot(obj: Any, memo: Optional[Dict[int, Any]] = None, storages: Optional
     return new
 
 
-class QueuedCheckpointEngine:
-    """Stands in for DeepSpeed's checkpoint engine during one asynchronous save: `save` records a snapshot of
-    the state and its path; every other method is the real engine's (`inner`), which writes them later."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.writes: List[Tuple[str, Any]] = []
-
-    def save(self, state_dict, path: str) -> None:
-        self.writes.append((path, snapshot(state_dict)))
-
-    def __getattr__(self, name: str):
-        return getattr(self.inner, name)
-
-
 class BackgroundSave:
     """One save's writes on a daemon thread; `wait` joins it and raises what the thread raised."""
 
@@ -153,18 +138,18 @@ def save_async(engine, save_dir: str, tag: str, client_state: Dict[str, Any],
     _wait_previous()
     rank, world, folder = dist.get_rank(), dist.get_world_size(), os.path.join(save_dir, tag)
     _clear_stale(folder, rank)
-    queued = QueuedCheckpointEngine(engine.checkpoint_engine)
-    engine.checkpoint_engine = queued
+    checkpoint_engine, writes = engine.checkpoint_engine, []
+    write = checkpoint_engine.save  # the real writer, for the thread
+    checkpoint_engine.save = lambda state_dict, path: writes.append((path, snapshot(state_dict)))
     try:
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     finally:
-        engine.checkpoint_engine = queued.inner
+        del checkpoint_engine.save  # the class's method again
     if write_args is not None:
         write_args(folder)
-    writes, inner = queued.writes, queued.inner
 
     def work() -> None:
-        _write_files(inner, writes, folder, rank)
+        _write_files(write, writes, folder, rank)
         if rank == 0:
             _publish(save_dir, tag, world)
     _IN_FLIGHT["save"] = BackgroundSave(work)
@@ -196,13 +181,13 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def _write_files(inner, writes: List[Tuple[str, Any]], folder: str, rank: int) -> None:
+def _write_files(write: Callable[[Any, str], None], writes: List[Tuple[str, Any]], folder: str, rank: int) -> None:
     """This rank's files, fsynced, then its marker; on failure .failed.<rank>.json and AsyncSaveError."""
     marker = os.path.join(folder, DONE.format(rank=rank))
     path = marker
     try:
         for path, state in writes:
-            inner.save(state, path)
+            write(state, path)
             _fsync(path)
         path = marker
         _write_json(marker, {"files": entries(folder, [os.path.basename(p) for p, _ in writes])})
