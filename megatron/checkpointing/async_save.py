@@ -55,15 +55,19 @@ class AsyncSaveError(UserError):
 
 
 def _host_copy(tensor: torch.Tensor, storages: Dict[int, torch.UntypedStorage]) -> torch.Tensor:
-    """`tensor` on a host copy of its whole storage (one copy per storage: views stay views of one storage)."""
+    """`tensor` on a host copy of its whole storage (one copy per storage: views stay views of one storage),
+    with its class (Parameter), requires_grad and python attributes."""
     storage = tensor.untyped_storage()
     if storage._cdata not in storages:
         storages[storage._cdata] = torch.UntypedStorage(storage.nbytes(), device="cpu").copy_(storage)
     new = torch.empty(0, dtype=tensor.dtype).set_(storages[storage._cdata], tensor.storage_offset(), tensor.size(),
                                                   tensor.stride())
     if isinstance(tensor, torch.nn.Parameter):
-        return torch.nn.Parameter(new, requires_grad=tensor.requires_grad)
-    return new.requires_grad_(tensor.requires_grad)
+        new = torch.nn.Parameter(new, requires_grad=tensor.requires_grad)
+    else:
+        new.requires_grad_(tensor.requires_grad)
+    new.__dict__.update(copy.deepcopy(tensor.__dict__))  # python attributes, which torch.save writes too
+    return new
 
 
 def snapshot(obj: Any, memo: Optional[Dict[int, Any]] = None, storages: Optional[Dict[int, Any]] = None) -> Any:

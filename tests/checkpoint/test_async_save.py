@@ -114,6 +114,7 @@ def test_failed_background_write_is_one_line_error_at_the_next_save(data_prefix,
 def test_snapshot_is_a_copy_torch_save_writes_identically():
     flat = torch.arange(12.0)
     state = {"views": [flat[:4], flat[4:]], "step": 3, "param": torch.nn.Parameter(torch.ones(2))}
+    state["param"].partition_dim = 0
     state["again"] = state["views"]
 
     def saved(obj) -> bytes:
