@@ -47,7 +47,6 @@ from .manifest import MANIFEST, entries, saved_files, write_manifest
 
 DONE, FAILED = ".done.{rank}.json", ".failed.{rank}.json"
 POLL_S = 0.05
-MARKER_TIMEOUT_S = 3600.0  # rank 0's thread waits this long for another rank's files before giving up
 
 
 class AsyncSaveError(UserError):
@@ -136,9 +135,10 @@ def wait_for_saves() -> None:
 
 
 def save_async(engine, save_dir: str, tag: str, client_state: Dict[str, Any],
-               write_args: Optional[Callable[[str], None]]) -> None:
+               write_args: Optional[Callable[[str], None]], timeout_s: float) -> None:
     """Collective: DeepSpeed's save with the writes queued; returns once they are handed to the thread.
-    `write_args(folder)` (rank 0's: megatron_args.json) runs on the main thread after DeepSpeed's save."""
+    `write_args(folder)` (rank 0's: megatron_args.json) runs on the main thread after DeepSpeed's save;
+    rank 0's thread waits up to `timeout_s` (--distributed-timeout-minutes) for each other rank's files."""
     _wait_previous()
     rank, world, folder = dist.get_rank(), dist.get_world_size(), os.path.join(save_dir, tag)
     _clear_stale(folder, rank)
@@ -155,7 +155,7 @@ def save_async(engine, save_dir: str, tag: str, client_state: Dict[str, Any],
     def work() -> None:
         _write_files(write, writes, folder, rank)
         if rank == 0:
-            _publish(save_dir, tag, world)
+            _publish(save_dir, tag, world, timeout_s)
     _IN_FLIGHT["save"] = BackgroundSave(work)
 
 
@@ -203,31 +203,36 @@ def _write_files(write: Callable[[Any, str], None], writes: List[Tuple[str, Any]
         raise AsyncSaveError(message) from None
 
 
-def _await_marker(folder: str, rank: int) -> Dict[str, Dict[str, Any]]:
-    """Rank `rank`'s file entries once its marker exists; AsyncSaveError when it failed or never finishes."""
+def _await_marker(folder: str, rank: int, deadline: float, timeout_s: float) -> Dict[str, Dict[str, Any]]:
+    """Rank `rank`'s file entries once its marker exists; AsyncSaveError when it failed or is not done by
+    `deadline` (time.monotonic)."""
     done, failed = (os.path.join(folder, name.format(rank=rank)) for name in (DONE, FAILED))
-    deadline = time.monotonic() + MARKER_TIMEOUT_S
     while not os.path.exists(done):
         if os.path.exists(failed):
             with open(failed) as f:
                 raise AsyncSaveError(f"rank {rank}: {json.load(f)['error']}")
         if time.monotonic() > deadline:
             raise AsyncSaveError(f"rank {rank} did not finish its files of {folder} ({done} missing after "
-                                 f"{MARKER_TIMEOUT_S:.0f} s); the checkpoint is not published")
+                                 f"{timeout_s:.0f} s, --distributed-timeout-minutes); the checkpoint is not "
+                                 f"published")
         time.sleep(POLL_S)
     with open(done) as f:
         return json.load(f)["files"]
 
 
-def _publish(save_dir: str, tag: str, world: int) -> None:
+def _publish(save_dir: str, tag: str, world: int, timeout_s: float) -> None:
     """Rank 0's thread: the manifest once every rank's files are complete, then `latest`, then no markers."""
-    folder = os.path.join(save_dir, tag)
+    folder, deadline = os.path.join(save_dir, tag), time.monotonic() + timeout_s
     files: Dict[str, Dict[str, Any]] = {}
     for rank in range(world):
-        files.update(_await_marker(folder, rank))
-    files.update(entries(folder, sorted(set(saved_files(folder)) - set(files))))
-    write_manifest(folder, files)
-    publish_latest(save_dir, tag)
-    for rank in range(world):
-        os.remove(os.path.join(folder, DONE.format(rank=rank)))
+        files.update(_await_marker(folder, rank, deadline, timeout_s))
+    try:
+        files.update(entries(folder, sorted(set(saved_files(folder)) - set(files))))
+        write_manifest(folder, files)
+        publish_latest(save_dir, tag)
+        for rank in range(world):
+            os.remove(os.path.join(folder, DONE.format(rank=rank)))
+    except OSError as err:  # its message names the file
+        raise AsyncSaveError(f"asynchronous save: publishing {folder} failed ({type(err).__name__}: "
+                             f"{one_line(err)[:200]})") from None
     print_rank_0(f"saved checkpoint {folder} (written in the background)")

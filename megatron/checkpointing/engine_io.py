@@ -76,7 +76,8 @@ def save_checkpoint(engine, cfg, iteration: int, consumed_train_samples: int) ->
     print_rank_0(f"saving checkpoint at iteration {iteration} to {save_dir}/{tag}")
     client_state = dict(iteration=iteration, consumed_train_samples=consumed_train_samples, rng_states=rng_states())
     if cfg.checkpoint.async_save:
-        save_async(engine, save_dir, tag, client_state, partial(_write_args, cfg) if dist.get_rank() == 0 else None)
+        save_async(engine, save_dir, tag, client_state, partial(_write_args, cfg) if dist.get_rank() == 0 else None,
+                   60 * cfg.layout.distributed_timeout_minutes)
         print_rank_0(f"checkpoint {save_dir}/{tag} is being written in the background")
         return os.path.join(save_dir, tag)
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)

@@ -74,7 +74,9 @@ def test_kill_during_background_write_then_exact_resume(data_prefix, tmp_path):
         run_distributed(_train_killed, 4, _args(data_prefix, killed, ["--async-save"]), 4, str(rendezvous),
                         timeout=300)
     assert ck.read_latest(killed) == "iter_0000005"
-    assert not os.path.exists(os.path.join(killed, KILLED_AT, "manifest.json"))
+    left = os.listdir(os.path.join(killed, KILLED_AT))
+    assert "manifest.json" not in left  # and the resume must not take the killed save's markers for its own:
+    assert sorted(n for n in left if n.startswith(".done")) == [".done.0.json", ".done.1.json", ".done.2.json"]
 
     resume = _args(data_prefix, killed, ["--async-save", "--load", killed])
     straight, resumed = run_distributed(_sync_then_resume, 4, _args(data_prefix, sync), resume, 4, timeout=300)[-1]
