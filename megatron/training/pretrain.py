@@ -30,7 +30,7 @@ from megatron.config.resolution import with_vocabulary
 from megatron.config.arguments import parse_args
 from megatron.config.run_config import Batch, LRSchedule, RunConfig, settle
 from megatron.training.batches import BatchIterator
-from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron.checkpointing import load_checkpoint, save_checkpoint, wait_for_saves
 from megatron.data.samplers import build_pretraining_data_loader
 from megatron.errors import UserError, one_line
 from megatron.training.evaluation import evaluate_and_print
@@ -182,6 +182,7 @@ def _pretrain(engine, tokenizer, cfg: RunConfig, parallel: mpu.ParallelState, sp
     train(engine, cfg, state, train_iter, eval_iter(1), tb, exits)
     if cfg.checkpoint.save and state.saved_iteration != state.iteration:
         save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
+    wait_for_saves()  # --async-save: every rank's files are written and the last checkpoint is published
     test_iter = eval_iter(2)
     if test_iter is not None and cfg.logging.eval_iters > 0 and state.iteration == cfg.batch.train_iters:
         evaluate_and_print(engine, cfg, test_iter(), "the end of training", tb, state.iteration, "test")
