@@ -43,7 +43,7 @@ from megatron.training.optimizer import build_optimizer
 from megatron.config.preflight import check_inputs
 from megatron.tokenizer import build_tokenizer
 from megatron.training.exit_conditions import ExitConditions
-from megatron.training.loop import TrainState, train
+from megatron.training.loop import TrainingStopped, TrainState, train
 
 
 def lr_scheduler(optimizer: torch.optim.Optimizer, lr: LRSchedule) -> AnnealingLR:
@@ -179,7 +179,11 @@ def _pretrain(engine, tokenizer, cfg: RunConfig, parallel: mpu.ParallelState, sp
         return lambda: BatchIterator(data_loader(datasets[split], 0, cfg, parallel), get_batch)
 
     train_iter = BatchIterator(data_loader(datasets[0], consumed, cfg, parallel), get_batch)
-    train(engine, cfg, state, train_iter, eval_iter(1), tb, exits)
+    try:
+        train(engine, cfg, state, train_iter, eval_iter(1), tb, exits)
+    except TrainingStopped:
+        wait_for_saves()  # every rank stops together: a save still being written is completed and published
+        raise
     if cfg.checkpoint.save and state.saved_iteration != state.iteration:
         save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
     wait_for_saves()  # --async-save: every rank's files are written and the last checkpoint is published
