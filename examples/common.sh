@@ -56,7 +56,7 @@ data_path_args() {
 # common_train_args: the pretrain_*.py arguments both models take, into the array TRAIN_ARGS; the caller
 #   appends its model shape and tokenizer arguments. --exit-signal-handler is on (EXIT_SIGNAL_HANDLER=0 turns it
 #   off): a SIGTERM or SIGUSR1 to the script saves at the current iteration and exits 0 (forward_signal);
-#   EXIT_DURATION_IN_MINS=N does the same after N minutes.
+#   EXIT_DURATION_IN_MINS=N does the same after N minutes; ASYNC_SAVE=1 writes checkpoints in the background.
 common_train_args() {
     data_path_args
     TRAIN_ARGS=(
@@ -71,6 +71,7 @@ common_train_args() {
         --deepspeed --deepspeed_config "$DS_CONFIG"
     )
     if [[ ${EXIT_SIGNAL_HANDLER:-1} != 0 ]]; then TRAIN_ARGS+=(--exit-signal-handler); fi
+    if [[ ${ASYNC_SAVE:-0} != 0 ]]; then TRAIN_ARGS+=(--async-save); fi
     if [[ -n "${EXIT_DURATION_IN_MINS:-}" ]]; then TRAIN_ARGS+=(--exit-duration-in-mins "$EXIT_DURATION_IN_MINS"); fi
     if [[ -n "$PRECISION" ]]; then TRAIN_ARGS+=("$PRECISION"); fi
     if [[ -n "$ACTIVATION_CHECKPOINT" ]]; then TRAIN_ARGS+=("$ACTIVATION_CHECKPOINT"); fi
@@ -165,13 +166,18 @@ forward_signal() {
 #   each a torchrun of NPROC processes meeting at the job's first node, MASTER_PORT). A user error seen by any
 #   process (megatron.errors) is printed once, as `error: ...`, after the launcher has stopped, and the script
 #   exits 2.
+#   MAX_RESTARTS=N: after a rank fails, start every rank again, up to N times; each start resumes from
+#   `latest` (--load = --save). torchrun does it itself (--max-restarts N); DeepSpeed's launcher has no such
+#   option, so the script launches it again (not after a user error, which would fail the same way). Under
+#   SLURM with srun (one task per rank) a failed step is not restarted.
 launch() {
     local script=$1
     shift
     local cmd nodes
     case "$LAUNCHER" in
         torchrun)
-            cmd=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" --standalone) ;;
+            cmd=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" --standalone
+                 --max-restarts "${MAX_RESTARTS:-0}") ;;
         deepspeed)
             cmd=(deepspeed --master_port "$MASTER_PORT")
             if [[ -n "$HOSTFILE" ]]; then cmd+=(--hostfile "$HOSTFILE"); else cmd+=(--num_gpus "$NPROC"); fi ;;
@@ -181,13 +187,29 @@ launch() {
             nodes=$SLURM_JOB_NUM_NODES
             cmd=(srun --nodes "$nodes" --ntasks "$nodes" --ntasks-per-node 1 --kill-on-bad-exit=1
                  "$PYTHON" -m torch.distributed.run --nnodes "$nodes" --nproc_per_node "$NPROC"
-                 --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID"
+                 --max-restarts "${MAX_RESTARTS:-0}" --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID"
                  --rdzv_endpoint "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):$MASTER_PORT") ;;
         *)
             echo "error: LAUNCHER must be torchrun, deepspeed, srun or srun-torchrun, got '$LAUNCHER'" >&2
             return 2 ;;
     esac
-    echo "launching: ${cmd[*]} $script ($(world_size) processes)"
+    local attempt=0 status=0 procs
+    procs=$(world_size)
+    while :; do
+        launch_once "$script" "$@" && status=0 || status=$?
+        if [[ $LAUNCHER != deepspeed || $status == 0 || $status == 2 ]] || (( attempt >= ${MAX_RESTARTS:-0} )); then
+            return "$status"
+        fi
+        attempt=$(( attempt + 1 ))
+        echo "the launcher exited with status $status: restart $attempt of ${MAX_RESTARTS} (resumes from latest)"
+    done
+}
+
+# launch_once SCRIPT ARGS...: one run of the launcher command `cmd` for `procs` processes (see launch).
+launch_once() {
+    local script=$1
+    shift
+    echo "launching: ${cmd[*]} $script ($procs processes)"
     cd "$REPO" || return
     local error_file status out_pid err_pid
     error_file=$(mktemp -u "${TMPDIR:-/tmp}/megatron-error.XXXXXXXX")

@@ -10,6 +10,7 @@
 #   DATA_PATH="0.7 data/web_text_document 0.3 data/books_text_document" ...  a blend (Megatron's form)
 #   LAUNCHER=deepspeed HOSTFILE=hostfile bash ...                         several nodes ("host slots=N" lines)
 #   kill -TERM <this script's pid>     (or SIGUSR1)   save at the current iteration, exit 0; run again to resume
+#   MAX_RESTARTS=3 bash ...              a failed rank restarts every rank (up to 3 times), resuming from latest
 #
 # Without DATA_PATH the embedded default corpus is used: the docstrings of Python's standard library
 # (examples/make_default_corpus.py), a byte-level BPE tokenizer trained on it (tools/train_tokenizer.py)

@@ -80,6 +80,7 @@ def init_distributed(*args, timeout_s: float | None = None, **kwargs) -> None:
       LOCAL_RANK, MASTER_ADDR, MASTER_PORT); a plain `python script.py` runs as a world of one; a process group
       created earlier (e.g. by a test harness) is adopted.
     - The backend defaults to this module's choice (NCCL on CUDA, gloo on CPU) and MPI discovery to off.
+    - A torchrun restart (--max-restarts) meets in keys of its own (`restarted_attempt_store`).
     - On CPU, DeepSpeed would JIT-compile a shared-memory all-reduce op that only its inference path uses; a
       rank killed during that compile leaves a lock file that hangs every later start, so it is not built
       (set TDS_BUILD_SHM_OP=1 to build it).
@@ -105,4 +106,25 @@ def init_distributed(*args, timeout_s: float | None = None, **kwargs) -> None:
         kwargs.setdefault("auto_mpi_discovery", False)
     if timeout_s is not None:
         kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+    store = restarted_attempt_store(kwargs.get("timeout", datetime.timedelta(minutes=30)))
+    if store is not None and not dist.is_initialized():
+        dist.init_process_group(kwargs.get("dist_backend", backend()), store=store, timeout=kwargs.get("timeout"),
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     deepspeed.init_distributed(*args, **kwargs)
+
+
+def restarted_attempt_store(timeout):
+    """Under torchrun, from its first restart on (TORCHELASTIC_RESTART_COUNT > 0): a client of the agent's
+    store whose keys carry the attempt's number, or None.
+
+    torchrun's workers meet in the store its agent keeps for the whole job (TORCHELASTIC_USE_AGENT_STORE); the
+    default process group's keys there (each rank's gloo address) are the same in every attempt, so the ranks
+    of a restarted attempt would read the addresses of the processes that died and fail with "Connection
+    refused". The prefix gives each attempt keys of its own."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt == "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    import torch.distributed as dist
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                          is_master=False, timeout=timeout)
+    return dist.PrefixStore(f"tds/attempt_{attempt}/", store)
