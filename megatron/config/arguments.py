@@ -78,6 +78,11 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
                    type=int, default=1)
     g.add_argument("--pipe-parallel-size", "--pipeline-model-parallel-size", dest="pipe_parallel_size",
                    type=int, default=1, help="pipeline stages; 0 and 1 both mean no pipeline")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="with tensor parallelism, split the LayerNorm, dropout and residual regions along the sequence "
+                        "(Korthikanti et al. 2022): activation memory outside attention / MLP drops by the tp size "
+                        "at the same communication volume (all-gather + reduce-scatter instead of all-reduce); the "
+                        "sequence length must divide by tp. No effect at tp = 1")
     g.add_argument("--zero-stage", type=int, default=None, help="ZeRO stage 0 or 1 (overrides the JSON config)")
     g.add_argument("--partition-method", type=str, default=None,
                    help="how the Pipe model splits its layers: type:REGEX (default type:TransformerLayer), parameters, "

@@ -140,6 +140,12 @@ def _resolve_model(args: argparse.Namespace) -> None:
     for flag in ("seq_length", "encoder_seq_length", "decoder_seq_length"):
         _need(getattr(args, flag) <= args.max_position_embeddings,
               f"{_flag(flag)} {getattr(args, flag)} > --max-position-embeddings {args.max_position_embeddings}")
+    if args.sequence_parallel and tp > 1:
+        lengths = (("seq_length",) if getattr(args, "model_type", None) == "gpt" else
+                   ("encoder_seq_length", "decoder_seq_length"))
+        for flag in lengths:
+            _need(getattr(args, flag) % tp == 0, f"--sequence-parallel: {_flag(flag)} {getattr(args, flag)} is not "
+                  f"divisible by --tensor-model-parallel-size {tp}; use a multiple of {tp} or drop --sequence-parallel")
     args.layernorm_epsilon = 1e-5 if args.layernorm_epsilon is None else args.layernorm_epsilon
     _need(args.checkpoint_num_layers >= 1, f"--checkpoint-num-layers must be >= 1, got {args.checkpoint_num_layers}")
     _resolve_t5(args)

@@ -67,7 +67,8 @@ class GPT2SelfAttention(nn.Module):
     """(b, s, h) -> (b, s, h). QKV weight rows [Q; K; V] as HF GPT-2's c_attn (transposed); stride 3 gives
     each rank all three for its heads. Output projection init std / sqrt(2 L) (GPT-2's residual scaling)."""
 
-    def __init__(self, config: GPT2Config, module_number: int, tp_group=None):
+    def __init__(self, config: GPT2Config, module_number: int, tp_group=None, sequence_parallel: bool = False):
+        """sequence_parallel: x is this rank's part of the sequence (b, s/t, h), and so is the output."""
         super().__init__()
         group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
         self.n_local = check_heads(config.num_attention_heads, tp_size)
@@ -75,10 +76,10 @@ class GPT2SelfAttention(nn.Module):
         std, out_std = config.init_method_std, config.init_method_std / math.sqrt(2.0 * config.num_layers)
         self.query_key_value = mpu.ColumnParallelLinear(
             config.hidden_size, 3 * inner, gather_output=False, init_method=normal_init(std), stride=3,
-            tp_group=group, dtype=config.params_dtype)
+            tp_group=group, dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.dense = mpu.RowParallelLinear(inner, config.hidden_size, input_is_parallel=True,
                                            init_method=normal_init(out_std), tp_group=group,
-                                           dtype=config.params_dtype)
+                                           dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, 0,
                                                tp_split=True, tp_rank=tp_rank)
 
@@ -109,21 +110,24 @@ class T5Attention(nn.Module):
     """
 
     def __init__(self, config: T5Config, module_number: int, site: int = 0,
-                 position_bias: Optional[str] = None, tp_group=None):
+                 position_bias: Optional[str] = None, tp_group=None, sequence_parallel: bool = False):
         """site: dropout site number within the layer; position_bias: None, or 'bidirectional' (encoder) /
-        'causal' (decoder) for the first layer of a stack, which owns the stack's bias table."""
+        'causal' (decoder) for the first layer of a stack, which owns the stack's bias table;
+        sequence_parallel: x (and key_value_states) are this rank's parts of their sequences, gathered by the
+        projections; the output is reduce-scattered back to (b, q/t, h)."""
         super().__init__()
         group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
         self.n_local = check_heads(config.num_attention_heads, tp_size)
         d, dkv, f = config.hidden_size, config.kv_channels, config.initializer_factor
         inner = config.num_attention_heads * dkv
-        common = dict(bias=False, gather_output=False, tp_group=group, dtype=config.params_dtype)
+        common = dict(bias=False, gather_output=False, tp_group=group, dtype=config.params_dtype,
+                      sequence_parallel=sequence_parallel)
         self.q = mpu.ColumnParallelLinear(d, inner, init_method=normal_init(f * (d * dkv) ** -0.5), **common)
         self.kv = mpu.ColumnParallelLinear(d, 2 * inner, init_method=normal_init(f * d ** -0.5), stride=2,
                                            **common)
         self.o = mpu.RowParallelLinear(inner, d, bias=False, input_is_parallel=True,
                                        init_method=normal_init(f * inner ** -0.5), tp_group=group,
-                                       dtype=config.params_dtype)
+                                       dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, site,
                                                tp_split=True, tp_rank=tp_rank)
         self.relative_attention_bias = None

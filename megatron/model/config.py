@@ -69,9 +69,16 @@ class TransformerConfig:
 
 @dataclass
 class GPT2Config(TransformerConfig):
-    """GPT-2. max_position_embeddings defaults to seq_length; init std 0.02, output layers 0.02/sqrt(2L)."""
+    """GPT-2. max_position_embeddings defaults to seq_length; init std 0.02, output layers 0.02/sqrt(2L).
+
+    explicit_attention_mask: the micro-batches carry a bool attention mask (b, 1, s, s) (Megatron's
+        --reset-attention-mask: documents attend within themselves), and it crosses the pipeline stages. False
+        (the default data): attention is plain causal, run as scaled_dot_product_attention(is_causal=True) with
+        no mask tensor anywhere, which admits the flash kernel on GPUs.
+    """
     max_position_embeddings: Optional[int] = None
     init_method_std: float = 0.02
+    explicit_attention_mask: bool = False
 
     def __post_init__(self):
         super().__post_init__()
