@@ -85,7 +85,8 @@ class GPT2Model(nn.Module):
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                 attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.embedding(tokens, position_ids)  # (b, s, h)
-        x = run_layers(self.layers, x, self.config.checkpoint_num_layers, attention_mask)
+        x = run_layers(self.layers, x, self.config.checkpoint_num_layers, attention_mask,
+                       method=self.config.recompute_method)
         return self.embedding.logits(self.final_layernorm(x))
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

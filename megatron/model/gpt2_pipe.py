@@ -32,8 +32,9 @@ from tds.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from .config import GPT2Config
 from .gpt2_model import GPT2Embedding, final_layernorm
 from .language_model import LMLoss
-from .pipe_common import ReplayCheckpoint, SequenceParallelGrads, check_sequence_parallel, pipe_groups
-from .transformer import TransformerLayer
+from .pipe_common import (ReplayCheckpoint, SequenceParallelGrads, check_sequence_parallel, mark_block_recompute,
+                          pipe_groups, uniform_interval)
+from .transformer import TransformerLayer, recompute_whole
 
 
 Hidden = Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]  # x, or (x, mask) with an explicit mask
@@ -52,6 +53,9 @@ def _lm_head(embedding: GPT2Embedding, hidden: torch.Tensor) -> torch.Tensor:
 
 class GPT2TransformerLayerPipe(TransformerLayer):
     def forward(self, inputs: Hidden) -> Hidden:
+        return recompute_whole(self, self._forward, inputs)
+
+    def _forward(self, inputs: Hidden) -> Hidden:
         if torch.is_tensor(inputs):
             return super().forward(inputs)  # causal: is_causal=True, no mask
         hidden, attention_mask = inputs
@@ -83,7 +87,9 @@ class GPT2ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
     none (`pipe_common.pipe_groups`). Or topology / num_stages (a pipe x data grid) for groups of the model's
     own, built by tds. partition_method: 'type:TransformerLayer'
     (balanced layer counts), 'parameters', 'uniform' or an explicit list of num_stages + 1 spec boundaries.
-    Activation checkpointing every config.checkpoint_num_layers specs, dropout replayed (`rng`).
+    Full recomputation every config.checkpoint_num_layers specs ('uniform'), or of the first that many
+    transformer layers of each stage ('block'); selective recomputation inside attention; dropout replayed
+    (`rng`).
     sequence_parallel: with tp > 1, split the LayerNorm / dropout / residual regions along the sequence
     (Megatron's --sequence-parallel; see `transformer`); the sequence length must divide by tp.
     verbose: DeepSpeed's constructor prints and the per-stage layer listing (default: env TDS_VERBOSE).
@@ -100,9 +106,10 @@ class GPT2ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
         mask = [False] if config.explicit_attention_mask else []  # the bool mask, if any, after the hidden state
         super().__init__(gpt2_layer_specs(config, tp_group, sp), **groups,
                          loss_fn=LMLoss(tp_group), partition_method=partition_method,
-                         activation_checkpoint_interval=config.checkpoint_num_layers,
+                         activation_checkpoint_interval=uniform_interval(config),
                          activation_checkpoint_func=self._checkpoint,
                          input_grad=[True, *mask], input_type=["float", *(["bool"] if mask else [])],
                          input_pipe_partitioned=[not sp, *mask], verbose=verbose, virtual_stages=virtual_stages)
         self.config = config
         self.sequence_parallel_group = tp_group if sp else None
+        mark_block_recompute(self, config, TransformerLayer)

@@ -1,4 +1,4 @@
-"""What GPT2ModelPipe and T5ModelPipe share: their process groups, checkpointing with dropout replay, and the
+"""What GPT2ModelPipe and T5ModelPipe share: their process groups, recomputation with dropout replay, and the
 gradient sum of the sequence-parallel parameters."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Optional
 from megatron import mpu
 from megatron.errors import UserError
 from .rng import dropout_sites, replay_checkpoint
+from .transformer import mark_block_recompute as _mark_block
 
 
 def pipe_groups(parallel_state: Optional[mpu.ParallelState], topology, num_stages: Optional[int],
@@ -64,3 +65,17 @@ class SequenceParallelGrads:
         return tied + [(p, self.sequence_parallel_group) for p in self.parameters()
                        if getattr(p, "sequence_parallel", False)]
 
+
+def uniform_interval(config) -> int:
+    """The PipelineModule's activation_checkpoint_interval: N for full uniform recomputation, else 0."""
+    return config.checkpoint_num_layers if config.recompute_method == "uniform" else 0
+
+
+def mark_block_recompute(module, config, layer_type: type) -> None:
+    """Full block recomputation: the first config.checkpoint_num_layers layers of `layer_type` in each of this
+    stage's chunks recompute whole (`transformer.recompute_whole`)."""
+    if config.recompute_granularity != "full" or config.recompute_method != "block":
+        return
+    chunks = [[m for i in range(lo, hi) if isinstance(m := module._modules.get(str(i)), layer_type)]
+              for lo, hi in module.chunk_bounds]
+    _mark_block(chunks, config.checkpoint_num_layers)

@@ -60,8 +60,12 @@ class ModelSpec:
                          sequence_parallel=cfg.layout.sequence_parallel)
 
 
-def _checkpoint_layers(args) -> int:
-    return args.checkpoint_num_layers if args.checkpoint_activations else 0
+def _recompute(args) -> dict:
+    """The config's recomputation fields from --recompute-* (resolved; older records: --checkpoint-*)."""
+    granularity = getattr(args, "recompute_granularity", None) or ("full" if args.checkpoint_activations else None)
+    layers = getattr(args, "recompute_num_layers", None) or args.checkpoint_num_layers or 1
+    return dict(recompute_granularity=granularity, checkpoint_num_layers=layers if granularity == "full" else 0,
+                recompute_method=getattr(args, "recompute_method", None) or "uniform")
 
 
 def gpt2_config(args) -> GPT2Config:
@@ -71,8 +75,8 @@ def gpt2_config(args) -> GPT2Config:
                       hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                       layernorm_epsilon=args.layernorm_epsilon,
                       make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-                      checkpoint_num_layers=_checkpoint_layers(args), seed=args.seed,
-                      max_position_embeddings=args.max_position_embeddings, init_method_std=args.init_method_std,
+                      **_recompute(args), seed=args.seed, max_position_embeddings=args.max_position_embeddings,
+                      init_method_std=args.init_method_std,
                       explicit_attention_mask=bool(getattr(args, "reset_attention_mask", False)))
 
 
@@ -88,7 +92,7 @@ def t5_config(args) -> T5Config:
                     hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                     layernorm_epsilon=args.layernorm_epsilon,
                     make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-                    checkpoint_num_layers=_checkpoint_layers(args), seed=args.seed)
+                    **_recompute(args), seed=args.seed)
 
 
 def gpt2_datasets(args, tokenizer, num_samples: List[int]) -> list:

@@ -153,13 +153,15 @@ class T5Model(nn.Module):
         enc = self.encode(enc, enc_mask)
         dec_bias = attention_bias(self.decoder_layers[0].position_bias.compact(*dec_mask.shape[-2:]), dec_mask)
         cross_bias = mask_to_bias(cross_mask, dec.dtype)
-        dec = self.decoder_final(run_layers(self.decoder_layers, dec, n, dec_bias, enc, cross_bias))
+        dec = self.decoder_final(run_layers(self.decoder_layers, dec, n, dec_bias, enc, cross_bias,
+                                            method=self.config.recompute_method))
         return self.head(dec)
 
     def encode(self, enc: torch.Tensor, enc_mask: torch.Tensor) -> torch.Tensor:
         """Embedded encoder input (b, se, h) -> the encoder's output (b, se, h)."""
         enc_bias = attention_bias(self.encoder_layers[0].position_bias.compact(*enc_mask.shape[-2:]), enc_mask)
-        return self.encoder_final(run_layers(self.encoder_layers, enc, self.config.checkpoint_num_layers, enc_bias))
+        return self.encoder_final(run_layers(self.encoder_layers, enc, self.config.checkpoint_num_layers, enc_bias,
+                                             method=self.config.recompute_method))
 
     def head(self, dec: torch.Tensor) -> torch.Tensor:
         """Decoder output (b, q, h) -> vocab-parallel logits (b, q, V_r): the tied table or the untied head."""

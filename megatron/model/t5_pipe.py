@@ -51,10 +51,11 @@ from tds.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from .attention import mask_to_bias
 from .config import T5Config
 from .language_model import LMLoss
-from .pipe_common import ReplayCheckpoint, SequenceParallelGrads, check_sequence_parallel, pipe_groups
+from .pipe_common import (ReplayCheckpoint, SequenceParallelGrads, check_sequence_parallel, mark_block_recompute,
+                          pipe_groups, uniform_interval)
 from .t5_model import (T5Embedding, T5FinalNorm, T5LMHead, attention_bias, decoder_layer_numbers,
                        encoder_layer_numbers, lm_head_number)
-from .transformer import T5TransformerLayer
+from .transformer import T5TransformerLayer, recompute_whole
 
 Boundary = Tuple[torch.Tensor, ...]  # the 7-tensor tuple T
 
@@ -82,6 +83,9 @@ class T5EncoderTransformerLayerPipe(T5TransformerLayer):
         super().__init__(config, layer_number, False, owns_position_bias, tp_group, sequence_parallel)
 
     def forward(self, inputs: Boundary) -> Boundary:
+        return recompute_whole(self, self._forward, inputs)
+
+    def _forward(self, inputs: Boundary) -> Boundary:
         enc, enc_mask, dec, dec_mask, cross_mask, enc_pos, dec_pos = inputs
         if self.position_bias is not None:
             enc_pos = self.position_bias.compact(*enc_mask.shape[-2:])
@@ -95,6 +99,9 @@ class T5DecoderTransformerLayerPipe(T5TransformerLayer):
         super().__init__(config, layer_number, True, owns_position_bias, tp_group, sequence_parallel)
 
     def forward(self, inputs: Boundary) -> Boundary:
+        return recompute_whole(self, self._forward, inputs)
+
+    def _forward(self, inputs: Boundary) -> Boundary:
         enc, enc_mask, dec, dec_mask, cross_mask, enc_pos, dec_pos = inputs
         if self.position_bias is not None:
             dec_pos = self.position_bias.compact(*dec_mask.shape[-2:])
@@ -147,7 +154,7 @@ class T5ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
         sp = check_sequence_parallel(sequence_parallel, tp_group, config.seq_length, config.decoder_seq_length)
         super().__init__(t5_layer_specs(config, tp_group, sp), **groups,
                          loss_fn=LMLoss(tp_group), partition_method=partition_method,
-                         activation_checkpoint_interval=config.checkpoint_num_layers,
+                         activation_checkpoint_interval=uniform_interval(config),
                          activation_checkpoint_func=self._checkpoint,
                          input_grad=[True, False, True, False, False, True, True],
                          input_type=["float", "bool", "float", "bool", "bool", "float", "float"],
@@ -155,3 +162,4 @@ class T5ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
                          virtual_stages=virtual_stages)
         self.config = config
         self.sequence_parallel_group = tp_group if sp else None
+        mark_block_recompute(self, config, T5TransformerLayer)

@@ -122,13 +122,40 @@ def _run_chunk(layers: Sequence[nn.Module], x: torch.Tensor, *extra) -> torch.Te
     return x
 
 
-def run_layers(layers: Sequence[nn.Module], x: torch.Tensor, checkpoint_num_layers: int, *extra) -> torch.Tensor:
+def run_layers(layers: Sequence[nn.Module], x: torch.Tensor, checkpoint_num_layers: int, *extra,
+               method: str = "uniform") -> torch.Tensor:
     """x = layer(x, *extra) for each layer; with checkpoint_num_layers = N > 0 (and grad enabled) every run of
-    N layers keeps only its input and recomputes in backward (mpu.checkpoint, dropout replayed)."""
+    N layers ('uniform'), or each of the first N layers ('block'), keeps only its input and recomputes in
+    backward (mpu.checkpoint, dropout replayed)."""
     if checkpoint_num_layers <= 0 or not torch.is_grad_enabled():
         return _run_chunk(layers, x, *extra)
-    for start in range(0, len(layers), checkpoint_num_layers):
-        chunk = list(layers[start:start + checkpoint_num_layers])
+    if method == "block":
+        chunks = [[layer] for layer in layers[:checkpoint_num_layers]] + [list(layers[checkpoint_num_layers:])]
+        checkpointed = [True] * min(checkpoint_num_layers, len(layers)) + [False]
+    else:
+        chunks = [list(layers[i:i + checkpoint_num_layers]) for i in range(0, len(layers), checkpoint_num_layers)]
+        checkpointed = [True] * len(chunks)
+    for chunk, recompute in zip(chunks, checkpointed):
+        if not recompute:
+            x = _run_chunk(chunk, x, *extra)
+            continue
         sites = [s for layer in chunk for s in dropout_sites(layer)]
         x = replay_checkpoint(partial(_run_chunk, chunk), sites, x, *extra)
     return x
+
+
+def recompute_whole(layer: nn.Module, forward, inputs):
+    """forward(inputs), recomputed in backward when the layer is marked `recompute_whole` (block recomputation
+    in a pipeline: `mark_block_recompute`); `inputs` is a tensor or a tuple of them."""
+    if not getattr(layer, "recompute_whole", False) or not torch.is_grad_enabled():
+        return forward(inputs)
+    was_tuple = isinstance(inputs, tuple)
+    args = inputs if was_tuple else (inputs,)
+    return replay_checkpoint(lambda *a: forward(a if was_tuple else a[0]), dropout_sites(layer), *args)
+
+
+def mark_block_recompute(layers_per_chunk: Sequence[Sequence[nn.Module]], num_layers: int) -> None:
+    """--recompute-method block: the first `num_layers` transformer layers of each chunk recompute whole."""
+    for layers in layers_per_chunk:
+        for layer in layers[:num_layers]:
+            layer.recompute_whole = True
