@@ -13,7 +13,7 @@ TP=p from a seed holds exactly the partitions of the TP=1 model built from that 
 
 Sequence parallelism (`sequence_parallel=True`, see `mappings`): a ColumnParallelLinear takes X^r (b, s/p, in),
 this rank's part of the sequence, and all-gathers it along the sequence (its gradient is reduce-scattered back)
-in place of f; a RowParallelLinear reduce-scatters its output to (b, s/p, out) in place of g's all-reduce and
+in place of f, storing only X^r for backward (`sequence_parallel`); a RowParallelLinear reduce-scatters its output to (b, s/p, out) in place of g's all-reduce and
 adds the bias to that part. Parameters applied to a part of the sequence (LayerNorm, the row-parallel bias) get
 only this part's gradient: `mark_sequence_parallel` tags them, and the model sums their gradients over the tp
 group before the step.
@@ -36,10 +36,10 @@ from torch.nn import init
 
 from tds.device import device
 from tds.pipe.weight_grad import WeightGradStore, linear
-from .mappings import (copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region,
-                       gather_from_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region,
+from .mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region,
                        reduce_scatter_to_sequence_parallel_region, resolve_group,
                        scatter_to_tensor_model_parallel_region)
+from .sequence_parallel import sequence_parallel_linear
 from .utils import VocabUtility, ensure_divisibility, merge_partitions, partition_master
 
 InitMethod = Callable[[torch.Tensor], torch.Tensor]
@@ -203,12 +203,12 @@ class ColumnParallelLinear(_TensorParallelModule):
             set_tensor_model_parallel_attributes(self.bias, True, 0, stride)
 
     def forward(self, input_: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        if self.sequence_parallel:  # (b, s/p, in) -> (b, s, in)
-            input_parallel = gather_from_sequence_parallel_region(input_, self.tp_group)
-        else:
-            input_parallel = self._copy_to(input_)
         bias = None if self.skip_bias_add else self.bias
-        output_parallel = linear(input_parallel, self.weight, bias, self.weight_grad_store)  # (..., out/p)
+        if self.sequence_parallel:  # (b, s/p, in) -> (b, s, out/p), storing only the s/p part of the input
+            output_parallel = sequence_parallel_linear(input_, self.weight, bias, self.tp_group,
+                                                       self.weight_grad_store)
+        else:
+            output_parallel = linear(self._copy_to(input_), self.weight, bias, self.weight_grad_store)  # (..., out/p)
         output = self._gather_from(output_parallel) if self.gather_output else output_parallel
         return output, (self.bias if self.skip_bias_add else None)
 
@@ -263,10 +263,9 @@ def parallel_lm_logits(input_: torch.Tensor, word_embeddings_weight: torch.Tenso
     """Logits against the vocab-parallel embedding: (b, s, h) -> (b, s, V/p), or (b, s, V) if gathered.
     With sequence_parallel the input is this rank's part (b, s/p, h), all-gathered along the sequence first."""
     if sequence_parallel:
-        input_parallel = gather_from_sequence_parallel_region(input_, tp_group)
+        logits_parallel = sequence_parallel_linear(input_, word_embeddings_weight, bias, resolve_group(tp_group)[0])
     else:
-        input_parallel = copy_to_tensor_model_parallel_region(input_, tp_group)
-    logits_parallel = F.linear(input_parallel, word_embeddings_weight, bias)
+        logits_parallel = F.linear(copy_to_tensor_model_parallel_region(input_, tp_group), word_embeddings_weight, bias)
     if parallel_output:
         return logits_parallel
     return gather_from_tensor_model_parallel_region(logits_parallel, tp_group)
