@@ -19,7 +19,7 @@ import pytest
 from tests.dist import run_distributed
 from tests.model import common
 
-STEPS = 5
+STEPS = 3
 TOL = 1e-5
 HIDDEN_DROPOUT = dict(hidden_dropout=0.1, attention_dropout=0.0)
 ALL_DROPOUT = dict(hidden_dropout=0.1, attention_dropout=0.1)
