@@ -1,7 +1,12 @@
-"""Saved-activation memory of GPT-2 and T5 with and without activation checkpointing.
+"""Saved-activation memory of GPT-2 and T5 with and without activation checkpointing, and per transformer
+layer under tensor and sequence parallelism with each recomputation, beside Korthikanti et al.'s formulas.
 
     python bench/activation_memory.py [--layers 8] [--hidden 256] [--heads 8] [--seq 256] [--batch 4]
-                                      [--checkpoint-num-layers 1] [--dtype fp32|bf16]
+                                      [--checkpoint-num-layers 1] [--dtype fp32|bf16] [--per-layer-only]
+
+Part 2 (`layer_table`, bench/_layer_memory.py): one GPT-2 layer per tp rank, tp in {1, 2, 4} x sequence
+parallelism off / on x recomputation none / selective / full; saved bytes per rank per micro-batch, term by
+term, and the bytes through the collectives of one forward + backward.
 
 Protocol: one training-mode forward (dropout 0.1) of the plain model (tp = pp = dp = 1, CPU) under
 torch.autograd.graph.saved_tensors_hooks. "Saved bytes" = the bytes of the distinct storages autograd keeps
@@ -95,7 +100,11 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--checkpoint-num-layers", type=int, default=1)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
+    ap.add_argument("--per-layer-only", action="store_true", help="only the per-layer tp x SP x recompute table")
+    ap.add_argument("--attention-dropout", type=float, default=0.1, help="per-layer table (0: SDPA's fused kernel)")
     a = ap.parse_args()
+    if a.per_layer_only:
+        return layer_table(a)
     common = dict(num_layers=a.layers, hidden_size=a.hidden, num_attention_heads=a.heads, vocab_size=a.vocab,
                   seq_length=a.seq, hidden_dropout=0.1, attention_dropout=0.1, params_dtype=DTYPES[a.dtype])
     configs = {"gpt2": lambda n: GPT2Config(**common, checkpoint_num_layers=n),
@@ -110,6 +119,13 @@ def main() -> None:
         same = all(torch.equal(g, grads_ckpt[n]) for n, g in grads.items())
         print(f"{kind:6s} {base / 2**20:15.1f} MiB {ckpt / 2**20:19.1f} MiB {ckpt / base:7.3f}  "
               f"{'identical' if same else 'DIFFERENT'}")
+    layer_table(a)
+
+
+def layer_table(a) -> None:
+    from _layer_memory import print_layer_table  # bench/ is on the path when a script runs
+    print_layer_table(seq=a.seq, batch=a.batch, hidden=a.hidden, heads=a.heads, dtype=a.dtype,
+                      attention_dropout=a.attention_dropout)
 
 
 if __name__ == "__main__":

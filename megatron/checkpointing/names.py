@@ -69,7 +69,8 @@ def model_config(args: Dict[str, Any]):
     """GPT2Config / T5Config exactly as the model's spec builds it for training from these arguments.
 
     Arguments that a checkpoint predates take the value that reproduces the model it was trained as."""
-    ns = argparse.Namespace(**{**LATER_ARGUMENTS, **args, "checkpoint_activations": False})
+    ns = argparse.Namespace(**{**LATER_ARGUMENTS, **args, "checkpoint_activations": False,
+                               "recompute_granularity": None})
     return spec_for(args.get("model_type")).config(ns)
 
 
@@ -104,7 +105,7 @@ def _probe_config(config):
     heads = config.num_attention_heads
     return dataclasses.replace(config, hidden_size=heads, kv_channels=1, ffn_hidden_size=heads, vocab_size=1,
                                make_vocab_size_divisible_by=1, hidden_dropout=0.0, attention_dropout=0.0,
-                               checkpoint_num_layers=0)
+                               checkpoint_num_layers=0, recompute_granularity=None)
 
 
 def _gpt2_location(config) -> List[Tuple[str, Any]]:

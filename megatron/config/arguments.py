@@ -56,8 +56,22 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
     g.add_argument("--layernorm-epsilon", type=float, default=None, help="GPT-2 1e-5, T5 1e-6")
-    g.add_argument("--checkpoint-activations", action="store_true", help="recompute layer activations in backward")
-    g.add_argument("--checkpoint-num-layers", type=int, default=1, help="layers per recomputed chunk")
+    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
+                   help="recompute activations in backward. full: whole transformer layers keep only their input "
+                        "(see --recompute-method); selective: only the attention core (softmax(QK^T) V with its "
+                        "dropout), whose stored scores grow with s^2 (the 5as/h term of Korthikanti et al.). "
+                        "scaled_dot_product_attention stores those only in its math kernel (CPU with "
+                        "--attention-dropout > 0); its fused kernels (flash / memory-efficient on GPUs, the CPU "
+                        "flash kernel without dropout) store none, and selective is then a no-op")
+    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
+                   help="with --recompute-granularity full: uniform (default) recomputes every run of "
+                        "--recompute-num-layers layers; block recomputes the first --recompute-num-layers layers of "
+                        "each pipeline stage (each model chunk) and keeps the others")
+    g.add_argument("--recompute-num-layers", type=int, default=None,
+                   help="layers per recomputed run (uniform) or recomputed layers per stage (block); default 1")
+    g.add_argument("--checkpoint-activations", action="store_true",
+                   help="alias of --recompute-granularity full --recompute-method uniform")
+    g.add_argument("--checkpoint-num-layers", type=int, default=None, help="alias of --recompute-num-layers")
     g = p.add_argument_group("T5 (v1.0 defaults; T5 v1.1: --feed-forward-proj gated-gelu "
                              "--untie-embeddings-and-output-weights)")
     g.add_argument("--decoder-num-layers", type=int, default=None, help="decoder depth, default --num-layers")
@@ -78,6 +92,11 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
                    type=int, default=1)
     g.add_argument("--pipe-parallel-size", "--pipeline-model-parallel-size", dest="pipe_parallel_size",
                    type=int, default=1, help="pipeline stages; 0 and 1 both mean no pipeline")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="with tensor parallelism, split the LayerNorm, dropout and residual regions along the sequence "
+                        "(Korthikanti et al. 2022): activation memory outside attention / MLP drops by the tp size "
+                        "at the same communication volume (all-gather + reduce-scatter instead of all-reduce); the "
+                        "sequence length must divide by tp. No effect at tp = 1")
     g.add_argument("--zero-stage", type=int, default=None, help="ZeRO stage 0 or 1 (overrides the JSON config)")
     g.add_argument("--partition-method", type=str, default=None,
                    help="how the Pipe model splits its layers: type:REGEX (default type:TransformerLayer), parameters, "

@@ -117,6 +117,23 @@ def _resolve_t5(args: argparse.Namespace) -> None:
           f"--relative-attention-num-buckets {buckets}")
 
 
+def _resolve_recompute(args: argparse.Namespace) -> None:
+    """Megatron's --recompute-* flags; --checkpoint-activations / --checkpoint-num-layers are their aliases."""
+    if args.checkpoint_activations:
+        _need(args.recompute_granularity in (None, "full"), f"--checkpoint-activations means --recompute-granularity "
+              f"full, but --recompute-granularity {args.recompute_granularity} was given; give one of them")
+        args.recompute_granularity = "full"
+    given = [n for n in (args.recompute_num_layers, args.checkpoint_num_layers) if n is not None]
+    _need(len(set(given)) <= 1, f"--recompute-num-layers {args.recompute_num_layers} and --checkpoint-num-layers "
+          f"{args.checkpoint_num_layers} disagree (the second is an alias of the first); give one")
+    args.recompute_num_layers = args.checkpoint_num_layers = given[0] if given else 1
+    _need(args.recompute_num_layers >= 1, f"--recompute-num-layers must be >= 1, got {args.recompute_num_layers}")
+    _need(args.recompute_method is None or args.recompute_granularity == "full",
+          f"--recompute-method {args.recompute_method} applies to --recompute-granularity full only")
+    args.recompute_method = args.recompute_method or "uniform"
+    args.checkpoint_activations = args.recompute_granularity == "full"
+
+
 def _resolve_model(args: argparse.Namespace) -> None:
     for flag in ("num_layers", "hidden_size", "num_attention_heads"):
         _need(getattr(args, flag) is not None, f"{_flag(flag)} is required")
@@ -140,8 +157,14 @@ def _resolve_model(args: argparse.Namespace) -> None:
     for flag in ("seq_length", "encoder_seq_length", "decoder_seq_length"):
         _need(getattr(args, flag) <= args.max_position_embeddings,
               f"{_flag(flag)} {getattr(args, flag)} > --max-position-embeddings {args.max_position_embeddings}")
+    if args.sequence_parallel and tp > 1:
+        lengths = (("seq_length",) if getattr(args, "model_type", None) == "gpt" else
+                   ("encoder_seq_length", "decoder_seq_length"))
+        for flag in lengths:
+            _need(getattr(args, flag) % tp == 0, f"--sequence-parallel: {_flag(flag)} {getattr(args, flag)} is not "
+                  f"divisible by --tensor-model-parallel-size {tp}; use a multiple of {tp} or drop --sequence-parallel")
     args.layernorm_epsilon = 1e-5 if args.layernorm_epsilon is None else args.layernorm_epsilon
-    _need(args.checkpoint_num_layers >= 1, f"--checkpoint-num-layers must be >= 1, got {args.checkpoint_num_layers}")
+    _resolve_recompute(args)
     _resolve_t5(args)
 
 

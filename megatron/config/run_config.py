@@ -6,7 +6,8 @@
 Each consumer receives the section it needs (torchtitan's JobConfig, nanoGPT's `model_args`):
 
     model       the model's own config (GPT2Config / T5Config: `spec.config(args)`)
-    layout      (tp, pp, dp), ZeRO stage, pipeline schedule, chunks per stage, partition   -> engine, checkpoints
+    layout      (tp, pp, dp), ZeRO stage, pipeline schedule, chunks per stage, partition, sequence parallelism
+                                                                                            -> engine, checkpoints
     batch       micro-batch, gas, global batch, ramp-up, train length                       -> loop, loaders
     optimizer   AdamW and clipping;  lr: the LR schedule in its unit (iterations or samples)
     precision   fp16 / bf16;  data: datasets and micro-batches;  tokenizer: files and vocabulary sizes
@@ -52,6 +53,7 @@ class Layout:
     virtual_pipe_stages: int     # model chunks per pipeline stage (1 unless interleaved)
     partition_method: Union[None, str, Tuple[int, ...]]
     distributed_timeout_minutes: float
+    sequence_parallel: bool = False  # split the norm/dropout/residual regions along the sequence over tp
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,8 @@ def layout_of(args: argparse.Namespace) -> Layout:
         ds_zero_stage=args.ds_config["zero_optimization"]["stage"], pipeline_schedule=args.pipeline_schedule,
         virtual_pipe_stages=args.virtual_pipe_stages or 1,
         partition_method=tuple(args.partition_method) if isinstance(args.partition_method, list)
-        else args.partition_method, distributed_timeout_minutes=args.distributed_timeout_minutes)
+        else args.partition_method, distributed_timeout_minutes=args.distributed_timeout_minutes,
+        sequence_parallel=bool(getattr(args, "sequence_parallel", False)) and args.tensor_model_parallel_size > 1)
 
 
 def lr_schedule_of(args: argparse.Namespace) -> LRSchedule:

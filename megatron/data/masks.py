@@ -3,33 +3,34 @@
 Shapes: b = micro-batch size, s = sequence length. Masks are bool with True = masked out.
 
 With reset_attention_mask, query q may attend to key k only if k <= q and no EOD token lies in [k, q-1]
-(each document attends only within itself; the EOD belongs to the document it ends). With reset_position_ids,
-positions restart at 0 after every EOD.
+(each document attends only within itself; the EOD belongs to the document it ends). Without it the mask is
+plain causal and is not built at all (None): attention runs with `is_causal=True`, which admits the flash
+kernel, and no (s, s) tensor crosses a pipeline boundary. With reset_position_ids, positions restart at 0
+after every EOD.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
 
 def get_ltor_masks_and_position_ids(data: torch.Tensor, eod_token: int, reset_position_ids: bool,
                                     reset_attention_mask: bool, eod_mask_loss: bool
-                                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(attention_mask bool (1 or b, 1, s, s), loss_mask float (b, s), position_ids int64 (b, s)) for data (b, s).
+                                    ) -> Tuple[Optional[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """(attention_mask bool (b, 1, s, s) or None, loss_mask float (b, s), position_ids int64 (b, s)) for data (b, s).
 
-    The mask has batch dimension b only when reset_attention_mask is set; True = masked out.
+    The mask exists only with reset_attention_mask (True = masked out); None means plain causal attention.
     """
     b, s = data.shape
     is_eod = data == eod_token  # (b, s)
     positions = torch.arange(s, device=data.device)  # (s,)
-    causal_masked = positions[None, :] > positions[:, None]  # (s, s): key after query
+    attention_mask = None  # causal: is_causal=True in attention
     if reset_attention_mask:
+        causal_masked = positions[None, :] > positions[:, None]  # (s, s): key after query
         doc_id = _eods_before(is_eod)  # (b, s)
         attention_mask = causal_masked[None] | (doc_id[:, :, None] != doc_id[:, None, :])  # (b, s, s)
         attention_mask = attention_mask[:, None]  # (b, 1, s, s)
-    else:
-        attention_mask = causal_masked[None, None]  # (1, 1, s, s)
 
     loss_mask = torch.ones((b, s), dtype=torch.float, device=data.device)
     if eod_mask_loss:

@@ -9,6 +9,12 @@ scaled_dot_product_attention wants the opposite for bool masks (True = attend), 
     GPT-2: softmax(Q K^T / sqrt(d) + causal/attention mask) V       fused QKV (stride 3, [Q; K; V] rows)
     T5:    softmax(Q K^T + position bias + mask) V                  no 1/sqrt(d) (folded into T5's init)
 
+Selective recomputation (config.recompute_granularity == 'selective', Korthikanti et al. 2022 section 5): the
+attention core softmax(Q K^T + bias) V with its dropout runs under a checkpoint that keeps only q, k, v and the
+mask/bias, and recomputes in backward (dropout replayed). scaled_dot_product_attention stores the s^2 scores and
+probabilities only in its math kernel (on CPU: with attention dropout > 0); its fused kernels (flash,
+memory-efficient: CUDA, and the CPU flash kernel without dropout) store none, and there selective saves nothing.
+
 Inference only (megatron.inference.kv_cache): with `kv_cache`, this call's keys/values (b, n_r, q, d) are
 appended by `kv_cache.update(k, v)`, which returns every position so far (b, n_r, t, d), and the queries
 attend over those t keys (the mask / bias must then cover (q, t)). A cache with `frozen` set already holds
@@ -26,7 +32,7 @@ from torch import nn
 from megatron import mpu
 from .config import GPT2Config, T5Config
 from .position import RelativePositionBias
-from .rng import SeededDropout
+from .rng import SeededDropout, replay_checkpoint
 
 
 def check_heads(num_heads: int, tp_size: int) -> int:
@@ -63,11 +69,19 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, s, n * d)
 
 
+def core(attention: nn.Module, function: Callable[..., torch.Tensor], *args) -> torch.Tensor:
+    """The attention core `function(*args)`, recomputed in backward under selective recomputation."""
+    if attention.recompute_core and attention.training and torch.is_grad_enabled():
+        return replay_checkpoint(function, [attention.attention_dropout], *args)
+    return function(*args)
+
+
 class GPT2SelfAttention(nn.Module):
     """(b, s, h) -> (b, s, h). QKV weight rows [Q; K; V] as HF GPT-2's c_attn (transposed); stride 3 gives
     each rank all three for its heads. Output projection init std / sqrt(2 L) (GPT-2's residual scaling)."""
 
-    def __init__(self, config: GPT2Config, module_number: int, tp_group=None):
+    def __init__(self, config: GPT2Config, module_number: int, tp_group=None, sequence_parallel: bool = False):
+        """sequence_parallel: x is this rank's part of the sequence (b, s/t, h), and so is the output."""
         super().__init__()
         group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
         self.n_local = check_heads(config.num_attention_heads, tp_size)
@@ -75,12 +89,13 @@ class GPT2SelfAttention(nn.Module):
         std, out_std = config.init_method_std, config.init_method_std / math.sqrt(2.0 * config.num_layers)
         self.query_key_value = mpu.ColumnParallelLinear(
             config.hidden_size, 3 * inner, gather_output=False, init_method=normal_init(std), stride=3,
-            tp_group=group, dtype=config.params_dtype)
+            tp_group=group, dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.dense = mpu.RowParallelLinear(inner, config.hidden_size, input_is_parallel=True,
                                            init_method=normal_init(out_std), tp_group=group,
-                                           dtype=config.params_dtype)
+                                           dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, 0,
                                                tp_split=True, tp_rank=tp_rank)
+        self.recompute_core = config.recompute_granularity == "selective"
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor], kv_cache=None) -> torch.Tensor:
         qkv, _ = self.query_key_value(x)  # (b, s, 3 n_r d)
@@ -90,15 +105,17 @@ class GPT2SelfAttention(nn.Module):
                 raise ValueError("attention with a kv_cache needs an explicit attention_mask (b, 1, q, t)")
             k, v = kv_cache.update(k, v)  # (b, n_r, t, d)
         mask = None if attention_mask is None else ~attention_mask
+        ctx = core(self, self._core, q, k, v, mask)  # (b, n_r, s, d)
+        out, _ = self.dense(_merge_heads(ctx))
+        return out
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """softmax(Q K^T / sqrt(d) + mask) V with attention dropout; mask bool True = attend, None = causal."""
         drop = self.attention_dropout
         if drop.active:
             with drop.rng():
-                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop.p,
-                                                     is_causal=mask is None)
-        else:
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-        out, _ = self.dense(_merge_heads(ctx))
-        return out
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop.p, is_causal=mask is None)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
 
 
 class T5Attention(nn.Module):
@@ -109,23 +126,27 @@ class T5Attention(nn.Module):
     """
 
     def __init__(self, config: T5Config, module_number: int, site: int = 0,
-                 position_bias: Optional[str] = None, tp_group=None):
+                 position_bias: Optional[str] = None, tp_group=None, sequence_parallel: bool = False):
         """site: dropout site number within the layer; position_bias: None, or 'bidirectional' (encoder) /
-        'causal' (decoder) for the first layer of a stack, which owns the stack's bias table."""
+        'causal' (decoder) for the first layer of a stack, which owns the stack's bias table;
+        sequence_parallel: x (and key_value_states) are this rank's parts of their sequences, gathered by the
+        projections; the output is reduce-scattered back to (b, q/t, h)."""
         super().__init__()
         group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
         self.n_local = check_heads(config.num_attention_heads, tp_size)
         d, dkv, f = config.hidden_size, config.kv_channels, config.initializer_factor
         inner = config.num_attention_heads * dkv
-        common = dict(bias=False, gather_output=False, tp_group=group, dtype=config.params_dtype)
+        common = dict(bias=False, gather_output=False, tp_group=group, dtype=config.params_dtype,
+                      sequence_parallel=sequence_parallel)
         self.q = mpu.ColumnParallelLinear(d, inner, init_method=normal_init(f * (d * dkv) ** -0.5), **common)
         self.kv = mpu.ColumnParallelLinear(d, 2 * inner, init_method=normal_init(f * d ** -0.5), stride=2,
                                            **common)
         self.o = mpu.RowParallelLinear(inner, d, bias=False, input_is_parallel=True,
                                        init_method=normal_init(f * inner ** -0.5), tp_group=group,
-                                       dtype=config.params_dtype)
+                                       dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, site,
                                                tp_split=True, tp_rank=tp_rank)
+        self.recompute_core = config.recompute_granularity == "selective"
         self.relative_attention_bias = None
         if position_bias is not None:
             if position_bias not in ("bidirectional", "causal"):
@@ -140,15 +161,17 @@ class T5Attention(nn.Module):
         """attn_bias: additive float (b or 1, n_r or 1, q, k): position bias plus `mask_to_bias(mask)`."""
         q = _split_heads(self.q(x)[0], self.n_local)  # (b, n_r, q, d)
         k, v = self._keys_values(x if key_value_states is None else key_value_states, kv_cache)
-        bias = attn_bias.to(q.dtype)
+        ctx = core(self, self._core, q, k, v, attn_bias.to(q.dtype))  # (b, n_r, q, d)
+        out, _ = self.o(_merge_heads(ctx))
+        return out
+
+    def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        """softmax(Q K^T + bias) V with attention dropout (no 1/sqrt(d): T5 folds it into the init)."""
         drop = self.attention_dropout
         if drop.active:
             with drop.rng():
-                ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop.p, scale=1.0)
-        else:
-            ctx = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
-        out, _ = self.o(_merge_heads(ctx))
-        return out
+                return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop.p, scale=1.0)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
 
     def _keys_values(self, source: torch.Tensor, kv_cache) -> Tuple[torch.Tensor, torch.Tensor]:
         """(b, k, h) -> keys, values (b, n_r, k, d); with a kv_cache, what it holds after this call."""

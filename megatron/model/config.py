@@ -33,7 +33,14 @@ class TransformerConfig:
 
     seed: base seed of weight initialisation (module k is built under seed + k, see `rng.init_rng`) and of
         dropout (see `rng.SeededDropout`).
-    checkpoint_num_layers: recompute activations every this many transformer layers (0 = off).
+    Recomputation (Megatron's --recompute-*; `transformer` and `attention` apply it):
+    checkpoint_num_layers: N > 0 recomputes whole layers in backward (granularity 'full'); 0 = no full
+        recomputation. recompute_method 'uniform': every run of N layers keeps only its input; 'block': the
+        first N transformer layers of each pipeline stage (each model chunk) keep only their inputs, the
+        others keep everything.
+    recompute_granularity: None, 'full' (implied by checkpoint_num_layers > 0) or 'selective': recompute only
+        the attention core (softmax(Q K^T) V with its dropout), whose stored scores/probabilities grow with s^2;
+        a no-op in memory wherever scaled_dot_product_attention runs a fused kernel, which stores none.
     kv_channels: per-head width of queries/keys/values; hidden_size // num_attention_heads by default.
     """
     num_layers: int
@@ -50,6 +57,8 @@ class TransformerConfig:
     params_dtype: torch.dtype = torch.float32
     checkpoint_num_layers: int = 0
     seed: int = 1234
+    recompute_granularity: Optional[str] = None
+    recompute_method: str = "uniform"
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
@@ -62,6 +71,17 @@ class TransformerConfig:
             self.kv_channels = self.hidden_size // self.num_attention_heads
         if self.checkpoint_num_layers < 0:
             raise ValueError(f"checkpoint_num_layers must be >= 0, got {self.checkpoint_num_layers}")
+        if self.recompute_granularity is None and self.checkpoint_num_layers > 0:
+            self.recompute_granularity = "full"
+        if self.recompute_granularity not in (None, "full", "selective"):
+            raise ValueError(f"recompute_granularity must be None, 'full' or 'selective', "
+                             f"got {self.recompute_granularity!r}")
+        if (self.recompute_granularity == "full") != (self.checkpoint_num_layers > 0):
+            raise ValueError(f"recompute_granularity {self.recompute_granularity!r} with checkpoint_num_layers "
+                             f"{self.checkpoint_num_layers}: full recomputation needs checkpoint_num_layers > 0, "
+                             f"and only full recomputation uses it")
+        if self.recompute_method not in ("uniform", "block"):
+            raise ValueError(f"recompute_method must be 'uniform' or 'block', got {self.recompute_method!r}")
 
     def padded_vocab_size(self, tp: int) -> int:
         return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
@@ -69,9 +89,16 @@ class TransformerConfig:
 
 @dataclass
 class GPT2Config(TransformerConfig):
-    """GPT-2. max_position_embeddings defaults to seq_length; init std 0.02, output layers 0.02/sqrt(2L)."""
+    """GPT-2. max_position_embeddings defaults to seq_length; init std 0.02, output layers 0.02/sqrt(2L).
+
+    explicit_attention_mask: the micro-batches carry a bool attention mask (b, 1, s, s) (Megatron's
+        --reset-attention-mask: documents attend within themselves), and it crosses the pipeline stages. False
+        (the default data): attention is plain causal, run as scaled_dot_product_attention(is_causal=True) with
+        no mask tensor anywhere, which admits the flash kernel on GPUs.
+    """
     max_position_embeddings: Optional[int] = None
     init_method_std: float = 0.02
+    explicit_attention_mask: bool = False
 
     def __post_init__(self):
         super().__post_init__()

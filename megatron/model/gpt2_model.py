@@ -7,6 +7,10 @@ Shape legend: b batch, s sequence, h hidden, V_r this rank's padded-vocabulary s
     logits = LN_f(x_L) E^T                       tied head, padded ids masked; (b, s, V_r)
 
 Module numbers (init seeds, dropout sites): embedding 0, layers 1..L, final LayerNorm L+1.
+
+Sequence parallelism (the Pipe model's `sequence_parallel`; the plain model never splits the sequence): x0 is
+scattered along the sequence after the embedding sum, so every layer and LN_f see (b, s/t, h), and the LM head
+all-gathers LN_f(x_L) (its gradient reduce-scattered back) before the vocab-parallel GEMM.
 """
 from __future__ import annotations
 
@@ -22,16 +26,18 @@ from .config import GPT2Config
 from .language_model import lm_logits, masked_lm_loss
 from .layer_norm import layer_norm
 from .rng import SeededDropout, init_rng
-from .transformer import TransformerLayer, run_layers
+from .transformer import TransformerLayer, run_layers, sequence_parallel_norm, sequence_part
 
 
 class GPT2Embedding(nn.Module):
     """(b, s) token ids [, (b, s) position ids] -> (b, s, h); the word table is also the LM head."""
 
-    def __init__(self, config: GPT2Config, tp_group=None):
+    def __init__(self, config: GPT2Config, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
-        group, _, tp_size = mpu.mappings.resolve_group(tp_group)
+        group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
         self.vocab_size, self.tp_group = config.vocab_size, group
+        self.sequence_parallel = sequence_parallel and tp_size > 1
+        part = (tp_rank, tp_size) if self.sequence_parallel else (0, 1)
         with init_rng(config.seed, 0):  # positions first: the word table's size depends on tp (padding)
             positions = torch.empty(config.max_position_embeddings, config.hidden_size)
             normal_init(config.init_method_std)(positions)
@@ -40,21 +46,26 @@ class GPT2Embedding(nn.Module):
             self.word_embeddings = mpu.VocabParallelEmbedding(
                 config.padded_vocab_size(tp_size), config.hidden_size,
                 init_method=normal_init(config.init_method_std), tp_group=group, dtype=config.params_dtype)
-        self.embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0)
+        self.embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0, sequence_part=part)
 
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """(b, s) -> (b, s, h); with sequence parallelism this rank's part (b, s/t, h)."""
         if position_ids is None:
             position_ids = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
-        return self.embedding_dropout(self.word_embeddings(tokens) + self.position_embeddings(position_ids))
+        x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)  # (b, s, h)
+        if self.sequence_parallel:
+            x = mpu.scatter_to_sequence_parallel_region(x, self.tp_group)  # (b, s/t, h)
+        return self.embedding_dropout(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(b, s, h) -> (b, s, V_r) against the word table."""
-        return lm_logits(hidden, self.word_embeddings.weight, self.vocab_size, self.tp_group)
+        """(b, s, h) -> (b, s, V_r) against the word table (hidden (b, s/t, h) with sequence parallelism)."""
+        return lm_logits(hidden, self.word_embeddings.weight, self.vocab_size, self.tp_group, self.sequence_parallel)
 
 
-def final_layernorm(config: GPT2Config) -> nn.Module:
+def final_layernorm(config: GPT2Config, tp_group=None, sequence_parallel: bool = False) -> nn.Module:
     with init_rng(config.seed, config.num_layers + 1):
-        return layer_norm(config.hidden_size, config.layernorm_epsilon, config.params_dtype)
+        norm = layer_norm(config.hidden_size, config.layernorm_epsilon, config.params_dtype)
+    return sequence_parallel_norm(norm, sequence_part(tp_group, sequence_parallel))
 
 
 class GPT2Model(nn.Module):
@@ -74,7 +85,8 @@ class GPT2Model(nn.Module):
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                 attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.embedding(tokens, position_ids)  # (b, s, h)
-        x = run_layers(self.layers, x, self.config.checkpoint_num_layers, attention_mask)
+        x = run_layers(self.layers, x, self.config.checkpoint_num_layers, attention_mask,
+                       method=self.config.recompute_method)
         return self.embedding.logits(self.final_layernorm(x))
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

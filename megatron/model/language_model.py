@@ -28,9 +28,11 @@ def mask_padded_vocab(logits: torch.Tensor, vocab_size: int, tp_group=None) -> t
 
 
 def lm_logits(hidden: torch.Tensor, word_embeddings_weight: torch.Tensor, vocab_size: int,
-              tp_group=None) -> torch.Tensor:
-    """(b, s, h) -> vocab-parallel logits (b, s, V_r) with padded ids masked."""
-    logits = mpu.parallel_lm_logits(hidden, word_embeddings_weight, parallel_output=True, tp_group=tp_group)
+              tp_group=None, sequence_parallel: bool = False) -> torch.Tensor:
+    """(b, s, h) -> vocab-parallel logits (b, s, V_r) with padded ids masked; with sequence_parallel hidden is
+    this rank's part of the sequence (b, s/t, h), all-gathered first."""
+    logits = mpu.parallel_lm_logits(hidden, word_embeddings_weight, parallel_output=True, tp_group=tp_group,
+                                    sequence_parallel=sequence_parallel)
     return mask_padded_vocab(logits, vocab_size, tp_group)
 
 

@@ -28,15 +28,17 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 class GPT2MLP(nn.Module):
     """(b, s, h) -> (b, s, h); output projection init std / sqrt(2 L)."""
 
-    def __init__(self, config: GPT2Config, tp_group=None):
+    def __init__(self, config: GPT2Config, tp_group=None, sequence_parallel: bool = False):
+        """sequence_parallel: (b, s/t, h) -> (b, s/t, h), the sequence gathered for the GEMMs."""
         super().__init__()
         std, out_std = config.init_method_std, config.init_method_std / math.sqrt(2.0 * config.num_layers)
+        sp = dict(sequence_parallel=sequence_parallel)
         self.dense_h_to_4h = mpu.ColumnParallelLinear(config.hidden_size, config.ffn_hidden_size,
                                                       gather_output=False, init_method=normal_init(std),
-                                                      tp_group=tp_group, dtype=config.params_dtype)
+                                                      tp_group=tp_group, dtype=config.params_dtype, **sp)
         self.dense_4h_to_h = mpu.RowParallelLinear(config.ffn_hidden_size, config.hidden_size,
                                                    input_is_parallel=True, init_method=normal_init(out_std),
-                                                   tp_group=tp_group, dtype=config.params_dtype)
+                                                   tp_group=tp_group, dtype=config.params_dtype, **sp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, _ = self.dense_h_to_4h(x)  # (b, s, f_r)
@@ -47,7 +49,8 @@ class GPT2MLP(nn.Module):
 class T5MLP(nn.Module):
     """(b, s, h) -> (b, s, h), no biases; the inner dropout acts on split activations (tp-rank stream)."""
 
-    def __init__(self, config: T5Config, module_number: int, site: int, tp_group=None):
+    def __init__(self, config: T5Config, module_number: int, site: int, tp_group=None,
+                 sequence_parallel: bool = False):
         super().__init__()
         group, tp_rank, _ = mpu.mappings.resolve_group(tp_group)
         d, f, factor = config.hidden_size, config.ffn_hidden_size, config.initializer_factor
@@ -55,10 +58,10 @@ class T5MLP(nn.Module):
         self.wi = mpu.ColumnParallelLinear(d, 2 * f if self.gated else f, bias=False, gather_output=False,
                                            init_method=normal_init(factor * d ** -0.5),
                                            stride=2 if self.gated else 1, tp_group=group,
-                                           dtype=config.params_dtype)
+                                           dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.wo = mpu.RowParallelLinear(f, d, bias=False, input_is_parallel=True,
                                         init_method=normal_init(factor * f ** -0.5), tp_group=group,
-                                        dtype=config.params_dtype)
+                                        dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.dropout = SeededDropout(config.hidden_dropout, config.seed, module_number, site, tp_split=True,
                                      tp_rank=tp_rank)
 

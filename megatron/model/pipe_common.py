@@ -1,10 +1,13 @@
-"""What GPT2ModelPipe and T5ModelPipe share: their process groups and checkpointing with dropout replay."""
+"""What GPT2ModelPipe and T5ModelPipe share: their process groups, recomputation with dropout replay, and the
+gradient sum of the sequence-parallel parameters."""
 from __future__ import annotations
 
 from typing import Optional
 
 from megatron import mpu
+from megatron.errors import UserError
 from .rng import dropout_sites, replay_checkpoint
+from .transformer import mark_block_recompute as _mark_block
 
 
 def pipe_groups(parallel_state: Optional[mpu.ParallelState], topology, num_stages: Optional[int],
@@ -32,3 +35,47 @@ class ReplayCheckpoint:
 
     def _checkpoint(self, function, *args):
         return replay_checkpoint(function, dropout_sites(self), *args)
+
+
+def check_sequence_parallel(sequence_parallel: bool, tp_group, *seq_lengths: int) -> bool:
+    """Whether the sequence is split (asked for and tp > 1); a one-line error when a length does not divide."""
+    _, _, tp_size = mpu.mappings.resolve_group(tp_group)
+    if not sequence_parallel or tp_size == 1:
+        return False
+    for length in seq_lengths:
+        if length % tp_size:
+            raise UserError(f"--sequence-parallel splits the sequence over the {tp_size} tensor-parallel ranks, but "
+                            f"the sequence length {length} is not divisible by {tp_size}; choose a sequence "
+                            f"length that is a multiple of --tensor-model-parallel-size, or drop --sequence-parallel")
+    return True
+
+
+class SequenceParallelGrads:
+    """With sequence parallelism a replicated parameter applied to this rank's part of the sequence
+    (`param.sequence_parallel`: the norms, the row-parallel biases) gets a partial gradient; the full one is the
+    sum over the tp group. The engine's tied-gradient step (REDUCE_TIED, before the data-parallel reduce) sums
+    the (weight, group) pairs this returns, so these parameters are listed there with the tp group."""
+
+    sequence_parallel_group = None  # the tp group when the sequence is split, else None
+
+    def get_tied_weights_and_groups(self):
+        tied = list(super().get_tied_weights_and_groups())
+        if self.sequence_parallel_group is None:
+            return tied
+        return tied + [(p, self.sequence_parallel_group) for p in self.parameters()
+                       if getattr(p, "sequence_parallel", False)]
+
+
+def uniform_interval(config) -> int:
+    """The PipelineModule's activation_checkpoint_interval: N for full uniform recomputation, else 0."""
+    return config.checkpoint_num_layers if config.recompute_method == "uniform" else 0
+
+
+def mark_block_recompute(module, config, layer_type: type) -> None:
+    """Full block recomputation: the first config.checkpoint_num_layers layers of `layer_type` in each of this
+    stage's chunks recompute whole (`transformer.recompute_whole`)."""
+    if config.recompute_granularity != "full" or config.recompute_method != "block":
+        return
+    chunks = [[m for i in range(lo, hi) if isinstance(m := module._modules.get(str(i)), layer_type)]
+              for lo, hi in module.chunk_bounds]
+    _mark_block(chunks, config.checkpoint_num_layers)

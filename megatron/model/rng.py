@@ -25,6 +25,11 @@ function of (seed, iteration, micro-batch, site). Hence
     (used outside the loop) stays at i = 0 and c counts every training call since construction;
   - the device generator outside a site is untouched, so no other random stream depends on dropout.
 
+Sequence parallelism. A hidden-dropout site that sees part r of t of the sequence (`sequence_part=(r, t)`,
+dim 1 of (b, s, h)) draws the mask of the whole (b, s, h) tensor from the same seed and keeps rows
+[r s/t, (r+1) s/t): its mask is the single process's mask of that slice, bit for bit (the draw depends only on
+the seed, the shape and the dtype), so sequence parallelism changes no mask.
+
 Activation checkpointing recomputes a segment during backward, which would advance the counters twice;
 `replay_checkpoint` rewinds the segment's counters to their values at the first forward for the
 recomputation and restores the live values afterwards (also when torch stops a recomputation early).
@@ -32,7 +37,7 @@ recomputation and restores the live values afterwards (also when torch stops a r
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -81,11 +86,13 @@ class SeededDropout(nn.Module):
     """
 
     def __init__(self, p: float, seed: int, module_number: int, site: int, tp_split: bool = False,
-                 tp_rank: int = 0):
+                 tp_rank: int = 0, sequence_part: Tuple[int, int] = (0, 1)):
+        """sequence_part (r, t): the input is part r of t of the sequence (sequence parallelism)."""
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
         self.p, self.module_number, self.site, self.tp_split = p, module_number, site, tp_split
+        self.sequence_part = sequence_part
         self.base_seed = seed + MODEL_PARALLEL_SEED_OFFSET + tp_rank if tp_split else seed
         self.iteration = 0  # set by start_iteration
         self.calls = 0  # training-mode calls since then
@@ -102,11 +109,18 @@ class SeededDropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:
             return x
+        part, parts = self.sequence_part
+        if parts == 1:
+            with self.rng():
+                return F.dropout(x, self.p, training=True)
+        n = x.size(1)  # (b, s/t, h): draw the whole (b, s, h) mask, keep this part
         with self.rng():
-            return F.dropout(x, self.p, training=True)
+            keep = F.dropout(x.new_ones(x.size(0), n * parts, *x.shape[2:]), self.p, training=True)  # 0 or 1/(1-p)
+        return x * keep.narrow(1, part * n, n).clone(memory_format=torch.contiguous_format)
 
     def extra_repr(self) -> str:
-        return f"p={self.p}, module={self.module_number}, site={self.site}, tp_split={self.tp_split}"
+        sp = f", sequence_part={self.sequence_part}" if self.sequence_part[1] > 1 else ""
+        return f"p={self.p}, module={self.module_number}, site={self.site}, tp_split={self.tp_split}{sp}"
 
 
 def dropout_sites(module: nn.Module) -> list[SeededDropout]:

@@ -14,8 +14,9 @@
 't5'); the entry scripts, `megatron.checkpointing` and `megatron.inference` all ask it.
 
 Micro-batches (b = micro-batch, s = sequence, se / sd = encoder / decoder sequence; masks True = masked out):
-    gpt  ((tokens, position_ids, attention_mask), (labels, loss_mask))   tokens/labels int64 (b, s),
-         attention_mask bool (1 or b, 1, s, s), loss_mask float (b, s)
+    gpt  ((tokens, position_ids), (labels, loss_mask))   tokens/labels int64 (b, s), loss_mask float (b, s);
+         with --reset-attention-mask ((tokens, position_ids, attention_mask), ...), attention_mask bool
+         (b, 1, s, s) (otherwise attention is causal by `is_causal` and no mask exists)
     t5   ((enc_tokens, dec_tokens, enc_mask, dec_mask, cross_mask), (labels, loss_mask)): tokens/labels int64
          (b, se) / (b, sd); enc_mask (b, 1, se, se), dec_mask (b, 1, sd, sd) (causal), cross_mask (b, 1, sd, se)
 """
@@ -55,11 +56,16 @@ class ModelSpec:
         return self.pipe(cfg.model, parallel_state=parallel_state,
                          partition_method=list(method) if isinstance(method, tuple) else method or "type:TransformerLayer",
                          verbose=cfg.logging.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
-                         virtual_stages=cfg.layout.virtual_pipe_stages)
+                         virtual_stages=cfg.layout.virtual_pipe_stages,
+                         sequence_parallel=cfg.layout.sequence_parallel)
 
 
-def _checkpoint_layers(args) -> int:
-    return args.checkpoint_num_layers if args.checkpoint_activations else 0
+def _recompute(args) -> dict:
+    """The config's recomputation fields from --recompute-* (resolved; older records: --checkpoint-*)."""
+    granularity = getattr(args, "recompute_granularity", None) or ("full" if args.checkpoint_activations else None)
+    layers = getattr(args, "recompute_num_layers", None) or args.checkpoint_num_layers or 1
+    return dict(recompute_granularity=granularity, checkpoint_num_layers=layers if granularity == "full" else 0,
+                recompute_method=getattr(args, "recompute_method", None) or "uniform")
 
 
 def gpt2_config(args) -> GPT2Config:
@@ -69,8 +75,9 @@ def gpt2_config(args) -> GPT2Config:
                       hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                       layernorm_epsilon=args.layernorm_epsilon,
                       make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-                      checkpoint_num_layers=_checkpoint_layers(args), seed=args.seed,
-                      max_position_embeddings=args.max_position_embeddings, init_method_std=args.init_method_std)
+                      **_recompute(args), seed=args.seed, max_position_embeddings=args.max_position_embeddings,
+                      init_method_std=args.init_method_std,
+                      explicit_attention_mask=bool(getattr(args, "reset_attention_mask", False)))
 
 
 def t5_config(args) -> T5Config:
@@ -85,7 +92,7 @@ def t5_config(args) -> T5Config:
                     hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                     layernorm_epsilon=args.layernorm_epsilon,
                     make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-                    checkpoint_num_layers=_checkpoint_layers(args), seed=args.seed)
+                    **_recompute(args), seed=args.seed)
 
 
 def gpt2_datasets(args, tokenizer, num_samples: List[int]) -> list:
@@ -103,7 +110,8 @@ def gpt2_batch(raw: Optional[dict], args, tokenizer, tp_group=None) -> tuple:
     tokens, labels = data[:, :-1].contiguous(), data[:, 1:].contiguous()
     attention_mask, loss_mask, position_ids = get_ltor_masks_and_position_ids(
         tokens, tokenizer.eod, args.reset_position_ids, args.reset_attention_mask, args.eod_mask_loss)
-    return (tokens, position_ids, attention_mask), (labels, loss_mask)
+    inputs = (tokens, position_ids) if attention_mask is None else (tokens, position_ids, attention_mask)
+    return inputs, (labels, loss_mask)
 
 
 def t5_batch(raw: Optional[dict], args, tokenizer, tp_group=None) -> tuple:

@@ -17,6 +17,11 @@ data pipeline), cross_mask (b, 1, sd, se).
 Module numbers: embedding 0, encoder layers 1..Le, encoder final norm Le+1, decoder layers
 Le+2..Le+Ld+1, decoder final norm Le+Ld+2, untied LM head Le+Ld+3.
 
+Sequence parallelism (T5ModelPipe's `sequence_parallel`; the plain model never splits the sequence): both
+embedded sequences are scattered along the sequence after the lookup, every layer and final norm sees
+(b, s/t, h), cross-attention all-gathers the encoder output in its key/value projection, and the LM head
+all-gathers the decoder output before the vocab-parallel GEMM.
+
 State-dict names of the untied head: `lm_head.weight` (V_pad / tp, h) in T5Model, `weight` in T5ModelPipe's
 last layer file; it is split by vocabulary rows (partition_dim 0, stride 1) like the word table.
 """
@@ -33,31 +38,37 @@ from .language_model import lm_logits, masked_lm_loss
 from .layer_norm import RMSNorm
 from .position import expand_compact_bias
 from .rng import SeededDropout, init_rng
-from .transformer import T5TransformerLayer, run_layers
+from .transformer import T5TransformerLayer, run_layers, sequence_parallel_norm, sequence_part
 
 
 class T5Embedding(nn.Module):
     """Shared word table for encoder and decoder ids; (b, s) -> (b, s, h). Also the (tied) LM head."""
 
-    def __init__(self, config: T5Config, tp_group=None):
+    def __init__(self, config: T5Config, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
         group, _, tp_size = mpu.mappings.resolve_group(tp_group)
         self.vocab_size, self.tp_group, self.hidden_size = config.vocab_size, group, config.hidden_size
+        part = sequence_part(group, sequence_parallel)
+        self.sequence_parallel = part[1] > 1
         with init_rng(config.seed, 0):
             self.word_embeddings = mpu.VocabParallelEmbedding(
                 config.padded_vocab_size(tp_size), config.hidden_size,
                 init_method=normal_init(config.initializer_factor), tp_group=group, dtype=config.params_dtype)
-        self.encoder_embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0)
-        self.decoder_embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 1)
+        self.encoder_embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0, sequence_part=part)
+        self.decoder_embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 1, sequence_part=part)
 
     def forward(self, enc_tokens: torch.Tensor, dec_tokens: torch.Tensor):
-        return (self.encoder_embedding_dropout(self.word_embeddings(enc_tokens)),
-                self.decoder_embedding_dropout(self.word_embeddings(dec_tokens)))
+        """(b, se), (b, sd) -> (b, se, h), (b, sd, h) (this rank's parts, s/t, with sequence parallelism)."""
+        enc, dec = self.word_embeddings(enc_tokens), self.word_embeddings(dec_tokens)
+        if self.sequence_parallel:
+            enc = mpu.scatter_to_sequence_parallel_region(enc, self.tp_group)
+            dec = mpu.scatter_to_sequence_parallel_region(dec, self.tp_group)
+        return self.encoder_embedding_dropout(enc), self.decoder_embedding_dropout(dec)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Decoder output (b, sd, h) -> (b, sd, V_r), scaled by h^-0.5 first (tied-embedding T5)."""
         return lm_logits(hidden * self.hidden_size ** -0.5, self.word_embeddings.weight, self.vocab_size,
-                         self.tp_group)
+                         self.tp_group, self.sequence_parallel)
 
 
 class T5LMHead(nn.Module):
@@ -67,10 +78,11 @@ class T5LMHead(nn.Module):
     from the CPU generator under module number `module_number`, then cut as the word table is.
     """
 
-    def __init__(self, config: T5Config, module_number: int, tp_group=None):
+    def __init__(self, config: T5Config, module_number: int, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
         group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
         self.vocab_size, self.tp_group = config.vocab_size, group
+        self.sequence_parallel = sequence_parallel and tp_size > 1
         with init_rng(config.seed, module_number):
             master = torch.empty(config.padded_vocab_size(tp_size), config.hidden_size)
             master.normal_(0.0, config.initializer_factor)
@@ -79,17 +91,19 @@ class T5LMHead(nn.Module):
         mpu.set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return lm_logits(hidden, self.weight, self.vocab_size, self.tp_group)
+        return lm_logits(hidden, self.weight, self.vocab_size, self.tp_group, self.sequence_parallel)
 
 
 class T5FinalNorm(nn.Module):
     """Stack output: drop(RMS(x))."""
 
-    def __init__(self, config: T5Config, module_number: int):
+    def __init__(self, config: T5Config, module_number: int, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
+        part = sequence_part(tp_group, sequence_parallel)
         with init_rng(config.seed, module_number):
-            self.final_layernorm = RMSNorm(config.hidden_size, config.layernorm_epsilon, config.params_dtype)
-        self.dropout = SeededDropout(config.hidden_dropout, config.seed, module_number, 0)
+            self.final_layernorm = sequence_parallel_norm(
+                RMSNorm(config.hidden_size, config.layernorm_epsilon, config.params_dtype), part)
+        self.dropout = SeededDropout(config.hidden_dropout, config.seed, module_number, 0, sequence_part=part)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.final_layernorm(x))
@@ -139,13 +153,15 @@ class T5Model(nn.Module):
         enc = self.encode(enc, enc_mask)
         dec_bias = attention_bias(self.decoder_layers[0].position_bias.compact(*dec_mask.shape[-2:]), dec_mask)
         cross_bias = mask_to_bias(cross_mask, dec.dtype)
-        dec = self.decoder_final(run_layers(self.decoder_layers, dec, n, dec_bias, enc, cross_bias))
+        dec = self.decoder_final(run_layers(self.decoder_layers, dec, n, dec_bias, enc, cross_bias,
+                                            method=self.config.recompute_method))
         return self.head(dec)
 
     def encode(self, enc: torch.Tensor, enc_mask: torch.Tensor) -> torch.Tensor:
         """Embedded encoder input (b, se, h) -> the encoder's output (b, se, h)."""
         enc_bias = attention_bias(self.encoder_layers[0].position_bias.compact(*enc_mask.shape[-2:]), enc_mask)
-        return self.encoder_final(run_layers(self.encoder_layers, enc, self.config.checkpoint_num_layers, enc_bias))
+        return self.encoder_final(run_layers(self.encoder_layers, enc, self.config.checkpoint_num_layers, enc_bias,
+                                             method=self.config.recompute_method))
 
     def head(self, dec: torch.Tensor) -> torch.Tensor:
         """Decoder output (b, q, h) -> vocab-parallel logits (b, q, V_r): the tied table or the untied head."""

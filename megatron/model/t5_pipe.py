@@ -20,6 +20,10 @@ Tuple T crossing every stage boundary (boundaries may fall anywhere, inside or b
     5    encoder compact bias (n_r, 2 se - 1)    float  yes    no (each tp rank holds its own heads)
     6    decoder compact bias (n_r, 2 sd - 1)    float  yes    no
 
+With sequence parallelism (tp > 1) enc_h and dec_h are this tp rank's parts of their sequences,
+(b, se/t, h) and (b, sd/t, h), different on every tp rank: they are declared not tp-partitioned, so each rank
+sends its part to its peer of the same tp rank and nothing is gathered or re-split at the boundary.
+
 Relative position bias. The first layer of each stack owns the bucketed table (as in T5 and in T5Model);
 later layers of the stack, possibly on other stages, need its output. Choice: pass the computed bias, in
 compact form, as declared tensors 5 and 6 with gradient. Compared with the alternatives:
@@ -47,10 +51,11 @@ from tds.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from .attention import mask_to_bias
 from .config import T5Config
 from .language_model import LMLoss
-from .pipe_common import ReplayCheckpoint, pipe_groups
+from .pipe_common import (ReplayCheckpoint, SequenceParallelGrads, check_sequence_parallel, mark_block_recompute,
+                          pipe_groups, uniform_interval)
 from .t5_model import (T5Embedding, T5FinalNorm, T5LMHead, attention_bias, decoder_layer_numbers,
                        encoder_layer_numbers, lm_head_number)
-from .transformer import T5TransformerLayer
+from .transformer import T5TransformerLayer, recompute_whole
 
 Boundary = Tuple[torch.Tensor, ...]  # the 7-tensor tuple T
 
@@ -60,6 +65,8 @@ def _placeholder(like: torch.Tensor) -> torch.Tensor:
 
 
 class T5EmbeddingPipe(T5Embedding):
+    """(enc_tokens, dec_tokens, enc_mask, dec_mask, cross_mask) -> T."""
+
     def forward(self, inputs: Boundary) -> Boundary:
         enc_tokens, dec_tokens, enc_mask, dec_mask, cross_mask = inputs
         enc, dec = super().forward(enc_tokens, dec_tokens)
@@ -71,10 +78,14 @@ def _lm_head(embedding: T5Embedding, dec: torch.Tensor) -> torch.Tensor:
 
 
 class T5EncoderTransformerLayerPipe(T5TransformerLayer):
-    def __init__(self, config: T5Config, layer_number: int, owns_position_bias: bool, tp_group=None):
-        super().__init__(config, layer_number, False, owns_position_bias, tp_group)
+    def __init__(self, config: T5Config, layer_number: int, owns_position_bias: bool, tp_group=None,
+                 sequence_parallel: bool = False):
+        super().__init__(config, layer_number, False, owns_position_bias, tp_group, sequence_parallel)
 
     def forward(self, inputs: Boundary) -> Boundary:
+        return recompute_whole(self, self._forward, inputs)
+
+    def _forward(self, inputs: Boundary) -> Boundary:
         enc, enc_mask, dec, dec_mask, cross_mask, enc_pos, dec_pos = inputs
         if self.position_bias is not None:
             enc_pos = self.position_bias.compact(*enc_mask.shape[-2:])
@@ -83,10 +94,14 @@ class T5EncoderTransformerLayerPipe(T5TransformerLayer):
 
 
 class T5DecoderTransformerLayerPipe(T5TransformerLayer):
-    def __init__(self, config: T5Config, layer_number: int, owns_position_bias: bool, tp_group=None):
-        super().__init__(config, layer_number, True, owns_position_bias, tp_group)
+    def __init__(self, config: T5Config, layer_number: int, owns_position_bias: bool, tp_group=None,
+                 sequence_parallel: bool = False):
+        super().__init__(config, layer_number, True, owns_position_bias, tp_group, sequence_parallel)
 
     def forward(self, inputs: Boundary) -> Boundary:
+        return recompute_whole(self, self._forward, inputs)
+
+    def _forward(self, inputs: Boundary) -> Boundary:
         enc, enc_mask, dec, dec_mask, cross_mask, enc_pos, dec_pos = inputs
         if self.position_bias is not None:
             dec_pos = self.position_bias.compact(*dec_mask.shape[-2:])
@@ -105,42 +120,46 @@ class T5DecoderFinalNormPipe(T5FinalNorm):
         return super().forward(inputs[2])
 
 
-def _embedding_and_head_specs(config: T5Config, tp_group) -> tuple:
+def _embedding_and_head_specs(config: T5Config, tp_group, sp: bool) -> tuple:
     """(first spec, last spec): the tied word table twice, or (untied) the table and T5LMHead."""
     if not config.tie_word_embeddings:
-        return (LayerSpec(T5EmbeddingPipe, config, tp_group),
-                LayerSpec(T5LMHead, config, lm_head_number(config), tp_group))
+        return (LayerSpec(T5EmbeddingPipe, config, tp_group, sp),
+                LayerSpec(T5LMHead, config, lm_head_number(config), tp_group, sp))
     embed = dict(tied_weight_attr="word_embeddings.weight")
-    return (TiedLayerSpec("embed", T5EmbeddingPipe, config, tp_group, **embed),
-            TiedLayerSpec("embed", T5EmbeddingPipe, config, tp_group, forward_fn=_lm_head, **embed))
+    return (TiedLayerSpec("embed", T5EmbeddingPipe, config, tp_group, sp, **embed),
+            TiedLayerSpec("embed", T5EmbeddingPipe, config, tp_group, sp, forward_fn=_lm_head, **embed))
 
 
-def t5_layer_specs(config: T5Config, tp_group=None) -> list:
+def t5_layer_specs(config: T5Config, tp_group=None, sequence_parallel: bool = False) -> list:
     enc, dec = encoder_layer_numbers(config), decoder_layer_numbers(config)
-    first, last = _embedding_and_head_specs(config, tp_group)
+    sp = sequence_parallel
+    first, last = _embedding_and_head_specs(config, tp_group, sp)
     return [first,
-            *(LayerSpec(T5EncoderTransformerLayerPipe, config, n, i == 0, tp_group) for i, n in enumerate(enc)),
-            LayerSpec(T5EncoderFinalNormPipe, config, enc.stop),
-            *(LayerSpec(T5DecoderTransformerLayerPipe, config, n, i == 0, tp_group) for i, n in enumerate(dec)),
-            LayerSpec(T5DecoderFinalNormPipe, config, dec.stop),
+            *(LayerSpec(T5EncoderTransformerLayerPipe, config, n, i == 0, tp_group, sp) for i, n in enumerate(enc)),
+            LayerSpec(T5EncoderFinalNormPipe, config, enc.stop, tp_group, sp),
+            *(LayerSpec(T5DecoderTransformerLayerPipe, config, n, i == 0, tp_group, sp) for i, n in enumerate(dec)),
+            LayerSpec(T5DecoderFinalNormPipe, config, dec.stop, tp_group, sp),
             last]
 
 
-class T5ModelPipe(ReplayCheckpoint, PipelineModule):
+class T5ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
     """T5 as a pipeline; see the module docstring. Arguments as GPT2ModelPipe; 'type:TransformerLayer'
     balances encoder plus decoder layers together. Labels: (labels, loss_mask) of the decoder."""
 
     def __init__(self, config: T5Config, topology=None, num_stages: Optional[int] = None,
                  partition_method: Union[str, list] = "type:TransformerLayer", tp_group=None,
                  verbose: Optional[bool] = None, virtual_stages: int = 1,
-                 parallel_state: Optional[mpu.ParallelState] = None):
+                 parallel_state: Optional[mpu.ParallelState] = None, sequence_parallel: bool = False):
         tp_group, groups = pipe_groups(parallel_state, topology, num_stages, tp_group)
-        super().__init__(t5_layer_specs(config, tp_group), **groups,
+        sp = check_sequence_parallel(sequence_parallel, tp_group, config.seq_length, config.decoder_seq_length)
+        super().__init__(t5_layer_specs(config, tp_group, sp), **groups,
                          loss_fn=LMLoss(tp_group), partition_method=partition_method,
-                         activation_checkpoint_interval=config.checkpoint_num_layers,
+                         activation_checkpoint_interval=uniform_interval(config),
                          activation_checkpoint_func=self._checkpoint,
                          input_grad=[True, False, True, False, False, True, True],
                          input_type=["float", "bool", "float", "bool", "bool", "float", "float"],
-                         input_pipe_partitioned=[True, False, True, False, False, False, False], verbose=verbose,
+                         input_pipe_partitioned=[not sp, False, not sp, False, False, False, False], verbose=verbose,
                          virtual_stages=virtual_stages)
         self.config = config
+        self.sequence_parallel_group = tp_group if sp else None
+        mark_block_recompute(self, config, T5TransformerLayer)

@@ -7,6 +7,10 @@ Shape legend: b batch, s / q / k sequence lengths, h hidden, n_r heads on this t
                      x = x + drop(cross_attn(RMS2(x), enc, cross_bias))   (decoder only)
                      x = x + drop(ff(RMS3(x)))
 
+With sequence_parallel (and tp > 1) a layer takes and returns this tp rank's part of the sequence, (b, s/t, h):
+its LayerNorms, dropouts and residual adds see s/t positions; the column-parallel linears all-gather the
+sequence and the row-parallel ones reduce-scatter it (`mpu.mappings`). Attention itself sees all s positions.
+
 A layer is module number `layer_number` of its model (`rng` docstring): it is built under that seed and
 its dropout sites are numbered inside it, so a layer is the same wherever it is built and run.
 
@@ -21,6 +25,7 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from megatron import mpu
 from .attention import GPT2SelfAttention, T5Attention
 from .config import GPT2Config, T5Config
 from .layer_norm import RMSNorm, layer_norm
@@ -28,20 +33,35 @@ from .mlp import GPT2MLP, T5MLP
 from .rng import SeededDropout, dropout_sites, init_rng, replay_checkpoint
 
 
-class TransformerLayer(nn.Module):
-    """GPT-2 block: (b, s, h), bool mask (b or 1, 1, s, s) True = masked (None = causal) -> (b, s, h)."""
+def sequence_part(tp_group, sequence_parallel: bool) -> tuple:
+    """(tp_rank, tp_size) when the activations outside the tp regions are split along the sequence, else (0, 1)."""
+    _, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
+    return (tp_rank, tp_size) if sequence_parallel and tp_size > 1 else (0, 1)
 
-    def __init__(self, config: GPT2Config, layer_number: int, tp_group=None):
+
+def sequence_parallel_norm(module: nn.Module, part: tuple) -> nn.Module:
+    """A norm over this rank's part of the sequence: its gradients are summed over the tp group."""
+    return mpu.mark_sequence_parallel(module) if part[1] > 1 else module
+
+
+class TransformerLayer(nn.Module):
+    """GPT-2 block: (b, s, h), bool mask (b or 1, 1, s, s) True = masked (None = causal) -> (b, s, h);
+    with sequence_parallel (b, s/t, h) -> (b, s/t, h)."""
+
+    def __init__(self, config: GPT2Config, layer_number: int, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
         self.layer_number = layer_number
         eps, dtype = config.layernorm_epsilon, config.params_dtype
+        part = sequence_part(tp_group, sequence_parallel)
+        sp = part[1] > 1
         with init_rng(config.seed, layer_number):
-            self.input_layernorm = layer_norm(config.hidden_size, eps, dtype)
-            self.self_attention = GPT2SelfAttention(config, layer_number, tp_group)
-            self.post_attention_layernorm = layer_norm(config.hidden_size, eps, dtype)
-            self.mlp = GPT2MLP(config, tp_group)
-        self.attention_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 1)
-        self.mlp_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 2)
+            self.input_layernorm = sequence_parallel_norm(layer_norm(config.hidden_size, eps, dtype), part)
+            self.self_attention = GPT2SelfAttention(config, layer_number, tp_group, sequence_parallel=sp)
+            self.post_attention_layernorm = sequence_parallel_norm(layer_norm(config.hidden_size, eps, dtype), part)
+            self.mlp = GPT2MLP(config, tp_group, sequence_parallel=sp)
+        self.attention_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 1,
+                                                      sequence_part=part)
+        self.mlp_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 2, sequence_part=part)
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, kv_cache=None) -> torch.Tensor:
         cache = None if kv_cache is None else kv_cache.self_attention
@@ -55,24 +75,28 @@ class T5TransformerLayer(nn.Module):
     already-expanded additive bias."""
 
     def __init__(self, config: T5Config, layer_number: int, is_decoder: bool, owns_position_bias: bool,
-                 tp_group=None):
+                 tp_group=None, sequence_parallel: bool = False):
+        """sequence_parallel: x, the output and (decoder) encoder_output are this rank's parts of their
+        sequences; cross-attention's keys and values come from the all-gathered encoder output."""
         super().__init__()
         self.layer_number, self.is_decoder = layer_number, is_decoder
         eps, dtype, d, n = config.layernorm_epsilon, config.params_dtype, config.hidden_size, layer_number
         kind = ("causal" if is_decoder else "bidirectional") if owns_position_bias else None
+        part = sequence_part(tp_group, sequence_parallel)
+        common = dict(tp_group=tp_group, sequence_parallel=part[1] > 1)
         with init_rng(config.seed, layer_number):
-            self.self_attention_layernorm = RMSNorm(d, eps, dtype)
-            self.self_attention = T5Attention(config, n, site=0, position_bias=kind, tp_group=tp_group)
+            self.self_attention_layernorm = sequence_parallel_norm(RMSNorm(d, eps, dtype), part)
+            self.self_attention = T5Attention(config, n, site=0, position_bias=kind, **common)
             if is_decoder:
-                self.cross_attention_layernorm = RMSNorm(d, eps, dtype)
-                self.cross_attention = T5Attention(config, n, site=2, tp_group=tp_group)
-            self.mlp_layernorm = RMSNorm(d, eps, dtype)
-            self.mlp = T5MLP(config, n, site=4, tp_group=tp_group)
+                self.cross_attention_layernorm = sequence_parallel_norm(RMSNorm(d, eps, dtype), part)
+                self.cross_attention = T5Attention(config, n, site=2, **common)
+            self.mlp_layernorm = sequence_parallel_norm(RMSNorm(d, eps, dtype), part)
+            self.mlp = T5MLP(config, n, site=4, **common)
         p, seed = config.hidden_dropout, config.seed
-        self.self_attention_output_dropout = SeededDropout(p, seed, n, 1)
+        self.self_attention_output_dropout = SeededDropout(p, seed, n, 1, sequence_part=part)
         if is_decoder:
-            self.cross_attention_output_dropout = SeededDropout(p, seed, n, 3)
-        self.mlp_output_dropout = SeededDropout(p, seed, n, 5)
+            self.cross_attention_output_dropout = SeededDropout(p, seed, n, 3, sequence_part=part)
+        self.mlp_output_dropout = SeededDropout(p, seed, n, 5, sequence_part=part)
 
     @property
     def position_bias(self):
@@ -98,13 +122,40 @@ def _run_chunk(layers: Sequence[nn.Module], x: torch.Tensor, *extra) -> torch.Te
     return x
 
 
-def run_layers(layers: Sequence[nn.Module], x: torch.Tensor, checkpoint_num_layers: int, *extra) -> torch.Tensor:
+def run_layers(layers: Sequence[nn.Module], x: torch.Tensor, checkpoint_num_layers: int, *extra,
+               method: str = "uniform") -> torch.Tensor:
     """x = layer(x, *extra) for each layer; with checkpoint_num_layers = N > 0 (and grad enabled) every run of
-    N layers keeps only its input and recomputes in backward (mpu.checkpoint, dropout replayed)."""
+    N layers ('uniform'), or each of the first N layers ('block'), keeps only its input and recomputes in
+    backward (mpu.checkpoint, dropout replayed)."""
     if checkpoint_num_layers <= 0 or not torch.is_grad_enabled():
         return _run_chunk(layers, x, *extra)
-    for start in range(0, len(layers), checkpoint_num_layers):
-        chunk = list(layers[start:start + checkpoint_num_layers])
+    if method == "block":
+        chunks = [[layer] for layer in layers[:checkpoint_num_layers]] + [list(layers[checkpoint_num_layers:])]
+        checkpointed = [True] * min(checkpoint_num_layers, len(layers)) + [False]
+    else:
+        chunks = [list(layers[i:i + checkpoint_num_layers]) for i in range(0, len(layers), checkpoint_num_layers)]
+        checkpointed = [True] * len(chunks)
+    for chunk, recompute in zip(chunks, checkpointed):
+        if not recompute:
+            x = _run_chunk(chunk, x, *extra)
+            continue
         sites = [s for layer in chunk for s in dropout_sites(layer)]
         x = replay_checkpoint(partial(_run_chunk, chunk), sites, x, *extra)
     return x
+
+
+def recompute_whole(layer: nn.Module, forward, inputs):
+    """forward(inputs), recomputed in backward when the layer is marked `recompute_whole` (block recomputation
+    in a pipeline: `mark_block_recompute`); `inputs` is a tensor or a tuple of them."""
+    if not getattr(layer, "recompute_whole", False) or not torch.is_grad_enabled():
+        return forward(inputs)
+    was_tuple = isinstance(inputs, tuple)
+    args = inputs if was_tuple else (inputs,)
+    return replay_checkpoint(lambda *a: forward(a if was_tuple else a[0]), dropout_sites(layer), *args)
+
+
+def mark_block_recompute(layers_per_chunk: Sequence[Sequence[nn.Module]], num_layers: int) -> None:
+    """--recompute-method block: the first `num_layers` transformer layers of each chunk recompute whole."""
+    for layers in layers_per_chunk:
+        for layer in layers[:num_layers]:
+            layer.recompute_whole = True

@@ -3,10 +3,12 @@ from .cross_entropy import vocab_parallel_cross_entropy
 from .data import broadcast_data
 from .grads import clip_grad_norm, get_grad_norm
 from .layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding, full_weight,
-                     param_is_not_tensor_parallel_duplicate, parallel_lm_logits, set_full_weight,
-                     set_tensor_model_parallel_attributes)
-from .mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
-                       reduce_from_tensor_model_parallel_region, scatter_to_tensor_model_parallel_region)
+                     mark_sequence_parallel, param_is_not_tensor_parallel_duplicate, parallel_lm_logits,
+                     set_full_weight, set_tensor_model_parallel_attributes)
+from .mappings import (copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region,
+                       gather_from_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region,
+                       reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region,
+                       scatter_to_tensor_model_parallel_region)
 from .parallel_state import (ParallelDims, ParallelState, destroy_model_parallel, get_data_parallel_group,
                              get_data_parallel_rank, get_data_parallel_world_size, get_model_parallel_group,
                              get_model_parallel_rank, get_model_parallel_src_rank, get_model_parallel_world_size,
@@ -41,9 +43,11 @@ __all__ = [
     # mappings
     "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
     "scatter_to_tensor_model_parallel_region", "gather_from_tensor_model_parallel_region",
+    "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
+    "reduce_scatter_to_sequence_parallel_region",
     # layers
     "VocabParallelEmbedding", "ColumnParallelLinear", "RowParallelLinear", "parallel_lm_logits",
-    "full_weight", "set_full_weight", "set_tensor_model_parallel_attributes",
+    "full_weight", "set_full_weight", "set_tensor_model_parallel_attributes", "mark_sequence_parallel",
     "param_is_not_tensor_parallel_duplicate",
     # cross_entropy, random, grads, data
     "vocab_parallel_cross_entropy",

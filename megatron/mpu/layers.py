@@ -11,6 +11,13 @@ Deterministic initialisation: every rank draws the FULL master weight from torch
 (the same draws whatever p is), then keeps its partition (see `utils.partition_master`), so a model built at
 TP=p from a seed holds exactly the partitions of the TP=1 model built from that seed. Biases start at zero.
 
+Sequence parallelism (`sequence_parallel=True`, see `mappings`): a ColumnParallelLinear takes X^r (b, s/p, in),
+this rank's part of the sequence, and all-gathers it along the sequence (its gradient is reduce-scattered back)
+in place of f, storing only X^r for backward (`sequence_parallel`); a RowParallelLinear reduce-scatters its output to (b, s/p, out) in place of g's all-reduce and
+adds the bias to that part. Parameters applied to a part of the sequence (LayerNorm, the row-parallel bias) get
+only this part's gradient: `mark_sequence_parallel` tags them, and the model sums their gradients over the tp
+group before the step.
+
 Fused QKV: with `stride=3` and a master weight laid out [Q; K; V] (each (h, in), heads contiguous inside),
 rank r keeps rows [j*h + r*h/p, j*h + (r+1)*h/p) for j = 0, 1, 2, i.e. Q, K and V of heads
 r*n/p .. (r+1)*n/p - 1 (n heads, n divisible by p). With the per-head layout [head0: q k v; head1: ...]
@@ -29,9 +36,10 @@ from torch.nn import init
 
 from tds.device import device
 from tds.pipe.weight_grad import WeightGradStore, linear
-from .mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region,
-                       reduce_from_tensor_model_parallel_region, resolve_group,
+from .mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region,
+                       reduce_scatter_to_sequence_parallel_region, resolve_group,
                        scatter_to_tensor_model_parallel_region)
+from .sequence_parallel import sequence_parallel_linear
 from .utils import VocabUtility, ensure_divisibility, merge_partitions, partition_master
 
 InitMethod = Callable[[torch.Tensor], torch.Tensor]
@@ -42,6 +50,15 @@ def set_tensor_model_parallel_attributes(param: torch.Tensor, is_parallel: bool,
     param.tensor_model_parallel = is_parallel
     param.partition_dim = dim
     param.partition_stride = stride
+
+
+def mark_sequence_parallel(module_or_param, on: bool = True):
+    """Tag the parameters of a module (or one parameter) as replicated across tp ranks but applied to this rank's
+    part of the sequence: their gradients must be summed over the tp group (`param.sequence_parallel`)."""
+    params = [module_or_param] if isinstance(module_or_param, torch.Tensor) else module_or_param.parameters()
+    for param in params:
+        param.sequence_parallel = on
+    return module_or_param
 
 
 def param_is_not_tensor_parallel_duplicate(param: torch.Tensor, tp_group=None) -> bool:
@@ -165,9 +182,13 @@ class ColumnParallelLinear(_TensorParallelModule):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True, gather_output: bool = True,
                  init_method: InitMethod = init.xavier_normal_, stride: int = 1, skip_bias_add: bool = False,
-                 tp_group=None, dtype: torch.dtype = torch.float32):
+                 tp_group=None, dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
         super().__init__()
         _, tp_size = self._set_group(tp_group)
+        self.sequence_parallel = sequence_parallel and tp_size > 1
+        if self.sequence_parallel and gather_output:
+            raise ValueError("ColumnParallelLinear with sequence_parallel=True cannot gather_output (its output "
+                             "covers the whole sequence; feed a RowParallelLinear instead)")
         ensure_divisibility(output_size, tp_size * stride, "ColumnParallelLinear output size",
                             f"tensor-model-parallel size x stride = {tp_size} x {stride} =")
         if stride > 1 and gather_output and tp_size > 1:
@@ -182,9 +203,12 @@ class ColumnParallelLinear(_TensorParallelModule):
             set_tensor_model_parallel_attributes(self.bias, True, 0, stride)
 
     def forward(self, input_: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        input_parallel = self._copy_to(input_)
         bias = None if self.skip_bias_add else self.bias
-        output_parallel = linear(input_parallel, self.weight, bias, self.weight_grad_store)  # (..., out/p)
+        if self.sequence_parallel:  # (b, s/p, in) -> (b, s, out/p), storing only the s/p part of the input
+            output_parallel = sequence_parallel_linear(input_, self.weight, bias, self.tp_group,
+                                                       self.weight_grad_store)
+        else:
+            output_parallel = linear(self._copy_to(input_), self.weight, bias, self.weight_grad_store)  # (..., out/p)
         output = self._gather_from(output_parallel) if self.gather_output else output_parallel
         return output, (self.bias if self.skip_bias_add else None)
 
@@ -196,14 +220,18 @@ class RowParallelLinear(_TensorParallelModule):
     otherwise X is scattered along its last dim. The bias is replicated and added after the all-reduce.
     Returns (output, bias): bias is None unless skip_bias_add, in which case it is not added.
     `weight_grad_store`: as ColumnParallelLinear's (only dA is deferred; the bias is added after the reduce).
+    sequence_parallel: the output is reduce-scattered along the sequence, (b, s, in/p) -> (b, s/p, out).
     """
     weight_grad_store: Optional[WeightGradStore] = None
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True, input_is_parallel: bool = False,
                  init_method: InitMethod = init.xavier_normal_, stride: int = 1, skip_bias_add: bool = False,
-                 tp_group=None, dtype: torch.dtype = torch.float32):
+                 tp_group=None, dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
         super().__init__()
         _, tp_size = self._set_group(tp_group)
+        self.sequence_parallel = sequence_parallel and tp_size > 1
+        if self.sequence_parallel and not input_is_parallel:
+            raise ValueError("RowParallelLinear with sequence_parallel=True needs input_is_parallel=True")
         ensure_divisibility(input_size, tp_size * stride, "RowParallelLinear input size",
                             f"tensor-model-parallel size x stride = {tp_size} x {stride} =")
         if stride > 1 and not input_is_parallel and tp_size > 1:
@@ -214,20 +242,30 @@ class RowParallelLinear(_TensorParallelModule):
         self.input_is_parallel, self.skip_bias_add = input_is_parallel, skip_bias_add
         self.weight = _init_partition((output_size, input_size), 1, stride, init_method, dtype, self.tp_group)
         self.bias = _zero_bias(output_size, dtype) if bias else None
+        if self.bias is not None and self.sequence_parallel:
+            mark_sequence_parallel(self.bias)
 
     def forward(self, input_: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         input_parallel = input_ if self.input_is_parallel else self._scatter_to(input_)  # (..., in/p)
-        output = self._reduce_from(linear(input_parallel, self.weight, None, self.weight_grad_store))
+        partial = linear(input_parallel, self.weight, None, self.weight_grad_store)  # (b, s, out), a partial sum
+        if self.sequence_parallel:
+            output = reduce_scatter_to_sequence_parallel_region(partial, self.tp_group)  # (b, s/p, out)
+        else:
+            output = self._reduce_from(partial)
         if self.skip_bias_add or self.bias is None:
             return output, (self.bias if self.skip_bias_add else None)
         return output + self.bias, None
 
 
 def parallel_lm_logits(input_: torch.Tensor, word_embeddings_weight: torch.Tensor, parallel_output: bool,
-                       bias: Optional[torch.Tensor] = None, tp_group=None) -> torch.Tensor:
-    """Logits against the vocab-parallel embedding: (b, s, h) -> (b, s, V/p), or (b, s, V) if gathered."""
-    input_parallel = copy_to_tensor_model_parallel_region(input_, tp_group)
-    logits_parallel = F.linear(input_parallel, word_embeddings_weight, bias)
+                       bias: Optional[torch.Tensor] = None, tp_group=None,
+                       sequence_parallel: bool = False) -> torch.Tensor:
+    """Logits against the vocab-parallel embedding: (b, s, h) -> (b, s, V/p), or (b, s, V) if gathered.
+    With sequence_parallel the input is this rank's part (b, s/p, h), all-gathered along the sequence first."""
+    if sequence_parallel:
+        logits_parallel = sequence_parallel_linear(input_, word_embeddings_weight, bias, resolve_group(tp_group)[0])
+    else:
+        logits_parallel = F.linear(copy_to_tensor_model_parallel_region(input_, tp_group), word_embeddings_weight, bias)
     if parallel_output:
         return logits_parallel
     return gather_from_tensor_model_parallel_region(logits_parallel, tp_group)

@@ -9,9 +9,23 @@ With p tensor-parallel ranks and X replicated on every rank (Megatron paper, sec
 
 so an MLP Y = GeLU(X A) B with A = [A_1, ..., A_p] split by columns and B = [B_1; ...; B_p] split by rows is
     Z = g( GeLU(f(X) A_r) B_r ).
-Shapes: split/gather act on the last dim, (..., h) <-> (..., h/p). `group=None` means the current
-tensor-model-parallel group (`get_tensor_model_parallel_group()`); without one (world size 1) every function is
-the identity.
+Shapes: split/gather act on the last dim, (..., h) <-> (..., h/p).
+
+Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): outside the tensor-parallel regions (LayerNorm,
+dropout, the residual stream) rank r holds X^r, its 1/p of the sequence, X = [X^1; ...; X^p] along the sequence
+dim (dim 1 of (b, s, h)). The pair f, g becomes g_sp, f_sp:
+
+    scatter_to_sequence_parallel_region       forward: X -> X^r           backward: all-gather along s
+    gather_from_sequence_parallel_region      forward: all-gather along s backward: reduce-scatter along s
+                                              (split instead, with tensor_parallel_output_grad=False)
+    reduce_scatter_to_sequence_parallel_region forward: reduce-scatter     backward: all-gather along s
+
+so the MLP becomes Z^r = RS( GeLU(AG(X^r) A_r) B_r ): the all-gather before each column-parallel linear and the
+reduce-scatter after each row-parallel one move the bytes of the all-reduce they replace (a ring all-reduce
+is a reduce-scatter followed by an all-gather), forward and backward alike.
+
+`group=None` means the current tensor-model-parallel group (`get_tensor_model_parallel_group()`); without one
+(world size 1) every function is the identity.
 """
 from __future__ import annotations
 
@@ -43,6 +57,48 @@ def _all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     out = x.contiguous().clone()
     dist.all_reduce(out, group=group)
     return out
+
+
+SEQ_DIM = 1  # the sequence dim of (b, s, h)
+
+
+def _split_seq(x: torch.Tensor, group) -> torch.Tensor:
+    """(b, s, h) -> (b, s/p, h): this rank's part of the sequence."""
+    group, rank, size = resolve_group(group)
+    if size == 1:
+        return x
+    n = _seq_part(x.size(SEQ_DIM), size)
+    return x.narrow(SEQ_DIM, rank * n, n).contiguous()
+
+
+def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
+    """(b, s/p, h) -> (b, s, h): every rank's part, in rank order."""
+    group, _, size = resolve_group(group)
+    if size == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(size)]
+    dist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=SEQ_DIM)
+
+
+def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
+    """(b, s, h) partial sums -> (b, s/p, h): this rank's part of the sum over ranks."""
+    group, _, size = resolve_group(group)
+    if size == 1:
+        return x
+    n = _seq_part(x.size(SEQ_DIM), size)
+    parts = [t.contiguous() for t in x.split(n, dim=SEQ_DIM)]
+    out = torch.empty_like(parts[0])
+    dist.reduce_scatter(out, parts, group=group)
+    return out
+
+
+def _seq_part(seq_length: int, size: int) -> int:
+    if seq_length % size:
+        raise ValueError(f"sequence parallelism: the sequence length ({seq_length}) is not divisible by the "
+                         f"tensor-model-parallel size ({size})")
+    return seq_length // size
 
 
 def _split_last(x: torch.Tensor, group) -> torch.Tensor:
@@ -113,6 +169,46 @@ class _GatherFromRegion(torch.autograd.Function):
         return _split_last(grad, ctx.group), None
 
 
+class _ScatterToSequenceRegion(torch.autograd.Function):
+    """Keep this rank's part of the sequence forward; all-gather the gradient along the sequence backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_seq(grad, ctx.group), None
+
+
+class _GatherFromSequenceRegion(torch.autograd.Function):
+    """All-gather along the sequence forward; backward reduce-scatter (the consumer is tensor-parallel, each
+    rank holds a partial gradient) or, with tensor_parallel_output_grad=False, keep this rank's part."""
+
+    @staticmethod
+    def forward(ctx, x, group, tensor_parallel_output_grad):
+        ctx.group, ctx.reduce = group, tensor_parallel_output_grad
+        return _gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_reduce_scatter_seq(grad, ctx.group) if ctx.reduce else _split_seq(grad, ctx.group)), None, None
+
+
+class _ReduceScatterToSequenceRegion(torch.autograd.Function):
+    """Reduce-scatter along the sequence forward; all-gather the gradient along the sequence backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _reduce_scatter_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather_seq(grad, ctx.group), None
+
+
 def copy_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """f: Y = X forward, dL/dX = sum over tp ranks of dL/dY backward."""
     return _CopyToRegion.apply(x, group)
@@ -131,3 +227,19 @@ def scatter_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torc
 def gather_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """(..., h/p) -> (..., h): X = [X_1, ..., X_p] from every rank's X_r."""
     return _GatherFromRegion.apply(x, group)
+
+
+def scatter_to_sequence_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """(b, s, h) -> (b, s/p, h): X^r of X = [X^1; ...; X^p] along the sequence."""
+    return _ScatterToSequenceRegion.apply(x, group)
+
+
+def gather_from_sequence_parallel_region(x: torch.Tensor, group=None,
+                                         tensor_parallel_output_grad: bool = True) -> torch.Tensor:
+    """(b, s/p, h) -> (b, s, h); the gradient is reduce-scattered back (or split, see the class)."""
+    return _GatherFromSequenceRegion.apply(x, group, tensor_parallel_output_grad)
+
+
+def reduce_scatter_to_sequence_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """(b, s, h) partial sums on each rank -> (b, s/p, h): this rank's part of their sum."""
+    return _ReduceScatterToSequenceRegion.apply(x, group)

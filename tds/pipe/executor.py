@@ -323,10 +323,26 @@ class StageExecutor:
         self.ctx.boundary.send_grads(state.inputs.pop((ins.micro_batch, ins.chunk)), self.ctx.prev_rank, str(ins))
 
     def _exec_reduce_tied(self, ins: Instruction, state: BatchState) -> None:
-        """Sum tied-weight gradients over the stages that share them, keys in sorted order on every rank."""
+        """Sum tied-weight gradients over the groups that share them, in the module's order on every rank: one
+        all-reduce per run of consecutive pairs with the same group and dtype (the gradients flattened into
+        one buffer), so many small tied tensors (e.g. a model's sequence-parallel norms) cost one collective."""
+        runs: list[tuple[Any, list[torch.Tensor]]] = []
         for weight, group in self.ctx.module.get_tied_weights_and_groups():
-            if weight.requires_grad:  # frozen on every rank alike
-                dist.all_reduce(self.ctx.engine._tied_grad(weight), group=group)
+            if not weight.requires_grad:  # frozen on every rank alike
+                continue
+            grad = self.ctx.engine._tied_grad(weight)
+            if runs and runs[-1][0] is group and runs[-1][1][0].dtype == grad.dtype and runs[-1][1][0].device == grad.device:
+                runs[-1][1].append(grad)
+            else:
+                runs.append((group, [grad]))
+        for group, grads in runs:
+            if len(grads) == 1:
+                dist.all_reduce(grads[0], group=group)
+                continue
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=group)
+            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))
 
     def _exec_reduce_grads(self, ins: Instruction, state: BatchState) -> None:
         self.ctx.engine._reduce_grads()

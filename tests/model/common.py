@@ -40,13 +40,18 @@ def _causal(s: int) -> torch.Tensor:
 
 
 def gpt2_batch(config, b: int, g: torch.Generator):
-    """((tokens, position_ids, mask), (labels, loss_mask)); mask (b, 1, s, s) bool True = masked."""
+    """((tokens, position_ids), (labels, loss_mask)): causal attention, no mask tensor; with
+    config.explicit_attention_mask ((tokens, position_ids, mask), ...), mask (b, 1, s, s) bool True = masked,
+    the causal mask with the first row's first quarter a document of its own (a --reset-attention-mask mask)."""
     s, v = config.seq_length, config.vocab_size
     tokens = torch.randint(0, v, (b, s), generator=g)
     labels = torch.randint(0, v, (b, s), generator=g)
     loss_mask = (torch.rand(b, s, generator=g) > 0.2).float()
     positions = torch.arange(s).unsqueeze(0).expand(b, s).contiguous()
-    mask = _causal(s).expand(b, 1, s, s).contiguous()
+    if not config.explicit_attention_mask:
+        return (tokens, positions), (labels, loss_mask)
+    mask = _causal(s).expand(b, 1, s, s).clone()
+    mask[0, 0, s // 4:, :s // 4] = True  # later positions of row 0 do not see its first document
     return (tokens, positions, mask), (labels, loss_mask)
 
 
@@ -173,9 +178,10 @@ def ds_config(dp: int, precision: str = "fp32", zero: int = 0, gas: int = GAS, p
 
 def pipe_rank(kind: str, tp: int, pp: int, dp: int, config_kw: dict, steps: int, partition="type:TransformerLayer",
               precision: str = "fp32", zero: int = 0, seed: int = 0, repeat_batch: bool = False,
-              gas: int = GAS, schedule: str = "1f1b", virtual_stages: int = 1) -> dict:
+              gas: int = GAS, schedule: str = "1f1b", virtual_stages: int = 1, sequence_parallel: bool = False) -> dict:
     """Train `steps` batches of MBS x gas x dp rows (or one batch `steps` times) with the TDS engine in
-    `precision` and pipeline `schedule` (`virtual_stages` chunks per stage), then evaluate the first batch;
+    `precision` and pipeline `schedule` (`virtual_stages` chunks per stage, the sequence split over tp with
+    `sequence_parallel`), then evaluate the first batch;
     return the losses, the eval loss, the first-step fp32 gradients (local slices + how to slice the
     reference), the tp rank and the partition."""
     import torch.distributed as dist
@@ -190,7 +196,8 @@ def pipe_rank(kind: str, tp: int, pp: int, dp: int, config_kw: dict, steps: int,
     dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
     config = make_config(kind, params_dtype=dtype, **config_kw)
     model = (GPT2ModelPipe if kind == "gpt2" else T5ModelPipe)(config, partition_method=partition,
-                                                               virtual_stages=virtual_stages)
+                                                               virtual_stages=virtual_stages,
+                                                               sequence_parallel=sequence_parallel)
     named = pipe_params(model)
     opt = RecordingSGD(named, LR)
     pipeline = dict(schedule=schedule, **({"virtual_stages": virtual_stages} if virtual_stages > 1 else {}))

@@ -24,7 +24,8 @@ def _rel(a, b):
 def test_gpt2_matches_reference_implementation():
     cfg = common.gpt2_config(num_layers=2)
     model = GPT2Model(cfg).eval()
-    (tokens, positions, mask), _ = common.gpt2_batch(cfg, 2, torch.Generator().manual_seed(1))
+    (tokens, positions), _ = common.gpt2_batch(cfg, 2, torch.Generator().manual_seed(1))
+    mask = torch.ones(16, 16, dtype=torch.bool).triu(1)  # the causal mask, explicit
     got = model(tokens, positions, mask)[..., :cfg.vocab_size]
     want = reference_impl.gpt2_logits(model.state_dict(), cfg, tokens)
     assert _rel(got, want) < TOL
@@ -82,8 +83,8 @@ def test_padded_ids_take_no_probability_mass(kind):
 def test_loss_mask_weights_positions():
     cfg = common.gpt2_config(num_layers=1)
     model = GPT2Model(cfg)
-    (tokens, positions, mask), (labels, loss_mask) = common.gpt2_batch(cfg, 2, torch.Generator().manual_seed(4))
-    logits = model(tokens, positions, mask)
+    (tokens, positions), (labels, loss_mask) = common.gpt2_batch(cfg, 2, torch.Generator().manual_seed(4))
+    logits = model(tokens, positions)
     per_token = F.cross_entropy(logits[..., :cfg.vocab_size].reshape(-1, cfg.vocab_size), labels.reshape(-1),
                                 reduction="none")
     want = (per_token * loss_mask.reshape(-1)).sum() / loss_mask.sum()

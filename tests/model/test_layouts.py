@@ -3,6 +3,8 @@
 5 SGD steps of the single-process plain model built from the same seed, and the eval_batch loss after
 training (fp32, relative error < 1e-5).
 
+GPT-2 runs causal attention with no mask tensor (is_causal) and, at (1, 2, 1) and (2, 2, 2), also with an
+explicit --reset-attention-mask style mask that crosses the stage boundaries.
 T5 layouts: pp=2 balanced puts the boundary between encoder and decoder, pp=4 puts boundaries inside
 both stacks, and an explicit boundary list cuts inside the decoder. GPT-2 also runs 'parameters'
 partitioning. One run_distributed call per world size runs several trainings back to back.
@@ -25,6 +27,8 @@ def _jobs(tp: int, pp: int, dp: int) -> list:
     if (tp, pp, dp) == (1, 2, 1):
         jobs.append(dict(kind="t5", tp=1, pp=2, dp=1, config_kw={}, steps=STEPS, partition=[0, 5, 8]))
         jobs.append(dict(kind="gpt2", tp=1, pp=2, dp=1, config_kw={}, steps=STEPS, partition="parameters"))
+    if (tp, pp, dp) in ((1, 2, 1), (2, 2, 2)):  # the --reset-attention-mask path: a mask crosses the boundary
+        jobs.append(dict(kind="gpt2", tp=tp, pp=pp, dp=dp, config_kw={"explicit_attention_mask": True}, steps=STEPS))
     if (tp, pp, dp) == (1, 4, 1):
         jobs.append(dict(kind="t5", tp=1, pp=4, dp=1, config_kw={}, steps=STEPS, partition=[0, 1, 3, 6, 8]))
     return jobs
@@ -36,14 +40,15 @@ def test_pipe_matches_plain_model(tp, pp, dp):
     per_rank = run_distributed(common.run_jobs, tp * pp * dp, jobs, timeout=500)
     references = {}
     for j, job in enumerate(jobs):
-        kind = job["kind"]
-        if kind not in references:
-            config = common.make_config(kind)
+        kind, key = job["kind"], (job["kind"], tuple(job["config_kw"].items()))
+        if key not in references:
+            config = common.make_config(kind, **job["config_kw"])
             batches = common.make_batches(kind, config, STEPS, common.MBS * common.GAS * dp)
-            references[kind] = common.reference_run(kind, config, batches)
-        ref = references[kind]
+            references[key] = common.reference_run(kind, config, batches)
+        ref = references[key]
         results = [r[j] for r in per_rank]
-        where = f"{kind} (tp, pp, dp) = {(tp, pp, dp)}, partition {job.get('partition', 'type:TransformerLayer')}"
+        where = (f"{kind} (tp, pp, dp) = {(tp, pp, dp)}, partition {job.get('partition', 'type:TransformerLayer')}"
+                 f" {job['config_kw']}")
         assert len(results) == tp * pp * dp and len(ref["losses"]) == STEPS
         for r in results:
             assert len(r["losses"]) == STEPS, f"{where}: {len(r['losses'])} losses for {STEPS} steps"

@@ -20,7 +20,8 @@ run under `tests.cpu_fp16.allow_cpu_fp16` (DeepSpeed's CPU accelerator otherwise
 lacks fp16 kernels, e.g. on AMD EPYC; torch computes it on any x86 CPU). ZeRO-1 is used for both: with ZeRO-0
 and a client (torch) optimizer, DeepSpeed 0.19.8 wraps it in FP16_UnfusedOptimizer, whose gradients come
 out divided by the loss scale once too often (engine.backward scales the loss only for ZeRO optimizers).
-The default run covers (1, 1, 1) and (2, 2, 2); `-m slow` adds (2, 1, 1), (1, 2, 1) and (1, 4, 1).
+The default run covers (1, 1, 1) and (2, 2, 2); `-m slow` adds (2, 1, 1), (1, 2, 1) and (1, 4, 1), and
+sequence parallelism at (2, 2, 2) and (4, 1, 1).
 """
 from __future__ import annotations
 
@@ -44,9 +45,9 @@ def run_jobs_any_cpu(jobs: list) -> list:
         return common.run_jobs(jobs)
 
 
-def _jobs(tp: int, pp: int, dp: int, gas: int = common.GAS) -> list:
+def _jobs(tp: int, pp: int, dp: int, gas: int = common.GAS, sequence_parallel: bool = False) -> list:
     return [dict(kind=k, tp=tp, pp=pp, dp=dp, config_kw={}, steps=STEPS, precision=p, zero=1, repeat_batch=True,
-                 gas=gas) for k in KINDS for p in PRECISIONS]
+                 gas=gas, sequence_parallel=sequence_parallel) for k in KINDS for p in PRECISIONS]
 
 
 def _losses(jobs: list, per_rank: list) -> dict:
@@ -88,12 +89,12 @@ def check_layout(losses: dict, reference: dict, layout: tuple) -> None:
             _assert_close(losses[kind, p], reference[kind, p], TOL[p], f"{where} vs the single process")
 
 
-def _check(tp: int, pp: int, dp: int, single: dict) -> None:
+def _check(tp: int, pp: int, dp: int, single: dict, sequence_parallel: bool = False) -> None:
     reference = single[common.GAS * dp]
     if (tp, pp, dp) == (1, 1, 1):
         losses = reference
     else:
-        jobs = _jobs(tp, pp, dp)
+        jobs = _jobs(tp, pp, dp, sequence_parallel=sequence_parallel)
         losses = _losses(jobs, run_distributed(run_jobs_any_cpu, tp * pp * dp, jobs, timeout=500))
     check_layout(losses, reference, (tp, pp, dp))
 
@@ -107,3 +108,10 @@ def test_half_precision_tracks_fp32_and_single_process(tp, pp, dp, single):
 @pytest.mark.parametrize("tp,pp,dp", [(2, 1, 1), (1, 2, 1), (1, 4, 1)])
 def test_half_precision_tracks_fp32_and_single_process_more_layouts(tp, pp, dp, single):
     _check(tp, pp, dp, single)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp,pp,dp", [(2, 2, 2), (4, 1, 1)])
+def test_half_precision_with_sequence_parallel(tp, pp, dp, single):
+    """--sequence-parallel in bf16 and fp16 stays within the same tolerances of fp32 and the single process."""
+    _check(tp, pp, dp, single, sequence_parallel=True)

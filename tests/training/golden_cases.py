@@ -57,10 +57,12 @@ def rank_run(model: str, args: List[str], world_size: int) -> Tuple[List[float],
     return state.losses, state.grad_norms
 
 
-def run(model: str, data_prefix: str, tp: int, pp: int, dp: int) -> Tuple[List[float], List[float]]:
-    """(per-iteration losses, grad norms before clipping) of the last rank."""
+def run(model: str, data_prefix: str, tp: int, pp: int, dp: int,
+        extra: Sequence[str] = ()) -> Tuple[List[float], List[float]]:
+    """(per-iteration losses, grad norms before clipping) of the last rank; `extra` flags appended."""
     world = tp * pp * dp
-    return run_distributed(rank_run, world, model, argv(model, data_prefix, tp, pp), world, timeout=300)[-1]
+    return run_distributed(rank_run, world, model, argv(model, data_prefix, tp, pp, extra=extra), world,
+                           timeout=300)[-1]
 
 
 def golden_path(model: str) -> str:

@@ -1,0 +1,75 @@
+"""The column-parallel GEMM under sequence parallelism, storing only this rank's part of its input.
+
+Shape legend: b batch, s sequence, p tp size, in / out the GEMM's widths (out_r = out / p on this rank).
+
+    forward   X = AG(X^r)  (b, s, in) from (b, s/p, in);   Y_r = X A_r^T + b_r      (b, s, out_r)
+    backward  X = AG(X^r) again;  dX = RS(dY_r A_r)  (b, s/p, in);  dA_r = dY_r^T X,  db_r = sum dY_r
+
+Saving X^r instead of the gathered X keeps the stored GEMM input at s/p rows (Korthikanti et al. 2022,
+section 4.2.2: "we only store the sequence-parallel part and all-gather it again in backward"): that re-gather
+is the one all-gather that sequence parallelism adds (started before dX's GEMM, which hides it where compute
+is long enough) to the communication of tensor parallelism (forward AG +
+RS and backward RS + AG move what the two all-reduces they replace move). With a `WeightGradStore` deferring
+(ZB-H1), dA_r and db_r are queued with the gathered X and dY_r and computed in W.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from tds.pipe.weight_grad import WeightGradStore
+import torch.distributed as dist
+
+from .mappings import SEQ_DIM, _gather_seq, _reduce_scatter_seq, resolve_group
+
+
+def _gather_seq_async(x_part: torch.Tensor, group):
+    """Start the all-gather of (b, s/p, in) along the sequence; returns a function that waits and gives (b, s, in)."""
+    group, _, size = resolve_group(group)
+    if size == 1:
+        return lambda: x_part
+    x_part = x_part.contiguous()
+    parts = [torch.empty_like(x_part) for _ in range(size)]
+    work = dist.all_gather(parts, x_part, group=group, async_op=True)
+
+    def wait() -> torch.Tensor:
+        work.wait()
+        return torch.cat(parts, dim=SEQ_DIM)
+    return wait
+
+
+class _SequenceParallelLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x_part, weight, bias, group, store):
+        ctx.save_for_backward(x_part, weight)
+        ctx.params, ctx.group, ctx.store = (weight, bias), group, store
+        return F.linear(_gather_seq(x_part, group), weight, bias)  # (b, s, out_r)
+
+    @staticmethod
+    def backward(ctx, dy):  # dy (b, s, out_r)
+        x_part, weight = ctx.saved_tensors
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        gathering = _gather_seq_async(x_part, ctx.group)  # the re-gather, under dX's GEMM
+        dx = _reduce_scatter_seq(dy.matmul(weight), ctx.group) if need_x else None  # (b, s/p, in)
+        x = gathering()  # (b, s, in)
+        if not (need_w or need_b):
+            return dx, None, None, None, None
+
+        def grads():
+            dy2 = dy.reshape(-1, dy.shape[-1])  # (b s, out_r)
+            dw = dy2.t().mm(x.reshape(-1, x.shape[-1])) if need_w else None  # (out_r, in)
+            return [dw, dy2.sum(0) if need_b else None]
+
+        if ctx.store is not None and ctx.store.deferring:
+            ctx.store.put(list(ctx.params), grads)
+            return dx, None, None, None, None
+        dw, db = grads()
+        return dx, dw, db, None, None
+
+
+def sequence_parallel_linear(x_part: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], group,
+                             store: Optional[WeightGradStore] = None) -> torch.Tensor:
+    """(b, s/p, in) this rank's part of the sequence -> (b, s, out_r) = AG(x) weight^T + bias (module doc)."""
+    return _SequenceParallelLinear.apply(x_part, weight, bias, group, store)

@@ -1,0 +1,118 @@
+"""Sequence parallelism (`sequence_parallel=True` on the Pipe models) against the single process.
+
+- GPT-2 with hidden dropout on, and T5, at (tp, pp, dp) = (2, 2, 1) and GPT-2 at (4, 1, 1): the losses of
+  STEPS SGD steps, the first-step gradients and the eval loss equal the single-process plain model's (fp32,
+  relative error < 1e-5). The hidden-dropout masks of a sequence part are the single process's masks of
+  that slice (`rng`), so dropout stays on. T5 runs without dropout here: its inner feed-forward dropout, like
+  attention dropout, acts on tp-split activations and draws a stream per tp rank (Megatron's convention),
+  so no tp > 1 run equals the single process with those on, with or without sequence parallelism.
+- Every dropout on (hidden, attention, T5's inner): sequence parallelism changes no mask, so at tp = 2 the
+  run with it equals the run without it, GPT-2 and T5.
+- A sequence length that tp does not divide is a one-line error naming both numbers.
+- slow: tp in {2, 4} x pp in {1, 2} (every schedule at pp = 2: 1f1b, gpipe, interleaved with 2 chunks, zb-h1)
+  x dp in {1, 2}, ZeRO-1 at dp = 2, 20 steps, GPT-2 (hidden dropout on at dp = 1) and T5.
+"""
+from __future__ import annotations
+
+import pytest
+
+from tests.dist import run_distributed
+from tests.model import common
+
+STEPS = 3
+TOL = 1e-5
+HIDDEN_DROPOUT = dict(hidden_dropout=0.1, attention_dropout=0.0)
+ALL_DROPOUT = dict(hidden_dropout=0.1, attention_dropout=0.1)
+
+
+def _check_against_reference(jobs: list, per_rank: list, references: dict) -> float:
+    """Assert every job's losses, eval loss and gradients equal the plain model's; the largest loss error."""
+    worst = 0.0
+    for j, job in enumerate(jobs):
+        kind, dp = job["kind"], job["dp"]
+        key = (kind, tuple(job["config_kw"].items()), dp, job["steps"], job.get("gas", common.GAS))
+        if key not in references:
+            config = common.make_config(kind, **job["config_kw"])
+            batches = common.make_batches(kind, config, job["steps"], common.MBS * job.get("gas", common.GAS) * dp)
+            references[key] = common.reference_run(kind, config, batches)
+        ref = references[key]
+        results = [r[j] for r in per_rank if r[j] is not None]
+        where = {k: v for k, v in job.items() if k not in ("steps",)}
+        for r in results:
+            assert len(r["losses"]) == job["steps"], where
+            for step, (got, want) in enumerate(zip(r["losses"], ref["losses"])):
+                err = abs(got - want) / abs(want)
+                worst = max(worst, err)
+                assert err <= TOL, f"{where}: step {step} loss {got} vs plain {want}"
+            assert abs(r["eval_loss"] - ref["eval_loss"]) <= TOL * abs(ref["eval_loss"]), where
+        if job.get("precision", "fp32") == "fp32" and not job.get("zero"):  # ZeRO-1: inside DeepSpeed's partitions
+            common.check_grads(results, ref["grads"], job["tp"], TOL)
+    return worst
+
+
+def test_sequence_parallel_matches_single_process():
+    sp = dict(steps=STEPS, sequence_parallel=True)
+    jobs = [dict(kind="gpt2", tp=2, pp=2, dp=1, config_kw=HIDDEN_DROPOUT, **sp),
+            dict(kind="t5", tp=2, pp=2, dp=1, config_kw={}, **sp),
+            dict(kind="gpt2", tp=4, pp=1, dp=1, config_kw=HIDDEN_DROPOUT, **sp)]
+    per_rank = run_distributed(common.run_jobs, 4, jobs, timeout=500)
+    _check_against_reference(jobs, per_rank, {})
+
+
+def test_sequence_parallel_changes_no_dropout_mask():
+    """tp = 2 with every dropout on: the losses and gradients with sequence parallelism are those without."""
+    jobs = [dict(kind=kind, tp=2, pp=1, dp=1, config_kw=ALL_DROPOUT, steps=3, sequence_parallel=sp)
+            for kind in ("gpt2", "t5") for sp in (False, True)]
+    per_rank = run_distributed(common.run_jobs, 2, jobs, timeout=500)
+    for r in per_rank:
+        for without, with_sp in ((r[0], r[1]), (r[2], r[3])):
+            for got, want in zip(with_sp["losses"] + [with_sp["eval_loss"]], without["losses"] + [without["eval_loss"]]):
+                assert abs(got - want) <= TOL * abs(want), (with_sp["losses"], without["losses"])
+            for key, (g, *_) in without["grads"].items():
+                assert common.rel_err(with_sp["grads"][key][0], g) < TOL, key
+
+
+def test_sequence_length_not_divisible_is_one_line_error():
+    import argparse
+
+    from megatron.config.resolution import _resolve_model
+    from megatron.errors import UserError
+    args = argparse.Namespace(num_layers=2, hidden_size=32, num_attention_heads=4, tensor_model_parallel_size=4,
+                              kv_channels=None, ffn_hidden_size=None, seq_length=30, encoder_seq_length=None,
+                              decoder_seq_length=None, max_position_embeddings=None, layernorm_epsilon=None,
+                              checkpoint_num_layers=1, sequence_parallel=True, model_type="gpt",
+                              **{name: None for name in _t5_only()})
+    with pytest.raises(UserError) as info:
+        _resolve_model(args)
+    message = str(info.value)
+    assert "\n" not in message and "--seq-length 30" in message and "--tensor-model-parallel-size 4" in message
+
+
+def _t5_only() -> list:
+    from megatron.config.resolution import T5_ONLY
+    return list(T5_ONLY)
+
+
+SCHEDULES_PP2 = ["1f1b", "gpipe", "interleaved", "zb-h1"]
+
+
+def _matrix_jobs(tp: int, pp: int, dp: int) -> list:
+    """Both models at one layout, every schedule at pp = 2, 20 steps; ZeRO-1 with data parallelism."""
+    jobs = []
+    for kind in ("gpt2", "t5"):
+        for schedule in (SCHEDULES_PP2 if pp == 2 else ["1f1b"]):
+            v = 2 if schedule == "interleaved" else 1
+            # dropout only at dp = 1: data-parallel replicas draw the masks of micro-batches 0.. (rng), which the
+            # single process draws for the first replica's micro-batches only
+            kw = dict(HIDDEN_DROPOUT if kind == "gpt2" and dp == 1 else {})
+            jobs.append(dict(kind=kind, tp=tp, pp=pp, dp=dp, config_kw=kw, steps=20, gas=4, schedule=schedule,
+                             virtual_stages=v, zero=1 if dp > 1 else 0, sequence_parallel=True))
+    return jobs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp,pp,dp", [(tp, pp, dp) for tp in (2, 4) for pp in (1, 2) for dp in (1, 2)])
+def test_sequence_parallel_matrix(tp, pp, dp):
+    jobs = _matrix_jobs(tp, pp, dp)
+    per_rank = run_distributed(common.run_jobs, tp * pp * dp, jobs, timeout=3000)
+    _check_against_reference(jobs, per_rank, {})
