@@ -16,6 +16,11 @@ dropout of the MLP keeps mask and output) saves 8 bsh e replicated, (4 bsw + 3 b
 3 a b s^2 e / t of attention core and the bucket index (s^2 int64); a decoder layer adds cross attention:
 4 b s_d h e replicated, (2 b s_d w + 2 b s_e w) e / t split and 3 a b s_d s_e e / t.
 
+On CPU, SDPA runs its math path: in bf16 it keeps q, k, v and the three s^2 tensors in fp32 (qkv_e = 4), and
+LayerNorm keeps an fp32 copy of its input. On GPU (`attention="fused"`) the memory-efficient kernel keeps the
+output and the log-sum-exp instead of the s^2 tensors. With micro-batch 1 SDPA keeps v as a view of the fused
+qkv output, so its storage (3 bsw) stays alive: the formulas assume b >= 2.
+
 Sequence parallelism (Korthikanti §4.2.2) divides the replicated part by t as well. Selective recomputation
 drops the attention core term (recomputed in backward). Full recomputation keeps only each checkpointed
 chunk's input (b s h e) and, during the backward, one chunk's activations while it is recomputed.
@@ -38,15 +43,22 @@ class ActivationOptions:
     element_bytes: int
     sequence_parallel: bool = False
     recompute: str = "none"     # none | selective | full
+    attention: str = "math"     # math: SDPA's math path (CPU, s^2 probabilities); fused: GPU memory-efficient
 
 
 def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t5: bool) -> float:
     h, w, f, a, e, t = m.hidden, m.width, m.ffn, m.heads, o.element_bytes, o.tp
-    replicated = (8 if t5 else 6) * b * s * h * e
+    qkv_e = 4 if o.attention == "math" else e  # CPU's math SDPA and LayerNorm keep fp32 copies in bf16
+    if t5:
+        replicated = 8 * b * s * h * e
+    else:
+        replicated = 2 * b * s * h * qkv_e + 4 * b * s * h * e  # 2 LayerNorm inputs; LN outs, dropout masks
     mlp = (6 if m.gated else 3) * b * s * f if t5 else 2 * b * s * f
-    split = (4 * b * s * w + mlp) * e / t
-    core = 0 if o.recompute == "selective" else 3 * a * b * s * s * e / t
-    stats = (2 if t5 else 4) * b * s * STATS + (8 * s * s if t5 else 0)
+    split = (3 * b * s * w * qkv_e + (b * s * w + mlp) * e) / t
+    core = 0 if o.recompute == "selective" or o.attention == "fused" else 3 * a * b * s * s * qkv_e / t
+    if o.attention == "fused":  # memory-efficient SDPA on GPU: output and logsumexp instead of the s^2 terms
+        core = 0 if o.recompute == "selective" else (b * s * w * e + a * b * s * 4) / t
+    stats = (2 if t5 else 4) * b * s * STATS + (8 * s * s if t5 else 0) + (0 if t5 or e == 4 else 4 * 4 * h)
     if o.sequence_parallel:
         replicated /= t
     return replicated + split + core + stats
@@ -57,6 +69,8 @@ def _cross_attention(b: int, s_d: int, s_e: int, m: ModelShape, o: ActivationOpt
     replicated = 4 * b * s_d * h * e / (t if o.sequence_parallel else 1)
     split = (2 * b * s_d * w + 2 * b * s_e * w) * e / t
     core = 0 if o.recompute == "selective" else 3 * a * b * s_d * s_e * e / t
+    if o.attention == "fused":
+        core = 0 if o.recompute == "selective" else (b * s_d * w * e + a * b * s_d * 4) / t
     return replicated + split + core + b * s_d * STATS
 
 

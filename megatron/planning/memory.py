@@ -131,7 +131,10 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
     per_layer = [layer_bytes(s, m, o) for s in layers]
     e, b, h, t = o.element_bytes, lay.micro_batch, m.hidden, lay.tp
     s_out = m.decoder_seq if m.model_type == "t5" else m.seq
-    boundary = 0.0 if last else b * s_out * h * e  # the output kept for backward
+    tokens = m.seq + m.decoder_seq if m.model_type == "t5" else m.seq  # T5 sends enc_h and dec_h
+    boundary = 0.0 if last else b * tokens * h * e  # the output kept for backward
+    if any(s.kind == "dec" for s in layers):
+        others += b * m.seq * h * e  # the encoder output every decoder layer attends to, once per chunk
     biggest = max(per_layer, default=0.0)
     if lay.recompute == "full":
         k = max(1, lay.recompute_num_layers)

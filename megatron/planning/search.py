@@ -96,3 +96,21 @@ def overflow_line(cand: Candidate, best: Optional[Candidate]) -> str:
 
 def with_layout(lay: Layout, **changes) -> Layout:
     return replace(lay, **changes)
+
+
+def plan_for_args(args, vocab_size: int, memory_gb: float, gpus_per_node: int = 8):
+    """(the run's own Candidate, the best fitting alternative or None) for resolved pretrain arguments."""
+    from .memory import layout_from_args
+    shape = ModelShape.from_args(args, vocab_size)
+    world = args.world_size
+    per_node = min(gpus_per_node, world)
+    c = Cluster(nodes=max(1, world // per_node), gpus_per_node=per_node, memory_gb=memory_gb)
+    own = evaluate(shape, layout_from_args(args), c)
+    best = None
+    if not own.fits:
+        precision = own.layout.precision
+        fitting = [x for x in rank_layouts(shape, c, args.global_batch_size, precision,
+                                           sequence_parallel_available=hasattr(args, "sequence_parallel"))
+                   if x.fits]
+        best = fitting[0] if fitting else None
+    return own, best
