@@ -14,8 +14,8 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        2 B e_w bytes at the reduce -- 4 GB in fp32 with the default B, set
                        zero_optimization.reduce_bucket_size in the DeepSpeed JSON to shrink it
     bf16, ZeRO 0       BF16_Optimizer: weights 2 Psi; fp32 master weights and moments and the flat bf16
-                       gradients 14 Psi; gradients during the iteration (bf16 grads, fp32 accumulators) 8 Psi
-                       (the last two measured with --log-memory, not derived)
+                       gradients 14 Psi (measured with --log-memory: 4 + 8 + 2); gradients during the
+                       iteration: bf16 2 Psi + fp32 accumulators 4 Psi
 
 Activations: `activations.spec_activation_bytes` per chunk and micro-batch, run through this stage's
 instruction list (`tds.pipe.instructions.train_schedule`): + at each FORWARD, - at each BACKWARD (ZB-H1:
@@ -62,6 +62,7 @@ class Layout:
     precision: str = "fp32"          # fp32 | bf16 | fp16
     reduce_bucket: int = DEFAULT_REDUCE_BUCKET
     partition_method: object = "type:transformer"
+    attention: str = "fused"         # fused (GPU memory-efficient SDPA) | math (CPU: s^2 probabilities kept)
 
     @property
     def world_size(self) -> int:
@@ -112,14 +113,14 @@ def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
     d, e = lay.dp, ELEMENT_BYTES[lay.precision]
     if lay.ds_zero_stage >= 1:  # DeepSpeedZeroOptimizer; two reduce buckets of B elements (fp32: 4 B, bf16: 2 B)
         return e * psi, e * psi, 12 * psi / d, 2 * e * lay.reduce_bucket
-    if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; fp32 accumulators
-        return 2 * psi, 8 * psi, 14 * psi, 0.0
+    if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; bf16 + fp32 grads
+        return 2 * psi, 6 * psi, 14 * psi, 0.0
     return 4 * psi, 4 * psi, 8 * psi, (4 * psi if d > 1 else 0.0)
 
 
 def _activation_options(lay: Layout) -> ActivationOptions:
     return ActivationOptions(lay.micro_batch, lay.tp, ELEMENT_BYTES[lay.precision], lay.sequence_parallel,
-                             "selective" if lay.recompute == "selective" else "none")
+                             "selective" if lay.recompute == "selective" else "none", lay.attention)
 
 
 def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last: bool) -> tuple[float, float]:
@@ -136,15 +137,14 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
     if any(s.kind == "dec" for s in layers):
         others += b * m.seq * h * e  # the encoder output every decoder layer attends to, once per chunk
     biggest = max(per_layer, default=0.0)
+    # backward working set: a layer's activation gradients (about 3 MLP-sized tensors, measured), or on the
+    # last stage the logits' gradient
+    grads = max(3 * b * s_out * m.ffn * e / t, b * s_out * m.padded_vocab(t) // t * e if last else 0.0)
     if lay.recompute == "full":
         k = max(1, lay.recompute_num_layers)
         inputs = -(-len(layers) // k) * b * m.seq * h * e
-        held = others + inputs + boundary
-        working = k * biggest + biggest
-    else:
-        held = others + sum(per_layer) + boundary
-        working = biggest
-    return held, working + b * s_out * h * e / t
+        return others + inputs + boundary, grads + k * biggest
+    return others + sum(per_layer) + boundary, grads
 
 
 def _activation_peak(lay: Layout, held: List[float], working: List[float], stage: int) -> tuple[float, int, float]:
@@ -198,7 +198,7 @@ def predict_memory(m: ModelShape, lay: Layout) -> List[StageMemory]:
     return [stage_memory(m, lay, s) for s in range(lay.pp)]
 
 
-def layout_from_args(args) -> Layout:
+def layout_from_args(args, attention: str = "fused") -> Layout:
     """The Layout of resolved arguments (`megatron.config.arguments.parse_args`): the run's own layout.
 
     Recomputation: --recompute-granularity (selective | full) where the parser has it, else full with
@@ -217,4 +217,4 @@ def layout_from_args(args) -> Layout:
                   sequence_parallel=bool(getattr(args, "sequence_parallel", False)), recompute=recompute,
                   recompute_num_layers=getattr(args, "recompute_num_layers", None) or args.checkpoint_num_layers,
                   zero_stage=args.zero_stage, precision=precision, reduce_bucket=int(bucket),
-                  partition_method=partition)
+                  partition_method=partition, attention=attention)

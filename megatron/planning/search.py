@@ -46,7 +46,7 @@ def _divisors(n: int) -> List[int]:
 
 
 def enumerate_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: str = "bf16",
-                      sequence_parallel_available: bool = True, max_micro_batch: int = 16,
+                      sequence_parallel_available: bool = True, max_micro_batch: int = 16, attention: str = "fused",
                       schedules: Iterable[str] = ("1f1b", "interleaved", "zb-h1")) -> List[Layout]:
     out = []
     world = c.world_size
@@ -69,7 +69,8 @@ def enumerate_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: s
                         for sp in ((False, True) if tp > 1 and sequence_parallel_available else (False,)):
                             for rc in ("none", "selective", "full"):
                                 for zero in (0, 1):
-                                    out.append(Layout(tp, pp, dp, mb, gas, sched, v, sp, rc, 1, zero, precision))
+                                    out.append(Layout(tp, pp, dp, mb, gas, sched, v, sp, rc, 1, zero, precision,
+                                                           attention=attention))
     return out
 
 
@@ -98,19 +99,20 @@ def with_layout(lay: Layout, **changes) -> Layout:
     return replace(lay, **changes)
 
 
-def plan_for_args(args, vocab_size: int, memory_gb: float, gpus_per_node: int = 8):
-    """(the run's own Candidate, the best fitting alternative or None) for resolved pretrain arguments."""
+def plan_for_args(args, vocab_size: int, memory_gb: float, gpus_per_node: int = 8, attention: str = "fused"):
+    """(the run's own Candidate, the best fitting alternative or None) for resolved pretrain arguments;
+    attention: 'fused' on GPUs, 'math' on CPU (see megatron.planning.activations)."""
     from .memory import layout_from_args
     shape = ModelShape.from_args(args, vocab_size)
     world = args.world_size
     per_node = min(gpus_per_node, world)
     c = Cluster(nodes=max(1, world // per_node), gpus_per_node=per_node, memory_gb=memory_gb)
-    own = evaluate(shape, layout_from_args(args), c)
+    own = evaluate(shape, layout_from_args(args, attention), c)
     best = None
     if not own.fits:
         precision = own.layout.precision
         fitting = [x for x in rank_layouts(shape, c, args.global_batch_size, precision,
-                                           sequence_parallel_available=hasattr(args, "sequence_parallel"))
-                   if x.fits]
+                                           sequence_parallel_available=hasattr(args, "sequence_parallel"),
+                                           attention=attention) if x.fits]
         best = fitting[0] if fitting else None
     return own, best

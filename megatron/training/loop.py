@@ -95,7 +95,8 @@ def log_memory(engine, cfg: RunConfig, step: Callable[[], object]):
     from megatron.planning.search import plan_for_args
     from megatron.training.memory_log import format_peak, measure_iteration
     result, peak = measure_iteration(engine.module, engine.optimizer, step)
-    own, _ = plan_for_args(argparse.Namespace(**cfg.record), cfg.tokenizer.vocab_size, 1e9)
+    attention = "fused" if tds_device.is_cuda() else "math"
+    own, _ = plan_for_args(argparse.Namespace(**cfg.record), cfg.tokenizer.vocab_size, 1e9, attention=attention)
     state = mpu.get_parallel_state()
     predicted = own.stages[state.pp_rank].peak
     where = f"iteration {MEMORY_ITERATION} rank {state.global_rank} (tp, pp, dp) = ({state.tp_rank}, {state.pp_rank}, " \

@@ -26,3 +26,11 @@ def measure_rank(argv: Sequence[str], world_size: int, model_type: str, vocab_si
     engine = setup_engine(cfg, spec, state)
     peak = measure_engine(engine, cfg)
     return dict(tp_rank=state.tp_rank, pp_rank=state.pp_rank, dp_rank=state.dp_rank, peak=peak)
+
+
+def predicted_peaks(argv: Sequence[str], world_size: int, model_type: str, vocab_size: int) -> list:
+    """The planner's peak per rank for each pipeline stage of this command line, with CPU's attention path."""
+    from megatron.planning.search import plan_for_args
+    args = parse_args(list(argv), defaults=ENTRY_DEFAULTS[model_type], world_size=world_size)
+    own, _ = plan_for_args(args, vocab_size, 1e9, attention="math")
+    return [s.peak for s in own.stages]

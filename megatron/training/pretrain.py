@@ -134,11 +134,17 @@ def layout_summary(cfg: RunConfig, engine) -> str:
             f"{cfg.tokenizer.padded_vocab_size}")
 
 
+def _attention() -> str:
+    """The SDPA path the planner assumes: memory-efficient on GPU, the math path on CPU."""
+    from tds import device as tds_device
+    return "fused" if tds_device.is_cuda() else "math"
+
+
 def predicted_peak(args: argparse.Namespace, vocab_size: int) -> str:
     """The planner's peak per rank for this layout (megatron.planning), for the start-up line."""
     from megatron.planning.report import short_prediction
     from megatron.planning.search import plan_for_args
-    own, _ = plan_for_args(args, vocab_size, args.gpu_memory_gb)
+    own, _ = plan_for_args(args, vocab_size, args.gpu_memory_gb, attention=_attention())
     return short_prediction(own)
 
 
@@ -148,7 +154,7 @@ def dry_run(args: argparse.Namespace) -> None:
     from megatron.planning.report import dry_run_lines
     from megatron.planning.search import plan_for_args
     vocab = build_tokenizer_from_args(args).vocab_size
-    own, best = plan_for_args(args, vocab, args.gpu_memory_gb)
+    own, best = plan_for_args(args, vocab, args.gpu_memory_gb, attention=_attention())
     lines = dry_run_lines(own, best)
     if not own.fits:
         raise UserError(lines[0])
