@@ -112,7 +112,7 @@ def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, reduce buffers) for `psi` parameters on this rank (module docstring)."""
     d, e = lay.dp, ELEMENT_BYTES[lay.precision]
     if lay.ds_zero_stage >= 1:  # DeepSpeedZeroOptimizer; two reduce buckets of B elements (fp32: 4 B, bf16: 2 B)
-        return e * psi, e * psi, 12 * psi / d, 2 * e * lay.reduce_bucket
+        return e * psi, e * psi, 12 * psi / d, 2 * e * lay.reduce_bucket  # one in backward, both at the reduce
     if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; bf16 + fp32 grads
         return 2 * psi, 6 * psi, 14 * psi, 0.0
     return 4 * psi, 4 * psi, 8 * psi, (4 * psi if d > 1 else 0.0)
@@ -123,8 +123,17 @@ def _activation_options(lay: Layout) -> ActivationOptions:
                              "selective" if lay.recompute == "selective" else "none", lay.attention)
 
 
-def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last: bool) -> tuple[float, float]:
-    """(bytes held per in-flight micro-batch, backward working set) of one chunk."""
+def _weight_grad_hold(m: ModelShape, lay: Layout, layers, head: bool) -> float:
+    """ZB-H1: what a micro-batch keeps between its B and its W: each linear's input and output gradient
+    (GPT/T5 layer ~ (4h + 4w/t + 2f/t) b s e; the tied head its input and the logits' gradient)."""
+    e, b, t, h = ELEMENT_BYTES[lay.precision], lay.micro_batch, lay.tp, m.hidden
+    s = m.decoder_seq if m.model_type == "t5" else m.seq
+    per_layer = b * s * e * (4 * h + (4 * m.width + 2 * m.ffn) / t)
+    return len(layers) * per_layer + (b * s * e * (h + m.padded_vocab(t) / t) if head else 0.0)
+
+
+def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last: bool) -> tuple[float, ...]:
+    """(bytes held per in-flight micro-batch, backward working set, held from B to W under ZB-H1) of a chunk."""
     o = _activation_options(lay)
     chosen = specs[chunk[0]:chunk[1]]
     layers = [s for s in chosen if s.kind in ("layer", "enc", "dec")]
@@ -139,26 +148,34 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
     biggest = max(per_layer, default=0.0)
     # backward working set: a layer's activation gradients (about 3 MLP-sized tensors, measured), or on the
     # last stage the logits' gradient
-    grads = max(3 * b * s_out * m.ffn * e / t, b * s_out * m.padded_vocab(t) // t * e if last else 0.0)
+    mlp_grads = 3 * b * s_out * m.ffn * e / t
+    logits_grad = b * s_out * m.padded_vocab(t) // t * e if last else 0.0
+    hold = _weight_grad_hold(m, lay, layers, last) if lay.schedule == "zb-h1" else 0.0
     if lay.recompute == "full":
+        # each checkpointed run of k layers keeps its input; in backward one run is recomputed at a time, after
+        # the head's and final norm's activations (`others` on the last stage) are already freed
         k = max(1, lay.recompute_num_layers)
         inputs = -(-len(layers) // k) * b * m.seq * h * e
-        return others + inputs + boundary, grads + k * biggest
-    return others + sum(per_layer) + boundary, grads
+        head = others if last else 0.0
+        return others + inputs + boundary, max(logits_grad, k * biggest + mlp_grads - head), hold
+    return others + sum(per_layer) + boundary, max(mlp_grads, logits_grad), hold
 
 
-def _activation_peak(lay: Layout, held: List[float], working: List[float], stage: int) -> tuple[float, int, float]:
-    """(peak activation bytes, units in flight then, working set then) through the stage's instruction list."""
+def _activation_peak(lay: Layout, chunks: List[tuple], stage: int) -> tuple[float, int, float]:
+    """(peak activation bytes, units in flight then, working set then) through the stage's instruction list:
+    a unit's activations from its F to its B; under ZB-H1 the W's share from B to W."""
     ins = _instructions(lay.schedule, lay.pp, stage, lay.gas, lay.virtual_stages)
     live, units, best = 0.0, 0, (0.0, 0, 0.0)
     for x in ins:
-        c = x.chunk
+        held, working, hold = chunks[x.chunk]
         if x.op == Op.FORWARD:
-            live, units = live + held[c], units + 1
+            live, units = live + held, units + 1
             best = max(best, (live, units, 0.0), key=lambda r: r[0] + r[2])
         elif x.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            best = max(best, (live, units, working[c]), key=lambda r: r[0] + r[2])
-            live, units = live - held[c], units - 1
+            best = max(best, (live, units, working), key=lambda r: r[0] + r[2])
+            live, units = live - held + (hold if x.op == Op.BACKWARD_INPUT else 0.0), units - 1
+        elif x.op == Op.BACKWARD_WEIGHT:
+            live -= hold
     return best
 
 
@@ -187,7 +204,9 @@ def stage_memory(m: ModelShape, lay: Layout, stage: int) -> StageMemory:
     n = len(chunks)
     per_chunk = [_chunk_bytes(m, lay, specs, ch, last=(stage == lay.pp - 1 and c == n - 1))
                  for c, ch in enumerate(chunks)]
-    act, units, work = _activation_peak(lay, [p[0] for p in per_chunk], [p[1] for p in per_chunk], stage)
+    act, units, work = _activation_peak(lay, per_chunk, stage)
+    if lay.ds_zero_stage >= 1:
+        work += buffers / 2  # ZeRO-1: one of the two reduce buckets exists from the first backward on
     out = StageMemory(stage, psi, weights, grads, opt, act, units, work, buffers)
     out.peak_moment = "activations" if act + work >= buffers else "gradient reduction"
     return out

@@ -68,7 +68,7 @@ def enumerate_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: s
                             continue
                         for sp in ((False, True) if tp > 1 and sequence_parallel_available else (False,)):
                             for rc in ("none", "selective", "full"):
-                                for zero in (0, 1):
+                                for zero in ((0, 1) if dp > 1 else (0,)):
                                     out.append(Layout(tp, pp, dp, mb, gas, sched, v, sp, rc, 1, zero, precision,
                                                            attention=attention))
     return out

@@ -12,7 +12,9 @@
     pp comm      b s h / t elements per boundary and micro-batch each way (x v interleaved); on the critical
                  path only in the warm-up and cool-down: (p-1) (1 + v) hops per iteration, exposed
 
-Efficiency (default 0.5, the SC'21 Megatron figure of 44-52% of peak) and bandwidths are stated assumptions.
+Efficiency (default 0.5, the SC'21 Megatron figure of 44-52% of peak, for large GEMMs; scaled down for small
+micro-batches by `gemm_efficiency`) and bandwidths are stated assumptions. Selective recomputation adds the
+attention core's forward FLOPs, full recomputation a forward of the layers (the flops convention above).
 """
 from __future__ import annotations
 
@@ -90,8 +92,26 @@ def bubble_fraction(lay: Layout) -> float:
     return _bubble(lay.schedule, lay.pp, lay.gas, lay.virtual_stages)
 
 
+def gemm_efficiency(m: ModelShape, lay: Layout, c: Cluster) -> float:
+    """Achieved fraction of peak: `c.efficiency` for large GEMMs, lower for few rows per micro-batch,
+    eff x n / (n + 512) with n = b s tokens per micro-batch (a saturation curve to calibrate on the GPU)."""
+    n = lay.micro_batch * m.seq
+    return c.efficiency * n / (n + 512)
+
+
+def selective_recompute_flops(m: ModelShape, lay: Layout) -> float:
+    """Selective recomputation runs the attention core forward again: 4 b s^2 w per layer and micro-batch."""
+    if lay.recompute != "selective":
+        return 0.0
+    B = lay.micro_batch * lay.gas * lay.dp
+    enc = m.num_layers * 4 * B * m.seq ** 2 * m.width
+    dec = m.decoder_layers * 4 * B * (m.decoder_seq ** 2 + m.decoder_seq * m.seq) * m.width
+    return enc + dec
+
+
 def predict_step(m: ModelShape, lay: Layout, c: Cluster) -> StepTime:
-    compute = model_flops(m, lay) / (lay.world_size * c.peak_tflops * 1e12 * c.efficiency)
+    flops = model_flops(m, lay) + selective_recompute_flops(m, lay)
+    compute = flops / (lay.world_size * c.peak_tflops * 1e12 * gemm_efficiency(m, lay, c))
     frac = bubble_fraction(lay)
     bubble = compute * frac / (1 - frac)
     e, b, h, t = ELEMENT_BYTES[lay.precision], lay.micro_batch, m.hidden, lay.tp
