@@ -20,6 +20,7 @@ created buffer (torch's AdamW moments) exists. Views share their storage and are
 from __future__ import annotations
 
 import gc
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Tuple
 
@@ -54,7 +55,11 @@ def _storage_key(t: torch.Tensor) -> Tuple[int, int]:
 def live_storages() -> Dict[int, int]:
     """data_ptr -> nbytes of every CPU tensor storage reachable from Python objects."""
     out: Dict[int, int] = {}
-    for obj in gc.get_objects():
+    with warnings.catch_warnings():  # isinstance on deprecated torch.distributed aliases warns
+        warnings.simplefilter("ignore")
+        objects = gc.get_objects()
+        tensors = [o for o in objects if isinstance(o, torch.Tensor)]
+    for obj in tensors:
         try:
             if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and not obj.is_meta:
                 ptr, n = _storage_key(obj)

@@ -39,3 +39,14 @@ def test_dry_run_refuses_a_layout_that_cannot_fit(data, monkeypatch):
     line = str(err.value)
     assert "\n" not in line and "does not fit" in line and "the largest part is" in line
     assert "best layout that fits: tp" in line
+
+
+def test_log_memory_prints_one_line_per_rank(data, capfd):
+    from tests.dist import run_distributed
+    from tests.training.runner import train_state
+    argv = [a for a in _argv(data, "--gas", "2", "--train-iters", "2", "--eval-iters", "0", "--num-workers", "0",
+                             "--log-memory", "--zero-stage", "0") if a != "--dry-run"]
+    run_distributed(train_state, 1, argv, 1, spec_for("gpt"), DEFAULTS, timeout=600)
+    out = capfd.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.startswith("memory iteration 2 rank")]
+    assert len(lines) == 1 and "predicted" in lines[0], out.out[-2000:]
