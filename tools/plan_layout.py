@@ -37,7 +37,6 @@ def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--nodes", type=int, default=1)
     g.add_argument("--gpus-per-node", type=int, default=8)
     g.add_argument("--gpu", choices=sorted(GPUS), default="h100")
-    g.add_argument("--gpu-memory-gb", type=float, default=None)
     g.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per GPU")
     g.add_argument("--intra-node-gbps", type=float, default=None)
     g.add_argument("--inter-node-gbps", type=float, default=None)

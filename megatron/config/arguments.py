@@ -176,7 +176,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="print the planner's prediction for this layout (peak memory per rank by part, per stage; "
                         "step time) without building the model, and exit; a layout that cannot fit in "
                         "--gpu-memory-gb is refused in one line naming the part that overflows")
-    g.add_argument("--gpu-memory-gb", type=float, default=80.0, help="memory per GPU for --dry-run (default 80)")
+    g.add_argument("--gpu-memory-gb", type=float, default=None,
+                   help="memory per GPU for --dry-run and the start-up prediction (default 80)")
     g.add_argument("--log-memory", action="store_true",
                    help="measure iteration 2's peak memory per rank (tensor storages live at its start + the "
                         "allocator's rise during it, megatron/training/memory_log.py) and print one line per rank "

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from .memory import Layout, StageMemory
+from .memory import StageMemory
 from .search import Candidate, overflow_line
 
 __all__ = ["gb", "stage_lines", "table", "as_json", "dry_run_lines"]
@@ -61,7 +61,3 @@ def dry_run_lines(cand: Candidate, best: Optional[Candidate]) -> List[str]:
 def short_prediction(cand: Candidate) -> str:
     """For the start-up line."""
     return f"predicted peak {gb(cand.peak)} GB per rank (stage {cand.worst.stage})"
-
-
-def layout_of(cand: Candidate) -> Layout:
-    return cand.layout

@@ -7,7 +7,7 @@ chunks at most the layers. A layout fits when the worst stage's peak x (1 + allo
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterable, List, Optional
 
 from .memory import Layout, StageMemory, predict_memory
@@ -93,10 +93,6 @@ def overflow_line(cand: Candidate, best: Optional[Candidate]) -> str:
         "; no layout of this cluster fits"
     return (f"layout {cand.layout.short()} does not fit: stage {w.stage} needs {gb(w.peak)} per rank against "
             f"{gb(cand.budget)} usable, the largest part is {part} ({gb(parts[part])}){alt}")
-
-
-def with_layout(lay: Layout, **changes) -> Layout:
-    return replace(lay, **changes)
 
 
 def plan_for_args(args, vocab_size: int, memory_gb: float, gpus_per_node: int = 8, attention: str = "fused"):

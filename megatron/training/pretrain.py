@@ -144,7 +144,7 @@ def predicted_peak(args: argparse.Namespace, vocab_size: int) -> str:
     """The planner's peak per rank for this layout (megatron.planning), for the start-up line."""
     from megatron.planning.report import short_prediction
     from megatron.planning.search import plan_for_args
-    own, _ = plan_for_args(args, vocab_size, args.gpu_memory_gb, attention=_attention())
+    own, _ = plan_for_args(args, vocab_size, args.gpu_memory_gb or 80.0, attention=_attention())
     return short_prediction(own)
 
 
@@ -154,7 +154,7 @@ def dry_run(args: argparse.Namespace) -> None:
     from megatron.planning.report import dry_run_lines
     from megatron.planning.search import plan_for_args
     vocab = build_tokenizer_from_args(args).vocab_size
-    own, best = plan_for_args(args, vocab, args.gpu_memory_gb, attention=_attention())
+    own, best = plan_for_args(args, vocab, args.gpu_memory_gb or 80.0, attention=_attention())
     lines = dry_run_lines(own, best)
     if not own.fits:
         raise UserError(lines[0])
