@@ -13,14 +13,23 @@ def gb(x: float) -> str:
     return f"{x / 1e9:.2f}"
 
 
+def size(x: float) -> str:
+    """Bytes as GB, or MB below 1 GB."""
+    return f"{x / 1e9:.2f} GB" if x >= 1e9 else f"{x / 1e6:.2f} MB"
+
+
+def secs(x: float) -> str:
+    return f"{x:.3f} s" if x >= 1 else f"{x * 1e3:.2f} ms"
+
+
 def stage_lines(stages: List[StageMemory]) -> List[str]:
     """One line per stage: peak per rank and its parts."""
-    return [f"  stage {s.stage}: peak {gb(s.peak)} GB per rank = weights {gb(s.weights)} + gradients "
-            f"{gb(s.gradients)} + optimizer {gb(s.optimizer)} + " +
-            (f"activations {gb(s.activations)} ({s.in_flight} micro-batch units in flight) + working "
-             f"{gb(s.working)}" if s.peak_moment == "activations" else
-             f"communication buffers {gb(s.buffers)} (at the gradient reduction)") +
-            f"; {s.params / 1e6:.1f} M parameters" for s in stages]
+    return [f"  stage {s.stage}: peak {size(s.peak)} per rank = weights {size(s.weights)} + gradients "
+            f"{size(s.gradients)} + optimizer {size(s.optimizer)} + " +
+            (f"activations {size(s.activations)} ({s.in_flight} micro-batch units in flight) + working "
+             f"{size(s.working)}" if s.peak_moment == "activations" else
+             f"communication buffers {size(s.buffers)} (at the gradient reduction)") +
+            f"; {s.params / 1e6:.2f} M parameters" for s in stages]
 
 
 HEADER = (f"{'#':>3} {'layout':48s} {'fits':4s} {'peak GB':>8s} {'weights':>8s} {'grads':>7s} {'optim':>7s} "
@@ -51,13 +60,13 @@ def dry_run_lines(cand: Candidate, best: Optional[Candidate]) -> List[str]:
     if not cand.fits:
         return [overflow_line(cand, best)]
     st = cand.step
-    return [f"predicted for {cand.layout.short()}: peak {gb(cand.peak)} GB per rank (worst stage "
-            f"{cand.worst.stage}, {gb(cand.budget)} GB usable)", *stage_lines(cand.stages),
-            f"  step {st.total:.3f} s = compute {st.compute:.3f} + bubble {st.bubble:.3f} "
-            f"({st.bubble_fraction:.1%}) + tp {st.tp_comm:.3f} + dp {st.dp_comm:.3f} + pp {st.pp_comm:.3f} "
+    return [f"predicted for {cand.layout.short()}: peak {size(cand.peak)} per rank (worst stage "
+            f"{cand.worst.stage}, {size(cand.budget)} usable)", *stage_lines(cand.stages),
+            f"  step {secs(st.total)} = compute {secs(st.compute)} + bubble {secs(st.bubble)} "
+            f"({st.bubble_fraction:.1%}) + tp {secs(st.tp_comm)} + dp {secs(st.dp_comm)} + pp {secs(st.pp_comm)} "
             f"(predictions, not measurements)"]
 
 
 def short_prediction(cand: Candidate) -> str:
     """For the start-up line."""
-    return f"predicted peak {gb(cand.peak)} GB per rank (stage {cand.worst.stage})"
+    return f"predicted peak {size(cand.peak)} per rank (stage {cand.worst.stage})"
