@@ -52,7 +52,7 @@ data_path_args() {
 # common_train_args: the pretrain_*.py arguments both models take, into the array TRAIN_ARGS; the caller
 #   appends its model shape and tokenizer arguments. --exit-signal-handler is on (EXIT_SIGNAL_HANDLER=0 turns it
 #   off): a SIGTERM or SIGUSR1 to the script saves at the current iteration and exits 0 (forward_signal);
-#   EXIT_DURATION_IN_MINS=N does the same after N minutes.
+#   EXIT_DURATION_IN_MINS=N does the same after N minutes; ASYNC_SAVE=1 writes checkpoints in the background.
 common_train_args() {
     data_path_args
     TRAIN_ARGS=(
@@ -67,6 +67,7 @@ common_train_args() {
         --deepspeed --deepspeed_config "$DS_CONFIG"
     )
     if [[ ${EXIT_SIGNAL_HANDLER:-1} != 0 ]]; then TRAIN_ARGS+=(--exit-signal-handler); fi
+    if [[ ${ASYNC_SAVE:-0} != 0 ]]; then TRAIN_ARGS+=(--async-save); fi
     if [[ -n "${EXIT_DURATION_IN_MINS:-}" ]]; then TRAIN_ARGS+=(--exit-duration-in-mins "$EXIT_DURATION_IN_MINS"); fi
     if [[ -n "$PRECISION" ]]; then TRAIN_ARGS+=("$PRECISION"); fi
     if [[ -n "$ACTIVATION_CHECKPOINT" ]]; then TRAIN_ARGS+=("$ACTIVATION_CHECKPOINT"); fi

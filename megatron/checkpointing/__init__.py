@@ -7,10 +7,12 @@
     consolidated  any checkpoint -> full tensors by canonical name       layouts  full tensors -> any layout
     reshape       any (tp, pp, dp) -> any other                          weights  weights into any model
     engine_io     save / load during training (reshape on load, --finetune)
+    async_save    --async-save: the writes on a background thread, published when every rank's are done
     hf*           Hugging Face transformers export / import     summary: inspect     fp32: to-fp32
 
 `tools/convert_checkpoint.py` is a thin command line over these modules.
 """
+from .async_save import wait_for_saves  # noqa: F401
 from .engine_io import (SHAPE_FIELDS, check_compatible, commit, load_checkpoint, load_model_weights,  # noqa: F401
                         read_checkpoint_args, save_checkpoint)
 from .files import (ARGS_FILE, LATEST, CheckpointFileError, CheckpointMismatchError, checkpoint_tag,  # noqa: F401

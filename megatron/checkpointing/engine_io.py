@@ -3,6 +3,8 @@
 Order of a save: every rank writes its files -> barrier -> manifest.json (every file's size and CRC-32,
 `manifest.py`) -> rank 0 replaces `latest` atomically (write a temporary file, fsync, os.replace) -> barrier.
 A process killed at any point before os.replace leaves `latest` naming the previous complete checkpoint.
+With --async-save the same files are written by a background thread and rank 0's thread publishes them
+when every rank has finished (`async_save.py`); `latest` moves only then, so the same holds.
 Every layout trains the Pipe model (one stage at pp = 1), so every layout writes the same per-layer files
 and one format serves every layout and tool (`module_form` 'pipe' in megatron_args.json; pp = 1
 checkpoints of the earlier plain-model path are read through the reshape below). DeepSpeed's
@@ -31,6 +33,7 @@ import contextlib
 import copy
 import os
 import shutil
+from functools import partial
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
@@ -39,6 +42,7 @@ import torch.distributed as dist
 from megatron.errors import one_line
 from megatron.mpu import rng_states, set_rng_states
 from megatron.logging_utils import print_rank_0
+from .async_save import save_async
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
 from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, publish_latest,
                     read_args, read_latest, write_args)
@@ -60,14 +64,25 @@ def commit(save_dir: str, tag: str) -> None:
     dist.barrier()
 
 
+def _write_args(cfg, folder: str) -> None:
+    write_args(folder, with_records({**cfg.record, "module_form": PIPE_FORM}))
+
+
 def save_checkpoint(engine, cfg, iteration: int, consumed_train_samples: int) -> str:
-    """Collective: every rank calls it. Returns the checkpoint folder."""
+    """Collective: every rank calls it. Returns the checkpoint folder. With --async-save it returns once the
+    state is copied and the writes are handed to a background thread (`async_save.py`), which publishes the
+    checkpoint when every rank's files are complete; `wait_for_saves` waits for that."""
     tag, save_dir = checkpoint_tag(iteration), cfg.checkpoint.save
     print_rank_0(f"saving checkpoint at iteration {iteration} to {save_dir}/{tag}")
     client_state = dict(iteration=iteration, consumed_train_samples=consumed_train_samples, rng_states=rng_states())
+    if cfg.checkpoint.async_save:
+        save_async(engine, save_dir, tag, client_state, partial(_write_args, cfg) if dist.get_rank() == 0 else None,
+                   60 * cfg.layout.distributed_timeout_minutes)
+        print_rank_0(f"checkpoint {save_dir}/{tag} is being written in the background")
+        return os.path.join(save_dir, tag)
     engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     if dist.get_rank() == 0:
-        write_args(os.path.join(save_dir, tag), with_records({**cfg.record, "module_form": PIPE_FORM}))
+        _write_args(cfg, os.path.join(save_dir, tag))
     dist.barrier()  # every rank's files are complete
     save_manifest(os.path.join(save_dir, tag))
     commit(save_dir, tag)

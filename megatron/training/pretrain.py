@@ -30,7 +30,7 @@ from megatron.config.resolution import with_vocabulary
 from megatron.config.arguments import parse_args
 from megatron.config.run_config import Batch, LRSchedule, RunConfig, settle
 from megatron.training.batches import BatchIterator
-from megatron.checkpointing import load_checkpoint, save_checkpoint
+from megatron.checkpointing import load_checkpoint, save_checkpoint, wait_for_saves
 from megatron.data.samplers import build_pretraining_data_loader
 from megatron.errors import UserError, one_line
 from megatron.training.evaluation import evaluate_and_print
@@ -43,7 +43,7 @@ from megatron.training.optimizer import build_optimizer
 from megatron.config.preflight import check_inputs
 from megatron.tokenizer import build_tokenizer
 from megatron.training.exit_conditions import ExitConditions
-from megatron.training.loop import TrainState, train
+from megatron.training.loop import TrainingStopped, TrainState, train
 
 
 def lr_scheduler(optimizer: torch.optim.Optimizer, lr: LRSchedule) -> AnnealingLR:
@@ -206,9 +206,14 @@ def _pretrain(engine, tokenizer, cfg: RunConfig, parallel: mpu.ParallelState, sp
         return lambda: BatchIterator(data_loader(datasets[split], 0, cfg, parallel), get_batch)
 
     train_iter = BatchIterator(data_loader(datasets[0], consumed, cfg, parallel), get_batch)
-    train(engine, cfg, state, train_iter, eval_iter(1), tb, exits)
+    try:
+        train(engine, cfg, state, train_iter, eval_iter(1), tb, exits)
+    except TrainingStopped:
+        wait_for_saves()  # every rank stops together: a save still being written is completed and published
+        raise
     if cfg.checkpoint.save and state.saved_iteration != state.iteration:
         save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
+    wait_for_saves()  # --async-save: every rank's files are written and the last checkpoint is published
     test_iter = eval_iter(2)
     if test_iter is not None and cfg.logging.eval_iters > 0 and state.iteration == cfg.batch.train_iters:
         evaluate_and_print(engine, cfg, test_iter(), "the end of training", tb, state.iteration, "test")
