@@ -54,7 +54,9 @@ def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t
     else:
         replicated = 2 * b * s * h * qkv_e + 4 * b * s * h * e  # 2 LayerNorm inputs; LN outs, dropout masks
     mlp = (6 if m.gated else 3) * b * s * f if t5 else 2 * b * s * f
-    split = (3 * b * s * w * qkv_e + (b * s * w + mlp) * e) / t
+    # selective: the recomputed core keeps q, k, v as views of the qkv output (e bytes), not SDPA's copies
+    qkv_saved = e if o.recompute == "selective" else qkv_e
+    split = (3 * b * s * w * qkv_saved + (b * s * w + mlp) * e) / t
     core = 0 if o.recompute == "selective" or o.attention == "fused" else 3 * a * b * s * s * qkv_e / t
     if o.attention == "fused":  # memory-efficient SDPA on GPU: output and logsumexp instead of the s^2 terms
         core = 0 if o.recompute == "selective" else (b * s * w * e + a * b * s * 4) / t
@@ -97,13 +99,14 @@ def spec_activation_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> fl
     s_out = m.decoder_seq if m.model_type == "t5" else m.seq
     if spec.kind in ("layer", "enc", "dec"):
         return layer_bytes(spec, m, o)
+    sp = t if o.sequence_parallel else 1  # sequence parallelism splits the hidden states outside the GEMMs
     if spec.kind == "embed":
         if m.model_type == "gpt":
-            return 8 * b * m.seq + 8 * m.seq + b * m.seq * h * e
-        return 8 * b * (m.seq + s_out) + b * (m.seq + s_out) * h * e
+            return 8 * b * m.seq + 8 * m.seq + b * m.seq * h * e / sp
+        return 8 * b * (m.seq + s_out) + b * (m.seq + s_out) * h * e / sp
     if spec.kind == "norm":
         s = s_out if m.model_type == "gpt" else m.seq  # approximate: both T5 norms sized by their own stack
-        return (3 if m.model_type == "t5" else 2) * b * s * h * e + b * s * STATS
+        return ((3 if m.model_type == "t5" else 2) * b * s * h * e + b * s * STATS) / sp
     if spec.kind == "head":
         return b * s_out * m.padded_vocab(t) // t * e + 13 * b * s_out
     return 0.0

@@ -58,6 +58,7 @@ class Layout:
     sequence_parallel: bool = False
     recompute: str = "none"          # none | selective | full
     recompute_num_layers: int = 1
+    recompute_method: str = "uniform"  # full: uniform (runs of N layers) | block (first N layers of each chunk)
     zero_stage: int = 1
     precision: str = "fp32"          # fp32 | bf16 | fp16
     reduce_bucket: int = DEFAULT_REDUCE_BUCKET
@@ -143,6 +144,8 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
     s_out = m.decoder_seq if m.model_type == "t5" else m.seq
     tokens = m.seq + m.decoder_seq if m.model_type == "t5" else m.seq  # T5 sends enc_h and dec_h
     boundary = 0.0 if last else b * tokens * h * e  # the output kept for backward
+    if lay.sequence_parallel:
+        boundary /= t  # each tp rank holds s / t of the sequence
     if any(s.kind == "dec" for s in layers):
         others += b * m.seq * h * e  # the encoder output every decoder layer attends to, once per chunk
     biggest = max(per_layer, default=0.0)
@@ -153,10 +156,14 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
     hold = _weight_grad_hold(m, lay, layers, last) if lay.schedule == "zb-h1" else 0.0
     if lay.recompute == "full":
         # each checkpointed run of k layers keeps its input; in backward one run is recomputed at a time, after
-        # the head's and final norm's activations (`others` on the last stage) are already freed
+        # the head's and final norm's activations (`others` on the last stage) are already freed. Block: the
+        # first k layers of the chunk recompute one by one, the others keep everything.
         k = max(1, lay.recompute_num_layers)
-        inputs = -(-len(layers) // k) * b * m.seq * h * e
         head = others if last else 0.0
+        if lay.recompute_method == "block":
+            inputs, kept = min(k, len(layers)) * b * m.seq * h * e, sum(per_layer[k:])
+            return others + inputs + kept + boundary, max(logits_grad, biggest + mlp_grads - head), hold
+        inputs = -(-len(layers) // k) * b * m.seq * h * e
         return others + inputs + boundary, max(logits_grad, k * biggest + mlp_grads - head), hold
     return others + sum(per_layer) + boundary, max(mlp_grads, logits_grad), hold
 
@@ -224,6 +231,8 @@ def layout_from_args(args, attention: str = "fused") -> Layout:
     --checkpoint-activations. Sequence parallelism: --sequence-parallel where the parser has it."""
     granularity = getattr(args, "recompute_granularity", None)
     recompute = granularity or ("full" if getattr(args, "checkpoint_activations", False) else "none")
+    method = getattr(args, "recompute_method", None) or "uniform"
+    num_layers = getattr(args, "recompute_num_layers", None) or getattr(args, "checkpoint_num_layers", None) or 1
     bucket = args.ds_config.get("zero_optimization", {}).get("reduce_bucket_size", DEFAULT_REDUCE_BUCKET) \
         if isinstance(getattr(args, "ds_config", None), dict) else DEFAULT_REDUCE_BUCKET
     precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
@@ -234,6 +243,6 @@ def layout_from_args(args, attention: str = "fused") -> Layout:
                   micro_batch=args.micro_batch_size, gas=args.gas, schedule=args.pipeline_schedule,
                   virtual_stages=args.virtual_pipe_stages or 1,
                   sequence_parallel=bool(getattr(args, "sequence_parallel", False)), recompute=recompute,
-                  recompute_num_layers=getattr(args, "recompute_num_layers", None) or args.checkpoint_num_layers,
+                  recompute_num_layers=num_layers, recompute_method=method,
                   zero_stage=args.zero_stage, precision=precision, reduce_bucket=int(bucket),
                   partition_method=partition, attention=attention)
