@@ -52,7 +52,28 @@ LAYOUTS = {
     "t5 tp2 pp1 dp1 fp32": ("t5", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--zero-stage", "0"]),
     "t5 tp1 pp2 1f1b fp32": ("t5", 2, ["--gas", "4", "--pipe-parallel-size", "2", "--zero-stage", "0"]),
     "t5 tp1 pp2 dp2 zero1": ("t5", 4, ["--gas", "4", "--pipe-parallel-size", "2", "--zero-stage", "1"]),
+    # sequence parallelism and Megatron's recomputation flags (branch seqpar); skipped where the parser lacks them
+    "gpt tp2 sp": ("gpt", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                              "--zero-stage", "0"]),
+    "gpt tp2 selective": ("gpt", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--recompute-granularity",
+                                     "selective", "--zero-stage", "0"]),
+    "gpt tp2 pp2 sp selective zb-h1": ("gpt", 4, ["--gas", "4", "--tensor-model-parallel-size", "2",
+                                                  "--pipe-parallel-size", "2", "--sequence-parallel",
+                                                  "--recompute-granularity", "selective", "--pipeline-schedule",
+                                                  "zb-h1", "--zero-stage", "0"]),
+    "gpt pp2 full block": ("gpt", 2, ["--gas", "4", "--pipe-parallel-size", "2", "--recompute-granularity", "full",
+                                      "--recompute-method", "block", "--recompute-num-layers", "1",
+                                      "--zero-stage", "0"]),
+    "t5 tp2 sp": ("t5", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                            "--zero-stage", "0"]),
 }
+
+
+def available(extra) -> bool:
+    """Whether this checkout's parser has every flag of `extra`."""
+    from megatron.config.arguments import build_parser
+    known = build_parser()._option_string_actions
+    return all(a in known for a in extra if a.startswith("--"))
 
 
 def argv_of(model: str, extra, ds_config: str) -> list:
@@ -111,7 +132,8 @@ def main() -> None:
     with open(cfg, "w") as f:
         json.dump({"zero_optimization": {"reduce_bucket_size": BUCKET}}, f)
     for name, (model, world, extra) in LAYOUTS.items():
-        if a.report_only or (a.only and name not in a.only) or (a.only is None and name in done):
+        if a.report_only or (a.only and name not in a.only) or (a.only is None and name in done) \
+                or not available(extra):
             continue
         argv = argv_of(model, extra, cfg)
         row = dict(name=name, model=model, world=world, argv=extra, measured=measure(model, world, argv))
