@@ -69,7 +69,9 @@ def enumerate_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: s
                         for sp in ((False, True) if tp > 1 and sequence_parallel_available else (False,)):
                             for rc in ("none", "selective", "full"):
                                 for zero in ((0, 1) if dp > 1 else (0,)):
-                                    out.append(Layout(tp, pp, dp, mb, gas, sched, v, sp, rc, 1, zero, precision,
+                                    out.append(Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, gas=gas, schedule=sched,
+                                                           virtual_stages=v, sequence_parallel=sp, recompute=rc,
+                                                           zero_stage=zero, precision=precision,
                                                            attention=attention))
     return out
 

@@ -35,3 +35,11 @@ def test_hugging_face_config(tmp_path, capsys):
     main(["--hf-config", str(cfg), "--seq-length", "512", "--global-batch-size", "32", "--gpus-per-node", "4",
           "--top", "3"])
     assert "t5 12 layers, hidden 512, seq 512" in capsys.readouterr().out
+
+
+def test_load_reads_the_checkpoints_arguments(tmp_path, capsys):
+    (tmp_path / "megatron_args.json").write_text(json.dumps(
+        {"model_type": "gpt", "num_layers": 12, "hidden_size": 768, "num_attention_heads": 12, "seq_length": 1024,
+         "max_position_embeddings": 1024, "vocab_size": 50257, "make_vocab_size_divisible_by": 128}))
+    main(["--load", str(tmp_path), "--global-batch-size", "32", "--gpus-per-node", "2", "--top", "2"])
+    assert "gpt 12 layers, hidden 768, seq 1024" in capsys.readouterr().out
