@@ -13,7 +13,8 @@ formula against `torch.autograd.graph.saved_tensors_hooks` on the real layers). 
 which is Korthikanti et al. (2022)'s sbh(10 + 24/t + 5as/(ht)) with this code's dtype for the dropout masks
 (e bytes, not 1) and SDPA's math path on CPU. A T5 layer (RMSNorm saves input and normalised input; the inner
 dropout of the MLP keeps mask and output) saves 8 bsh e replicated, (4 bsw + 3 bsf) e / t split (gated: 6 bsf),
-3 a b s^2 e / t of attention core and the bucket index (s^2 int64); a decoder layer adds cross attention:
+3 a b s^2 e / t of attention core and the bucket index (s^2 int64) -- RMSNorm computes in fp32, so its input
+and normalised input are kept at 4 bytes in bf16 too; a decoder layer adds cross attention:
 4 b s_d h e replicated, (2 b s_d w + 2 b s_e w) e / t split and 3 a b s_d s_e e / t.
 
 On CPU, SDPA runs its math path: in bf16 it keeps q, k, v and the three s^2 tensors in fp32 (qkv_e = 4), and
@@ -49,8 +50,8 @@ class ActivationOptions:
 def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t5: bool) -> float:
     h, w, f, a, e, t = m.hidden, m.width, m.ffn, m.heads, o.element_bytes, o.tp
     qkv_e = 4 if o.attention == "math" else e  # CPU's math SDPA and LayerNorm keep fp32 copies in bf16
-    if t5:
-        replicated = 8 * b * s * h * e
+    if t5:  # RMSNorm computes in fp32: input and normalised input kept at 4 bytes; outputs and masks at e
+        replicated = 4 * b * s * h * 4 + 4 * b * s * h * e
     else:
         replicated = 2 * b * s * h * qkv_e + 4 * b * s * h * e  # 2 LayerNorm inputs; LN outs, dropout masks
     mlp = (6 if m.gated else 3) * b * s * f if t5 else 2 * b * s * f
@@ -60,7 +61,7 @@ def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t
     core = 0 if o.recompute == "selective" or o.attention == "fused" else 3 * a * b * s * s * qkv_e / t
     if o.attention == "fused":  # memory-efficient SDPA on GPU: output and logsumexp instead of the s^2 terms
         core = 0 if o.recompute == "selective" else (b * s * w * e + a * b * s * 4) / t
-    stats = (2 if t5 else 4) * b * s * STATS + (8 * s * s if t5 else 0) + (0 if t5 or e == 4 else 4 * 4 * h)
+    stats = (2 if t5 else 4) * b * s * STATS + (8 * s * s if t5 else 0) + (0 if e == 4 else (2 if t5 else 4) * 4 * h)
     if o.sequence_parallel:
         replicated /= t
     return replicated + split + core + stats
@@ -68,12 +69,14 @@ def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t
 
 def _cross_attention(b: int, s_d: int, s_e: int, m: ModelShape, o: ActivationOptions) -> float:
     h, w, a, e, t = m.hidden, m.width, m.heads, o.element_bytes, o.tp
-    replicated = 4 * b * s_d * h * e / (t if o.sequence_parallel else 1)
-    split = (2 * b * s_d * w + 2 * b * s_e * w) * e / t
-    core = 0 if o.recompute == "selective" else 3 * a * b * s_d * s_e * e / t
+    qkv_e = 4 if o.attention == "math" else e
+    qkv_saved = e if o.recompute == "selective" else qkv_e
+    replicated = (2 * b * s_d * h * 4 + 2 * b * s_d * h * e) / (t if o.sequence_parallel else 1)
+    split = ((b * s_d * w + 2 * b * s_e * w) * qkv_saved + b * s_d * w * e) / t  # q, k, v; context
+    core = 0 if o.recompute == "selective" else 3 * a * b * s_d * s_e * qkv_e / t
     if o.attention == "fused":
         core = 0 if o.recompute == "selective" else (b * s_d * w * e + a * b * s_d * 4) / t
-    return replicated + split + core + b * s_d * STATS
+    return replicated + split + core + b * s_d * STATS + (0 if e == 4 else 4 * h)
 
 
 def layer_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> float:
