@@ -52,6 +52,8 @@ LAYOUTS = {
     "t5 tp2 pp1 dp1 fp32": ("t5", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--zero-stage", "0"]),
     "t5 tp1 pp2 1f1b fp32": ("t5", 2, ["--gas", "4", "--pipe-parallel-size", "2", "--zero-stage", "0"]),
     "t5 tp1 pp2 dp2 zero1": ("t5", 4, ["--gas", "4", "--pipe-parallel-size", "2", "--zero-stage", "1"]),
+    "t5 pp2 bf16": ("t5", 2, ["--gas", "4", "--pipe-parallel-size", "2", "--zero-stage", "0", "--bf16"]),
+    "t5 dp2 zero1 bf16": ("t5", 2, ["--gas", "2", "--zero-stage", "1", "--bf16"]),
     # sequence parallelism and Megatron's recomputation flags (branch seqpar); skipped where the parser lacks them
     "gpt tp2 sp": ("gpt", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
                               "--zero-stage", "0"]),

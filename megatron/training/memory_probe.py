@@ -24,7 +24,7 @@ def measure_rank(argv: Sequence[str], world_size: int, model_type: str, vocab_si
     state = initialize_megatron(cfg)
     set_deepspeed_verbosity(False)
     engine = setup_engine(cfg, spec, state)
-    peak = measure_engine(engine, cfg)
+    peak = measure_engine(engine, cfg, spec, state.tp_group)
     return dict(tp_rank=state.tp_rank, pp_rank=state.pp_rank, dp_rank=state.dp_rank, peak=peak)
 
 
