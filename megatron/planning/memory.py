@@ -8,7 +8,7 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
 
     fp32, ZeRO 0       weights 4 Psi; gradients 4 Psi (param.grad); torch AdamW moments 8 Psi;
                        dp > 1: buffered all-reduce flattens the gradients (one flat copy, 4 Psi) at the reduce
-    ZeRO-1 (dp > 1)    weights e_w Psi; gradients e_w Psi; DeepSpeedZeroOptimizer: fp32 partition 4 Psi / d and
+    ZeRO-1 (dp > 1)    weights e_w Psi; gradients e_w Psi (bf16: + fp32 accumulators 4 Psi); DeepSpeedZeroOptimizer: fp32 partition 4 Psi / d and
                        Adam moments 8 Psi / d; the PipelineEngine (every layout) makes it allocate two reduce
                        buckets of B elements (`reduce_gradients(pipeline_parallel=True)`, `setup_buckets`):
                        2 B e_w bytes at the reduce -- 4 GB in fp32 with the default B, set
@@ -113,7 +113,8 @@ def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, reduce buffers) for `psi` parameters on this rank (module docstring)."""
     d, e = lay.dp, ELEMENT_BYTES[lay.precision]
     if lay.ds_zero_stage >= 1:  # DeepSpeedZeroOptimizer; two reduce buckets of B elements (fp32: 4 B, bf16: 2 B)
-        return e * psi, e * psi, 12 * psi / d, 2 * e * lay.reduce_bucket  # one in backward, both at the reduce
+        grads = e * psi + (4 * psi if e == 2 else 0)  # bf16: the fp32 gradient accumulators as well
+        return e * psi, grads, 12 * psi / d, 2 * e * lay.reduce_bucket  # one in backward, both at the reduce
     if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; bf16 + fp32 grads
         return 2 * psi, 6 * psi, 14 * psi, 0.0
     return 4 * psi, 4 * psi, 8 * psi, (4 * psi if d > 1 else 0.0)
