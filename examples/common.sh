@@ -35,7 +35,11 @@ run_settings() {
     SPLIT=${SPLIT:-949,50,1}
     LAUNCHER=${LAUNCHER:-$([[ -n "${HOSTFILE:-}" ]] && echo deepspeed || echo torchrun)}
     HOSTFILE=${HOSTFILE:-}
-    MASTER_PORT=${MASTER_PORT:-29500}
+    local port=29500
+    if [[ ${SLURM_JOB_ID:-} =~ ^[0-9]+$ ]]; then
+        port=$(( 10000 + SLURM_JOB_ID % 20000 ))  # in a SLURM job: megatron.config.launcher_env's rule
+    fi
+    MASTER_PORT=${MASTER_PORT:-$port}
 }
 
 # data_path_args: DATA_PATH into the array DATA_PATH_ARGS. One prefix (spaces allowed), or Megatron's
@@ -96,11 +100,17 @@ build_default_data() {
 }
 
 # world_size: the number of processes the launcher will start (the slots of HOSTFILE with the DeepSpeed
-#   launcher, else NPROC on this node).
+#   launcher; the SLURM job's tasks with srun; NPROC on each of its nodes with srun-torchrun; else NPROC on
+#   this node).
 world_size() {
     if [[ $LAUNCHER == deepspeed && -n "$HOSTFILE" ]]; then
         awk '!/^[[:space:]]*#/ { for (i = 1; i <= NF; i++) if ($i ~ /^slots=/) { sub(/^slots=/, "", $i); n += $i } }
              END { print n + 0 }' "$HOSTFILE"
+    elif [[ $LAUNCHER == srun ]]; then
+        echo "${SLURM_NTASKS:?LAUNCHER=srun runs inside a SLURM allocation (sbatch, salloc)}"
+    elif [[ $LAUNCHER == srun-torchrun ]]; then
+        : "${SLURM_JOB_NUM_NODES:?LAUNCHER=srun-torchrun runs inside a SLURM allocation (sbatch, salloc)}"
+        echo $(( NPROC * SLURM_JOB_NUM_NODES ))
     else
         echo "$NPROC"
     fi
@@ -152,15 +162,19 @@ forward_signal() {
 # launch SCRIPT ARGS...
 #   DRY_RUN=1: print the planner's prediction for the layout (pretrain_*.py --dry-run) and exit, launching nothing.
 #   LAUNCHER=torchrun (default; one node, NPROC processes) or deepspeed (HOSTFILE for several nodes,
-#   else NPROC local processes; MASTER_PORT). A user error seen by any process (megatron.errors) is printed
-#   once, as `error: ...`, after the launcher has stopped, and the script exits 2.
+#   else NPROC local processes; MASTER_PORT). Inside a SLURM allocation (examples/slurm): srun (one task per
+#   rank, every task of the job; the ranks come from SLURM's variables) or srun-torchrun (one task per node,
+#   each a torchrun of NPROC processes meeting at the job's first node, MASTER_PORT). A user error seen by any
+#   process (megatron.errors) is printed once, as `error: ...`, after the launcher has stopped, and the script
+#   exits 2.
 #   MAX_RESTARTS=N: after a rank fails, start every rank again, up to N times; each start resumes from
 #   `latest` (--load = --save). torchrun does it itself (--max-restarts N); DeepSpeed's launcher has no such
-#   option, so the script launches it again (not after a user error, which would fail the same way).
+#   option, so the script launches it again (not after a user error, which would fail the same way). Under
+#   SLURM with srun (one task per rank) a failed step is not restarted.
 launch() {
     local script=$1
     shift
-    local cmd
+    local cmd nodes
     if [[ ${DRY_RUN:-0} == 1 ]]; then  # the planner's prediction for this layout, one process, no model built
         (cd "$REPO" && WORLD_SIZE=$(world_size) "$PYTHON" "$script" "$@" --dry-run) || exit $?
         exit 0
@@ -172,11 +186,20 @@ launch() {
         deepspeed)
             cmd=(deepspeed --master_port "$MASTER_PORT")
             if [[ -n "$HOSTFILE" ]]; then cmd+=(--hostfile "$HOSTFILE"); else cmd+=(--num_gpus "$NPROC"); fi ;;
+        srun)
+            cmd=(srun --kill-on-bad-exit=1 "$PYTHON") ;;
+        srun-torchrun)
+            nodes=$SLURM_JOB_NUM_NODES
+            cmd=(srun --nodes "$nodes" --ntasks "$nodes" --ntasks-per-node 1 --kill-on-bad-exit=1
+                 "$PYTHON" -m torch.distributed.run --nnodes "$nodes" --nproc_per_node "$NPROC"
+                 --max-restarts "${MAX_RESTARTS:-0}" --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID"
+                 --rdzv_endpoint "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):$MASTER_PORT") ;;
         *)
-            echo "error: LAUNCHER must be torchrun or deepspeed, got '$LAUNCHER'" >&2
+            echo "error: LAUNCHER must be torchrun, deepspeed, srun or srun-torchrun, got '$LAUNCHER'" >&2
             return 2 ;;
     esac
-    local attempt=0 status=0
+    local attempt=0 status=0 procs
+    procs=$(world_size)
     while :; do
         launch_once "$script" "$@" && status=0 || status=$?
         if [[ $LAUNCHER != deepspeed || $status == 0 || $status == 2 ]] || (( attempt >= ${MAX_RESTARTS:-0} )); then
@@ -187,11 +210,11 @@ launch() {
     done
 }
 
-# launch_once SCRIPT ARGS...: one run of the launcher command `cmd` (see launch).
+# launch_once SCRIPT ARGS...: one run of the launcher command `cmd` for `procs` processes (see launch).
 launch_once() {
     local script=$1
     shift
-    echo "launching: ${cmd[*]} $script ($NPROC processes per node)"
+    echo "launching: ${cmd[*]} $script ($procs processes)"
     cd "$REPO" || return
     local error_file status out_pid err_pid
     error_file=$(mktemp -u "${TMPDIR:-/tmp}/megatron-error.XXXXXXXX")

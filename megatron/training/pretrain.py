@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import time
 from functools import partial
 from typing import Callable, List, Optional, Sequence
@@ -28,6 +29,7 @@ import tds
 from megatron import mpu
 from megatron.config.resolution import with_vocabulary
 from megatron.config.arguments import parse_args
+from megatron.config.launcher_env import fill_launcher_env
 from megatron.config.run_config import Batch, LRSchedule, RunConfig, settle
 from megatron.training.batches import BatchIterator
 from megatron.checkpointing import load_checkpoint, save_checkpoint, wait_for_saves
@@ -222,7 +224,9 @@ def _pretrain(engine, tokenizer, cfg: RunConfig, parallel: mpu.ParallelState, sp
 
 
 def run(argv: Optional[Sequence[str]], spec: ModelSpec, defaults: dict) -> TrainState:
-    """Entry-point main: parse and resolve the arguments, check the input files exist, then `pretrain`."""
+    """Entry-point main: the launcher's variables from SLURM or OpenMPI where no launcher set them (srun,
+    mpirun), parse and resolve the arguments, check the input files exist, then `pretrain`."""
+    fill_launcher_env(os.environ)
     args = parse_args(argv, defaults=defaults)
     check_inputs(args)
     if args.dry_run:
