@@ -15,7 +15,8 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        zero_optimization.reduce_bucket_size in the DeepSpeed JSON to shrink it
     bf16, ZeRO 0       BF16_Optimizer: weights 2 Psi; fp32 master weights and moments and the flat bf16
                        gradients 14 Psi (measured with --log-memory: 4 + 8 + 2); gradients during the
-                       iteration: bf16 2 Psi + fp32 accumulators 4 Psi
+                       iteration: the fp32 accumulators 4 Psi (each micro-batch's bf16 gradients are folded
+                       into them and released: DeepSpeed's clear_lp_grads)
 
 Activations: `activations.spec_activation_bytes` per chunk and micro-batch, run through this stage's
 instruction list (`tds.pipe.instructions.train_schedule`): + at each FORWARD, - at each BACKWARD (ZB-H1:
@@ -115,8 +116,8 @@ def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
     if lay.ds_zero_stage >= 1:  # DeepSpeedZeroOptimizer; two reduce buckets of B elements (fp32: 4 B, bf16: 2 B)
         grads = e * psi + (4 * psi if e == 2 else 0)  # bf16: the fp32 gradient accumulators as well
         return e * psi, grads, 12 * psi / d, 2 * e * lay.reduce_bucket  # one in backward, both at the reduce
-    if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; bf16 + fp32 grads
-        return 2 * psi, 6 * psi, 14 * psi, 0.0
+    if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; fp32 accumulators
+        return 2 * psi, 4 * psi, 14 * psi, 0.0
     return 4 * psi, 4 * psi, 8 * psi, (4 * psi if d > 1 else 0.0)
 
 
