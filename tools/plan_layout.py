@@ -36,10 +36,12 @@ def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (GPT-2 50257, T5 32128)")
     g.add_argument("--nodes", type=int, default=1)
     g.add_argument("--gpus-per-node", type=int, default=8)
-    g.add_argument("--gpu", choices=sorted(GPUS), default="h100")
-    g.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per GPU")
-    g.add_argument("--intra-node-gbps", type=float, default=None)
-    g.add_argument("--inter-node-gbps", type=float, default=None)
+    g.add_argument("--gpu", choices=sorted(GPUS), default="h100",
+                   help="defaults per GPU (memory GB, dense bf16 TFLOP/s, intra-node GB/s, inter-node GB/s per GPU): " +
+                        "; ".join(f"{k} {v[0]:g}/{v[1]:g}/{v[2]:g}/{v[3]:g}" for k, v in sorted(GPUS.items())))
+    g.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per GPU (default: --gpu's)")
+    g.add_argument("--intra-node-gbps", type=float, default=None, help="GB/s between GPUs of a node (default: --gpu's)")
+    g.add_argument("--inter-node-gbps", type=float, default=None, help="GB/s per GPU between nodes (default: --gpu's)")
     g.add_argument("--efficiency", type=float, default=0.5, help="achieved fraction of peak (default 0.5)")
     g.add_argument("--allocator-overhead", type=float, default=0.05, help="memory lost to fragmentation")
     g.add_argument("--no-sequence-parallel", action="store_true", help="leave SP out of the search")
