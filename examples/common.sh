@@ -160,6 +160,7 @@ forward_signal() {
 }
 
 # launch SCRIPT ARGS...
+#   DRY_RUN=1: print the planner's prediction for the layout (pretrain_*.py --dry-run) and exit, launching nothing.
 #   LAUNCHER=torchrun (default; one node, NPROC processes) or deepspeed (HOSTFILE for several nodes,
 #   else NPROC local processes; MASTER_PORT). Inside a SLURM allocation (examples/slurm): srun (one task per
 #   rank, every task of the job; the ranks come from SLURM's variables) or srun-torchrun (one task per node,
@@ -174,6 +175,10 @@ launch() {
     local script=$1
     shift
     local cmd nodes
+    if [[ ${DRY_RUN:-0} == 1 ]]; then  # the planner's prediction for this layout, one process, no model built
+        (cd "$REPO" && WORLD_SIZE=$(world_size) "$PYTHON" "$script" "$@" --dry-run) || exit $?
+        exit 0
+    fi
     case "$LAUNCHER" in
         torchrun)
             cmd=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" --standalone

@@ -190,6 +190,17 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "draw it with tools/plot_pipeline.py OUT.json -o timeline.png")
     g.add_argument("--pipeline-timeline-batches", type=int, nargs="+", default=None, metavar="ITERATION",
                    help="iterations to record (pipeline.timeline_batches), default 3 4")
+    g = p.add_argument_group("memory (megatron/planning, tools/plan_layout.py)")
+    g.add_argument("--dry-run", action="store_true",
+                   help="print the planner's prediction for this layout (peak memory per rank by part, per stage; "
+                        "step time) without building the model, and exit; a layout that cannot fit in "
+                        "--gpu-memory-gb is refused in one line naming the part that overflows")
+    g.add_argument("--gpu-memory-gb", type=float, default=None,
+                   help="memory per GPU for --dry-run and the start-up prediction (default 80)")
+    g.add_argument("--log-memory", action="store_true",
+                   help="measure iteration 2's peak memory per rank (tensor storages live at its start + the "
+                        "allocator's rise during it, megatron/training/memory_log.py) and print one line per rank "
+                        "beside the planner's prediction")
     g = p.add_argument_group("long runs (preemption, time limits, NaN)")
     g.add_argument("--exit-signal-handler", action="store_true",
                    help="on SIGTERM or SIGUSR1 (SLURM's preemption and time-limit signals, `scancel --signal`) to any "

@@ -142,6 +142,7 @@ class Logging:
     eval_iters: int
     tensorboard_dir: Optional[str]
     deepspeed_verbose: bool
+    log_memory: bool = False
 
 
 @dataclass(frozen=True)

@@ -85,9 +85,31 @@ def last_checkpoint(cfg: RunConfig, state: TrainState) -> str:
     return f"{folder}/{checkpoint_tag(state.saved_iteration)} (iteration {state.saved_iteration})"
 
 
+MEMORY_ITERATION = 2  # --log-memory: the first iteration with every optimizer buffer allocated
+
+
+def log_memory(engine, cfg: RunConfig, step: Callable[[], object]):
+    """Run `step` measured (megatron.training.memory_log); every rank prints its line with the prediction."""
+    import argparse
+    from megatron import mpu
+    from megatron.planning.search import plan_for_args
+    from megatron.training.memory_log import format_peak, measure_iteration
+    result, peak = measure_iteration(engine.module, engine.optimizer, step)
+    attention = "fused" if tds_device.is_cuda() else "math"
+    own, _ = plan_for_args(argparse.Namespace(**cfg.record), cfg.tokenizer.vocab_size, 1e9, attention=attention)
+    state = mpu.get_parallel_state()
+    predicted = own.stages[state.pp_rank].peak
+    where = f"iteration {MEMORY_ITERATION} rank {state.global_rank} (tp, pp, dp) = ({state.tp_rank}, {state.pp_rank}, " \
+            f"{state.dp_rank})"
+    print(format_peak(where, peak, int(predicted)), flush=True)
+    return result
+
+
 def train_step(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch]) -> float:
     """engine.train_batch for iteration state.iteration + 1; a non-finite value stops the run (TrainingStopped)."""
     try:
+        if cfg.logging.log_memory and state.iteration + 1 == MEMORY_ITERATION:
+            return float(log_memory(engine, cfg, lambda: engine.train_batch(data_iter=train_iter)))
         return float(engine.train_batch(data_iter=train_iter))
     except tds.pipe.NonFiniteError as err:
         raise TrainingStopped(f"iteration {state.iteration + 1}: {err.detail} (--check-for-nan-in-loss-and-grad); the "

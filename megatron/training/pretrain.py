@@ -108,7 +108,7 @@ def initialize_and_build(args: argparse.Namespace, spec: ModelSpec):
     state = initialize_megatron(cfg)
     set_deepspeed_verbosity(cfg.logging.deepspeed_verbose)
     engine = setup_engine(cfg, spec, state)
-    print_rank_0(layout_summary(cfg, engine))
+    print_rank_0(layout_summary(cfg, engine) + "; " + predicted_peak(args, cfg.tokenizer.vocab_size))
     return engine, tokenizer, cfg, state
 
 
@@ -134,6 +134,33 @@ def layout_summary(cfg: RunConfig, engine) -> str:
             f"{b.micro_batch_size} x gas {b.gas} x dp {layout.dp}; ZeRO stage {layout.zero_stage} (DeepSpeed runs "
             f"stage {layout.ds_zero_stage}); vocabulary {cfg.tokenizer.vocab_size} tokens, padded to "
             f"{cfg.tokenizer.padded_vocab_size}")
+
+
+def _attention() -> str:
+    """The SDPA path the planner assumes: memory-efficient on GPU, the math path on CPU."""
+    from tds import device as tds_device
+    return "fused" if tds_device.is_cuda() else "math"
+
+
+def predicted_peak(args: argparse.Namespace, vocab_size: int) -> str:
+    """The planner's peak per rank for this layout (megatron.planning), for the start-up line."""
+    from megatron.planning.report import short_prediction
+    from megatron.planning.search import plan_for_args
+    own, _ = plan_for_args(args, vocab_size, args.gpu_memory_gb or 80.0, attention=_attention())
+    return short_prediction(own)
+
+
+def dry_run(args: argparse.Namespace) -> None:
+    """--dry-run: the prediction per stage without building the model (the tokenizer gives the vocabulary);
+    a layout that does not fit raises the one-line UserError naming the part and the best alternative."""
+    from megatron.planning.report import dry_run_lines
+    from megatron.planning.search import plan_for_args
+    vocab = build_tokenizer_from_args(args).vocab_size
+    own, best = plan_for_args(args, vocab, args.gpu_memory_gb or 80.0, attention=_attention())
+    lines = dry_run_lines(own, best)
+    if not own.fits:
+        raise UserError(lines[0])
+    print("\n".join(lines), flush=True)
 
 
 def already_complete(cfg: RunConfig, iteration: int) -> str:
@@ -202,6 +229,9 @@ def run(argv: Optional[Sequence[str]], spec: ModelSpec, defaults: dict) -> Train
     fill_launcher_env(os.environ)
     args = parse_args(argv, defaults=defaults)
     check_inputs(args)
+    if args.dry_run:
+        dry_run(args)
+        return TrainState(0, 0)
     state = pretrain(args, spec)
     shutdown_distributed()
     return state

@@ -1,0 +1,70 @@
+"""Model FLOPs per training iteration (matrix multiplications only; one multiply-add = 2 FLOPs).
+
+Legend: B = samples per iteration (global batch), s = sequence length, h = hidden size, d = heads x kv_channels
+(attention width), f = ffn hidden size, L = layers, V = padded vocabulary.
+
+Forward FLOPs of one transformer layer over B sequences of length s (self-attention):
+    QKV projections 6Bshd + scores QK^T 2Bs^2d + weighted values 2Bs^2d + output projection 2Bsdh + MLP 4Bshf
+(T5 v1.1's gated-GELU MLP has two input projections: 6Bshf).
+A T5 decoder layer adds cross-attention over the encoder length s_e: Q 2Bshd, KV 4Bs_e hd, QK^T and values
+4Bs s_e d, output projection 2Bsdh. The logits add 2BshV.
+
+Training = forward + backward (2x forward) = 3x forward; activation recomputation runs the layers' forward
+once more, 4x for the layers (the logits are not recomputed):
+    total = (3 or 4) * F_layers + 3 * F_logits
+With d = h, f = 4h and recompute this is exactly Megatron's 96 B s L h^2 (1 + s/(6h) + V/(16 L h))
+(Narayanan et al. 2021); without recompute the layer part is 72 B s L h^2 (1 + s/(6h)), the logits 6 B s h V.
+Per device: TFLOP/s = total / (iteration seconds x world size) / 1e12. With --checkpoint-activations the
+recomputation is counted (hardware FLOPs, the convention of Megatron's published TFLOP/s figures).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+def self_attention_layer_flops(b: int, s: int, h: int, d: int, f: int, gated: bool = False) -> float:
+    """Forward FLOPs of a self-attention + MLP layer (formula in the module docstring)."""
+    mlp = (6 if gated else 4) * b * s * h * f
+    return 6 * b * s * h * d + 4 * b * s * s * d + 2 * b * s * d * h + mlp
+
+
+def cross_attention_flops(b: int, s_dec: int, s_enc: int, h: int, d: int) -> float:
+    return 2 * b * s_dec * h * d + 4 * b * s_enc * h * d + 4 * b * s_dec * s_enc * d + 2 * b * s_dec * d * h
+
+
+def gpt_flops_per_iteration(b: int, s: int, num_layers: int, h: int, d: int, f: int, vocab: int,
+                            recompute: bool) -> float:
+    layers = num_layers * self_attention_layer_flops(b, s, h, d, f)
+    logits = 2 * b * s * h * vocab
+    return (4 if recompute else 3) * layers + 3 * logits
+
+
+def t5_flops_per_iteration(b: int, s_enc: int, s_dec: int, num_layers: int, h: int, d: int, f: int, vocab: int,
+                           recompute: bool, num_decoder_layers: Optional[int] = None, gated: bool = False) -> float:
+    """`num_layers` encoder layers + `num_decoder_layers` (default num_layers) decoder layers (self + cross
+    attention + MLP; `gated`: T5 v1.1's gated-GELU MLP)."""
+    encoder = num_layers * self_attention_layer_flops(b, s_enc, h, d, f, gated)
+    decoder_layers = num_layers if num_decoder_layers is None else num_decoder_layers
+    decoder = decoder_layers * (self_attention_layer_flops(b, s_dec, h, d, f, gated)
+                                + cross_attention_flops(b, s_dec, s_enc, h, d))
+    logits = 2 * b * s_dec * h * vocab
+    return (4 if recompute else 3) * (encoder + decoder) + 3 * logits
+
+
+def flops_per_iteration(model_type: str, model, global_batch_size: int, padded_vocab_size: int) -> float:
+    """Dispatch on `model_type` ('gpt' or 't5'); `model` is its GPT2Config / T5Config (recompute when
+    model.checkpoint_num_layers > 0)."""
+    common = dict(num_layers=model.num_layers, h=model.hidden_size, d=model.num_attention_heads * model.kv_channels,
+                  f=model.ffn_hidden_size, vocab=padded_vocab_size, recompute=model.checkpoint_num_layers > 0)
+    if model_type == "t5":
+        return t5_flops_per_iteration(global_batch_size, model.seq_length, model.decoder_seq_length,
+                                      num_decoder_layers=model.num_decoder_layers,
+                                      gated=model.feed_forward_proj == "gated-gelu", **common)
+    return gpt_flops_per_iteration(global_batch_size, model.seq_length, **common)
+
+
+def tokens_per_sample(model_type: str, data) -> int:
+    """GPT: s; T5: encoder + decoder length (`data`: the RunConfig's data section)."""
+    if model_type == "t5":
+        return data.encoder_seq_length + data.decoder_seq_length
+    return data.seq_length

@@ -1,0 +1,115 @@
+"""Activation bytes one micro-batch leaves saved for backward, per layer spec, as this code base saves them.
+
+Shape legend: b micro-batch, s sequence (T5: s_e encoder, s_d decoder), h hidden, a heads, w attention width,
+f ffn hidden, V_p padded vocabulary, t tensor-parallel size, e bytes per activation element (4 fp32, 2 bf16).
+
+Counted from the tensors autograd keeps in `megatron.model` (tests/planning/test_activations.py checks each
+formula against `torch.autograd.graph.saved_tensors_hooks` on the real layers). A GPT-2 layer saves
+
+    replicated over tp   its input, LN1 out, LN2 in, LN2 out, 2 dropout masks   6 bsh e      (+ 4 LN stats 4bs x 4 B)
+    split over tp        q, k, v, context 4 bsw e; MLP in and GELU out 2 bsf e   / t
+    attention core       softmax, dropout mask, dropped probabilities        3 a b s^2 e / t
+
+which is Korthikanti et al. (2022)'s sbh(10 + 24/t + 5as/(ht)) with this code's dtype for the dropout masks
+(e bytes, not 1) and SDPA's math path on CPU. A T5 layer (RMSNorm saves input and normalised input; the inner
+dropout of the MLP keeps mask and output) saves 8 bsh e replicated, (4 bsw + 3 bsf) e / t split (gated: 6 bsf),
+3 a b s^2 e / t of attention core and the bucket index (s^2 int64) -- RMSNorm computes in fp32, so its input
+and normalised input are kept at 4 bytes in bf16 too; a decoder layer adds cross attention:
+4 b s_d h e replicated, (2 b s_d w + 2 b s_e w) e / t split and 3 a b s_d s_e e / t.
+
+On CPU, SDPA runs its math path: in bf16 it keeps q, k, v and the three s^2 tensors in fp32 (qkv_e = 4), and
+LayerNorm keeps an fp32 copy of its input. On GPU (`attention="fused"`) the memory-efficient kernel keeps the
+output and the log-sum-exp instead of the s^2 tensors. With micro-batch 1 SDPA keeps v as a view of the fused
+qkv output, so its storage (3 bsw) stays alive: the formulas assume b >= 2.
+
+Sequence parallelism (Korthikanti §4.2.2) divides the replicated part by t as well. Selective recomputation
+drops the attention core term (recomputed in backward). Full recomputation keeps only each checkpointed
+chunk's input (b s h e) and, during the backward, one chunk's activations while it is recomputed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model_shape import ModelShape, Spec
+
+__all__ = ["ActivationOptions", "spec_activation_bytes", "layer_bytes"]
+
+STATS = 4  # LayerNorm mean / rstd and RMSNorm rstd are kept in fp32
+
+
+@dataclass(frozen=True)
+class ActivationOptions:
+    micro_batch: int
+    tp: int
+    element_bytes: int
+    sequence_parallel: bool = False
+    recompute: str = "none"     # none | selective | full
+    attention: str = "math"     # math: SDPA's math path (CPU, s^2 probabilities); fused: GPU memory-efficient
+
+
+def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t5: bool) -> float:
+    h, w, f, a, e, t = m.hidden, m.width, m.ffn, m.heads, o.element_bytes, o.tp
+    qkv_e = 4 if o.attention == "math" else e  # CPU's math SDPA and LayerNorm keep fp32 copies in bf16
+    if t5:  # RMSNorm computes in fp32: input and normalised input kept at 4 bytes; outputs and masks at e
+        replicated = 4 * b * s * h * 4 + 4 * b * s * h * e
+    else:
+        replicated = 2 * b * s * h * qkv_e + 4 * b * s * h * e  # 2 LayerNorm inputs; LN outs, dropout masks
+    mlp = (6 if m.gated else 3) * b * s * f if t5 else 2 * b * s * f
+    # selective: the recomputed core keeps q, k, v as views of the qkv output (e bytes), not SDPA's copies
+    qkv_saved = e if o.recompute == "selective" else qkv_e
+    split = (3 * b * s * w * qkv_saved + (b * s * w + mlp) * e) / t
+    core = 0 if o.recompute == "selective" or o.attention == "fused" else 3 * a * b * s * s * qkv_e / t
+    if o.attention == "fused":  # memory-efficient SDPA on GPU: output and logsumexp instead of the s^2 terms
+        core = 0 if o.recompute == "selective" else (b * s * w * e + a * b * s * 4) / t
+    stats = (2 if t5 else 4) * b * s * STATS + (8 * s * s if t5 else 0) + (0 if e == 4 else (2 if t5 else 4) * 4 * h)
+    if o.sequence_parallel:
+        replicated /= t
+    return replicated + split + core + stats
+
+
+def _cross_attention(b: int, s_d: int, s_e: int, m: ModelShape, o: ActivationOptions) -> float:
+    h, w, a, e, t = m.hidden, m.width, m.heads, o.element_bytes, o.tp
+    qkv_e = 4 if o.attention == "math" else e
+    qkv_saved = e if o.recompute == "selective" else qkv_e
+    replicated = (2 * b * s_d * h * 4 + 2 * b * s_d * h * e) / (t if o.sequence_parallel else 1)
+    split = ((b * s_d * w + 2 * b * s_e * w) * qkv_saved + b * s_d * w * e) / t  # q, k, v; context
+    core = 0 if o.recompute == "selective" else 3 * a * b * s_d * s_e * qkv_e / t
+    if o.attention == "fused":
+        core = 0 if o.recompute == "selective" else (b * s_d * w * e + a * b * s_d * 4) / t
+    return replicated + split + core + b * s_d * STATS + (0 if e == 4 else 4 * h)
+
+
+def layer_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> float:
+    """Saved bytes of one transformer layer spec for one micro-batch (no full recomputation)."""
+    b = o.micro_batch
+    if spec.kind == "layer":
+        return _self_attention_layer(b, m.seq, m, o, t5=False)
+    if spec.kind == "enc":
+        return _self_attention_layer(b, m.seq, m, o, t5=True)
+    if spec.kind == "dec":
+        return _self_attention_layer(b, m.decoder_seq, m, o, t5=True) + _cross_attention(b, m.decoder_seq, m.seq, m, o)
+    return 0.0
+
+
+def spec_activation_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> float:
+    """Saved bytes of any layer spec for one micro-batch, without full recomputation.
+
+    Embedding: GPT tokens and positions (int64) and the embedding dropout mask (bsh e); T5 both stacks'.
+    Final norm: its input and output (2 bsh e, T5 RMSNorm 3 bsh e with the dropout mask) and stats.
+    Head and loss: the logits b s V_p / t e, labels and loss mask (8 + 4 + 1 bytes per token).
+    """
+    b, h, e, t = o.micro_batch, m.hidden, o.element_bytes, o.tp
+    s_out = m.decoder_seq if m.model_type == "t5" else m.seq
+    if spec.kind in ("layer", "enc", "dec"):
+        return layer_bytes(spec, m, o)
+    sp = t if o.sequence_parallel else 1  # sequence parallelism splits the hidden states outside the GEMMs
+    if spec.kind == "embed":
+        if m.model_type == "gpt":
+            return 8 * b * m.seq + 8 * m.seq + b * m.seq * h * e / sp
+        return 8 * b * (m.seq + s_out) + b * (m.seq + s_out) * h * e / sp
+    if spec.kind == "norm":
+        s = s_out if m.model_type == "gpt" else m.seq  # approximate: both T5 norms sized by their own stack
+        return ((3 if m.model_type == "t5" else 2) * b * s * h * e + b * s * STATS) / sp
+    if spec.kind == "head":
+        return b * s_out * m.padded_vocab(t) // t * e + 13 * b * s_out
+    return 0.0

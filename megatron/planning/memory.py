@@ -1,0 +1,250 @@
+"""Per-rank peak memory of a layout: the parts the code allocates, on the worst pipeline stage.
+
+Notation: Psi = parameters of this rank's stage (its tp shard, `model_shape.layer_specs` summed over its chunks),
+d = dp, e_w / e_a = bytes per weight / activation element, B = DeepSpeed's zero_optimization.reduce_bucket_size
+(default 5e8 elements).
+
+What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's optimizers):
+
+    fp32, ZeRO 0       weights 4 Psi; gradients 4 Psi (param.grad); torch AdamW moments 8 Psi;
+                       dp > 1: buffered all-reduce flattens the gradients (one flat copy, 4 Psi) at the reduce
+    ZeRO-1 (dp > 1)    weights e_w Psi; gradients e_w Psi (bf16: + fp32 accumulators 4 Psi); DeepSpeedZeroOptimizer: fp32 partition 4 Psi / d and
+                       Adam moments 8 Psi / d; the PipelineEngine (every layout) makes it allocate two reduce
+                       buckets of B elements (`reduce_gradients(pipeline_parallel=True)`, `setup_buckets`):
+                       2 B e_w bytes at the reduce -- 4 GB in fp32 with the default B, set
+                       zero_optimization.reduce_bucket_size in the DeepSpeed JSON to shrink it
+    bf16, ZeRO 0       BF16_Optimizer: weights 2 Psi; fp32 master weights and moments and the flat bf16
+                       gradients 14 Psi (measured with --log-memory: 4 + 8 + 2); gradients during the
+                       iteration: the fp32 accumulators 4 Psi (each micro-batch's bf16 gradients are folded
+                       into them and released: DeepSpeed's clear_lp_grads)
+
+Activations: `activations.spec_activation_bytes` per chunk and micro-batch, run through this stage's
+instruction list (`tds.pipe.instructions.train_schedule`): + at each FORWARD, - at each BACKWARD (ZB-H1:
+most at B, the linears' inputs at W), so the peak is the schedule's own in-flight count weighted by what each
+chunk holds. Plus, while a micro-batch runs backward, its working set: the gradient of one layer's
+activations (~ one layer's saved bytes), and with full recomputation one checkpointed chunk recomputed.
+Boundary buffers: the stage output kept for backward (b s h e / t per in-flight micro-batch, not on the last
+stage) and the received gradient.
+
+The peak is the largest of three moments: the activation peak (weights, optimizer state, gradients, activations),
+the gradient reduction (weights, optimizer, gradients, reduce buffers) and the optimizer step.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Dict, List
+
+from tds.pipe.instructions import Instruction, Op, train_schedule
+
+from .activations import ActivationOptions, layer_bytes, spec_activation_bytes
+from .model_shape import ModelShape, layer_specs, partition, stage_chunks
+
+__all__ = ["Layout", "StageMemory", "stage_memory", "predict_memory", "DEFAULT_REDUCE_BUCKET"]
+
+DEFAULT_REDUCE_BUCKET = 500_000_000
+ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A layout to plan: parallel sizes, batch, schedule, precision, memory options."""
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    micro_batch: int = 1
+    gas: int = 1                     # micro-batches per iteration and replica (m)
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "none"          # none | selective | full
+    recompute_num_layers: int = 1
+    recompute_method: str = "uniform"  # full: uniform (runs of N layers) | block (first N layers of each chunk)
+    zero_stage: int = 1
+    precision: str = "fp32"          # fp32 | bf16 | fp16
+    reduce_bucket: int = DEFAULT_REDUCE_BUCKET
+    partition_method: object = "type:transformer"
+    attention: str = "fused"         # fused (GPU memory-efficient SDPA) | math (CPU: s^2 probabilities kept)
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def ds_zero_stage(self) -> int:
+        """What DeepSpeed runs: ZeRO-1 with one replica runs as stage 0 (megatron.config.ds_config)."""
+        return self.zero_stage if self.dp > 1 else 0
+
+    def short(self) -> str:
+        extra = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
+        sp = " sp" if self.sequence_parallel else ""
+        rc = "" if self.recompute == "none" else f" rc-{self.recompute}"
+        return (f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro_batch} m{self.gas} {self.schedule}{extra}{sp}{rc}"
+                f" zero{self.zero_stage} {self.precision}")
+
+
+@dataclass
+class StageMemory:
+    """Predicted bytes of one rank of pipeline stage `stage` at its peak, by part."""
+    stage: int
+    params: int                      # elements on this rank
+    weights: float
+    gradients: float
+    optimizer: float
+    activations: float               # at the activation peak (in-flight micro-batches x their saved bytes)
+    in_flight: int                   # micro-batch units alive at that peak
+    working: float                   # backward working set and boundary buffers at that moment
+    buffers: float                   # reduce buckets / flat all-reduce copy at the gradient reduction
+    peak_moment: str = ""
+    parts: Dict[str, float] = field(default_factory=dict)
+
+    @property
+    def static(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def peak(self) -> float:
+        return max(self.static + self.activations + self.working, self.static + self.buffers)
+
+    def as_dict(self) -> dict:
+        return {**asdict(self), "peak": self.peak}
+
+
+def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
+    """(weights, gradients, optimizer, reduce buffers) for `psi` parameters on this rank (module docstring)."""
+    d, e = lay.dp, ELEMENT_BYTES[lay.precision]
+    if lay.ds_zero_stage >= 1:  # DeepSpeedZeroOptimizer; two reduce buckets of B elements (fp32: 4 B, bf16: 2 B)
+        grads = e * psi + (4 * psi if e == 2 else 0)  # bf16: the fp32 gradient accumulators as well
+        return e * psi, grads, 12 * psi / d, 2 * e * lay.reduce_bucket  # one in backward, both at the reduce
+    if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; fp32 accumulators
+        return 2 * psi, 4 * psi, 14 * psi, 0.0
+    return 4 * psi, 4 * psi, 8 * psi, (4 * psi if d > 1 else 0.0)
+
+
+def _activation_options(lay: Layout) -> ActivationOptions:
+    return ActivationOptions(lay.micro_batch, lay.tp, ELEMENT_BYTES[lay.precision], lay.sequence_parallel,
+                             "selective" if lay.recompute == "selective" else "none", lay.attention)
+
+
+def _weight_grad_hold(m: ModelShape, lay: Layout, layers, head: bool) -> float:
+    """ZB-H1: what a micro-batch keeps between its B and its W: each linear's input and output gradient
+    (GPT/T5 layer ~ (4h + 4w/t + 2f/t) b s e; the tied head its input and the logits' gradient)."""
+    e, b, t, h = ELEMENT_BYTES[lay.precision], lay.micro_batch, lay.tp, m.hidden
+    s = m.decoder_seq if m.model_type == "t5" else m.seq
+    per_layer = b * s * e * (4 * h + (4 * m.width + 2 * m.ffn) / t)
+    return len(layers) * per_layer + (b * s * e * (h + m.padded_vocab(t) / t) if head else 0.0)
+
+
+def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last: bool) -> tuple[float, ...]:
+    """(bytes held per in-flight micro-batch, backward working set, held from B to W under ZB-H1) of a chunk."""
+    o = _activation_options(lay)
+    chosen = specs[chunk[0]:chunk[1]]
+    layers = [s for s in chosen if s.kind in ("layer", "enc", "dec")]
+    others = sum(spec_activation_bytes(s, m, o) for s in chosen if s not in layers)
+    per_layer = [layer_bytes(s, m, o) for s in layers]
+    e, b, h, t = o.element_bytes, lay.micro_batch, m.hidden, lay.tp
+    s_out = m.decoder_seq if m.model_type == "t5" else m.seq
+    tokens = m.seq + m.decoder_seq if m.model_type == "t5" else m.seq  # T5 sends enc_h and dec_h
+    boundary = 0.0 if last else b * tokens * h * e  # the output kept for backward
+    if lay.sequence_parallel:
+        boundary /= t  # each tp rank holds s / t of the sequence
+    if any(s.kind == "dec" for s in layers):
+        others += b * m.seq * h * e  # the encoder output every decoder layer attends to, once per chunk
+    biggest = max(per_layer, default=0.0)
+    # backward working set: a layer's activation gradients (about 3 MLP-sized tensors, measured), or on the
+    # last stage the logits' gradient
+    mlp_grads = 3 * b * s_out * m.ffn * e / t
+    logits_grad = b * s_out * m.padded_vocab(t) // t * e if last else 0.0
+    hold = _weight_grad_hold(m, lay, layers, last) if lay.schedule == "zb-h1" else 0.0
+    if lay.recompute == "full":
+        # each checkpointed run of k layers keeps its input; in backward one run is recomputed at a time, after
+        # the head's and final norm's activations (`others` on the last stage) are already freed. Block: the
+        # first k layers of the chunk recompute one by one, the others keep everything.
+        k = max(1, lay.recompute_num_layers)
+        head = others if last else 0.0
+        if lay.recompute_method == "block":
+            inputs, kept = min(k, len(layers)) * b * m.seq * h * e, sum(per_layer[k:])
+            return others + inputs + kept + boundary, max(logits_grad, biggest + mlp_grads - head), hold
+        inputs = -(-len(layers) // k) * b * m.seq * h * e
+        return others + inputs + boundary, max(logits_grad, k * biggest + mlp_grads - head), hold
+    return others + sum(per_layer) + boundary, max(mlp_grads, logits_grad), hold
+
+
+def _activation_peak(lay: Layout, chunks: List[tuple], stage: int) -> tuple[float, int, float]:
+    """(peak activation bytes, units in flight then, working set then) through the stage's instruction list:
+    a unit's activations from its F to its B; under ZB-H1 the W's share from B to W."""
+    ins = _instructions(lay.schedule, lay.pp, stage, lay.gas, lay.virtual_stages)
+    live, units, best = 0.0, 0, (0.0, 0, 0.0)
+    for x in ins:
+        held, working, hold = chunks[x.chunk]
+        if x.op == Op.FORWARD:
+            live, units = live + held, units + 1
+            best = max(best, (live, units, 0.0), key=lambda r: r[0] + r[2])
+        elif x.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+            best = max(best, (live, units, working), key=lambda r: r[0] + r[2])
+            live, units = live - held + (hold if x.op == Op.BACKWARD_INPUT else 0.0), units - 1
+        elif x.op == Op.BACKWARD_WEIGHT:
+            live -= hold
+    return best
+
+
+@lru_cache(maxsize=4096)
+def _instructions(schedule: str, pp: int, stage: int, gas: int, v: int) -> tuple:
+    """The stage's training instructions (pp = 1: forward and backward of each micro-batch in turn)."""
+    if pp == 1:
+        return tuple(Instruction(op, i) for i in range(gas) for op in (Op.FORWARD, Op.BACKWARD))
+    return tuple(train_schedule(schedule, pp, stage, gas, v))
+
+
+def stage_params(specs, chunks, tied: bool) -> int:
+    """Parameters of this rank's chunks; a tied embedding and head on one stage are one module."""
+    held = [i for a, b in chunks for i in range(a, b)]
+    kinds = {specs[i].kind for i in held}
+    shared = tied and {"embed", "head"} <= kinds
+    return sum(specs[i].params for i in held if not (shared and specs[i].kind == "head"))
+
+
+def stage_memory(m: ModelShape, lay: Layout, stage: int) -> StageMemory:
+    specs = layer_specs(m, lay.tp)
+    bounds = partition(specs, lay.pp * lay.virtual_stages, lay.partition_method)
+    chunks = stage_chunks(bounds, lay.pp, lay.virtual_stages, stage)
+    psi = stage_params(specs, chunks, m.tied)
+    weights, grads, opt, buffers = _state_bytes(psi, lay)
+    n = len(chunks)
+    per_chunk = [_chunk_bytes(m, lay, specs, ch, last=(stage == lay.pp - 1 and c == n - 1))
+                 for c, ch in enumerate(chunks)]
+    act, units, work = _activation_peak(lay, per_chunk, stage)
+    if lay.ds_zero_stage >= 1:
+        work += buffers / 2  # ZeRO-1: one of the two reduce buckets exists from the first backward on
+    out = StageMemory(stage, psi, weights, grads, opt, act, units, work, buffers)
+    out.peak_moment = "activations" if act + work >= buffers else "gradient reduction"
+    return out
+
+
+def predict_memory(m: ModelShape, lay: Layout) -> List[StageMemory]:
+    """Every pipeline stage's per-rank prediction (all tp and dp ranks of a stage hold the same)."""
+    return [stage_memory(m, lay, s) for s in range(lay.pp)]
+
+
+def layout_from_args(args, attention: str = "fused") -> Layout:
+    """The Layout of resolved arguments (`megatron.config.arguments.parse_args`): the run's own layout.
+
+    Recomputation: --recompute-granularity (selective | full) where the parser has it, else full with
+    --checkpoint-activations. Sequence parallelism: --sequence-parallel where the parser has it."""
+    granularity = getattr(args, "recompute_granularity", None)
+    recompute = granularity or ("full" if getattr(args, "checkpoint_activations", False) else "none")
+    method = getattr(args, "recompute_method", None) or "uniform"
+    num_layers = getattr(args, "recompute_num_layers", None) or getattr(args, "checkpoint_num_layers", None) or 1
+    bucket = args.ds_config.get("zero_optimization", {}).get("reduce_bucket_size", DEFAULT_REDUCE_BUCKET) \
+        if isinstance(getattr(args, "ds_config", None), dict) else DEFAULT_REDUCE_BUCKET
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    partition = args.partition_method or "type:transformer"
+    if isinstance(partition, str) and partition.startswith("type:"):
+        partition = "type:transformer"
+    return Layout(tp=args.tensor_model_parallel_size, pp=args.pipe_parallel_size, dp=args.data_parallel_size,
+                  micro_batch=args.micro_batch_size, gas=args.gas, schedule=args.pipeline_schedule,
+                  virtual_stages=args.virtual_pipe_stages or 1,
+                  sequence_parallel=bool(getattr(args, "sequence_parallel", False)), recompute=recompute,
+                  recompute_num_layers=num_layers, recompute_method=method,
+                  zero_stage=args.zero_stage, precision=precision, reduce_bucket=int(bucket),
+                  partition_method=partition, attention=attention)

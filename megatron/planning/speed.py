@@ -1,0 +1,131 @@
+"""Predicted step time of a layout: compute, pipeline bubble, exposed communication.
+
+    compute      model FLOPs per iteration (megatron.training.flops' convention: matmuls, 3x forward; full
+                 recomputation adds one forward of the layers) / (world size x peak FLOP/s x efficiency)
+    bubble       the schedule simulator's idle time (tds.pipe.schedule_sim) with per-chunk costs F, B = W = F
+                 (ZB-H1 splits the backward into B and W), scaled to the compute time: a stage's busy time is
+                 v m (F + B + W); bubble = compute x idle / busy
+    tp comm      per layer and micro-batch 4 all-reduces of b s h elements in forward and backward (Narayanan
+                 §3.2: 8 b s h (t-1)/t elements per device per layer) at the intra-node bandwidth, exposed
+    dp comm      ring all-reduce 2 Psi (d-1)/d gradient bytes (ZeRO-1: reduce-scatter + all-gather, the same)
+                 at the inter-node bandwidth when dp spans nodes, else intra-node, exposed (after the last B)
+    pp comm      b s h / t elements per boundary and micro-batch each way (x v interleaved); on the critical
+                 path only in the warm-up and cool-down: (p-1) (1 + v) hops per iteration, exposed
+
+Efficiency (default 0.5, the SC'21 Megatron figure of 44-52% of peak, for large GEMMs; scaled down for small
+micro-batches by `gemm_efficiency`) and bandwidths are stated assumptions. Selective recomputation adds the
+attention core's forward FLOPs, full recomputation a forward of the layers (the flops convention above).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tds.pipe.instructions import train_schedule
+from tds.pipe.schedule_sim import Costs, simulate_timed
+from tds.pipe.timeline import bubble_fractions
+
+from .memory import ELEMENT_BYTES, Layout
+from .model_shape import ModelShape
+
+__all__ = ["Cluster", "StepTime", "predict_step", "model_flops", "GPUS"]
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int = 1
+    gpus_per_node: int = 8
+    memory_gb: float = 80.0
+    peak_tflops: float = 989.0          # dense bf16
+    intra_gbps: float = 450.0           # GB/s per direction (NVLink)
+    inter_gbps: float = 50.0            # GB/s per GPU (400 Gb/s InfiniBand)
+    efficiency: float = 0.5             # achieved fraction of peak in the matmuls
+    allocator_overhead: float = 0.05    # fraction of memory the caching allocator loses to fragmentation
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+# name: (memory GB, dense bf16 TFLOP/s, NVLink GB/s, inter-node GB/s per GPU)
+GPUS = {"a100-80": (80.0, 312.0, 300.0, 25.0), "a100-40": (40.0, 312.0, 300.0, 25.0),
+        "h100": (80.0, 989.0, 450.0, 50.0), "rtx4090": (24.0, 165.0, 32.0, 12.5),
+        "a10": (24.0, 125.0, 32.0, 12.5)}
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute: float
+    bubble: float
+    tp_comm: float
+    dp_comm: float
+    pp_comm: float
+    bubble_fraction: float
+
+    @property
+    def total(self) -> float:
+        return self.compute + self.bubble + self.tp_comm + self.dp_comm + self.pp_comm
+
+
+def model_flops(m: ModelShape, lay: Layout) -> float:
+    """FLOPs of one iteration (global batch micro x gas x dp), megatron.training.flops' convention."""
+    from megatron.model.flops import gpt_flops_per_iteration, t5_flops_per_iteration
+    B, V = lay.micro_batch * lay.gas * lay.dp, m.padded_vocab(lay.tp)
+    recompute = lay.recompute == "full"
+    common = dict(num_layers=m.num_layers, h=m.hidden, d=m.width, f=m.ffn, vocab=V, recompute=recompute)
+    if m.model_type == "t5":
+        return t5_flops_per_iteration(B, m.seq, m.decoder_seq, num_decoder_layers=m.decoder_layers, gated=m.gated,
+                                      **common)
+    return gpt_flops_per_iteration(B, m.seq, **common)
+
+
+@lru_cache(maxsize=None)
+def _bubble(schedule: str, pp: int, gas: int, v: int) -> float:
+    lists = [train_schedule(schedule, pp, s, gas, v) for s in range(pp)]
+    return max(bubble_fractions(simulate_timed(lists, Costs(1.0, 1.0, 1.0))).values())
+
+
+def bubble_fraction(lay: Layout) -> float:
+    """Idle / (busy + idle) of the simulated schedule, F = B = W per chunk."""
+    if lay.pp == 1:
+        return 0.0
+    return _bubble(lay.schedule, lay.pp, lay.gas, lay.virtual_stages)
+
+
+def gemm_efficiency(m: ModelShape, lay: Layout, c: Cluster) -> float:
+    """Achieved fraction of peak: `c.efficiency` for large GEMMs, lower for few rows per micro-batch,
+    eff x n / (n + 512) with n = b s tokens per micro-batch (a saturation curve to calibrate on the GPU)."""
+    n = lay.micro_batch * m.seq
+    return c.efficiency * n / (n + 512)
+
+
+def selective_recompute_flops(m: ModelShape, lay: Layout) -> float:
+    """Selective recomputation runs the attention core forward again: 4 b s^2 w per layer and micro-batch."""
+    if lay.recompute != "selective":
+        return 0.0
+    B = lay.micro_batch * lay.gas * lay.dp
+    enc = m.num_layers * 4 * B * m.seq ** 2 * m.width
+    dec = m.decoder_layers * 4 * B * (m.decoder_seq ** 2 + m.decoder_seq * m.seq) * m.width
+    return enc + dec
+
+
+def predict_step(m: ModelShape, lay: Layout, c: Cluster) -> StepTime:
+    flops = model_flops(m, lay) + selective_recompute_flops(m, lay)
+    compute = flops / (lay.world_size * c.peak_tflops * 1e12 * gemm_efficiency(m, lay, c))
+    frac = bubble_fraction(lay)
+    bubble = compute * frac / (1 - frac)
+    e, b, h, t = ELEMENT_BYTES[lay.precision], lay.micro_batch, m.hidden, lay.tp
+    tokens = m.seq + (m.decoder_seq if m.model_type == "t5" else 0)
+    layers_per_stage = m.transformer_layers / lay.pp
+    tp_bytes = 8 * b * tokens * h * e * (t - 1) / t * layers_per_stage * lay.gas
+    tp_comm = tp_bytes / (c.intra_gbps * 1e9) if t > 1 else 0.0
+    from .memory import stage_memory
+    psi = max(stage_memory(m, lay, s).params for s in range(lay.pp))
+    dp_bytes = 2 * psi * e * (lay.dp - 1) / lay.dp
+    spans_nodes = lay.tp * lay.dp > c.gpus_per_node
+    dp_comm = dp_bytes / ((c.inter_gbps if spans_nodes else c.intra_gbps) * 1e9)
+    hop = b * tokens * h * e / t
+    pp_nodes = lay.world_size > c.gpus_per_node
+    pp_comm = (lay.pp - 1) * (1 + lay.virtual_stages) * hop / ((c.inter_gbps if pp_nodes else c.intra_gbps) * 1e9) \
+        if lay.pp > 1 else 0.0
+    return StepTime(compute, bubble, tp_comm, dp_comm, pp_comm, frac)

@@ -1,0 +1,172 @@
+"""Measured per-rank peak memory of one training iteration on CPU (`--log-memory`).
+
+CPU torch has no `torch.cuda.max_memory_allocated`. The measurement has two parts:
+
+    live at the start   every tensor storage reachable from Python (gc), each counted once, classified as
+                        parameters (the module's), gradients (their .grad), optimizer state (tensors reachable
+                        from the optimizer object: DeepSpeed's fp32 partitions, Adam moments, flat buffers)
+                        and other (RNG states, the data iterator's tensors, ...)
+    rise to the peak    torch.profiler with profile_memory=True records every allocation and free of the CPU
+                        allocator during the iteration; the largest running sum of those events, in time order
+
+    peak = live at the start + rise to the peak
+
+Why this and not a TorchDispatchMode: the dispatcher sees tensor creation but not when a storage dies, and
+misses allocations inside C++ kernels and collectives (gloo's buffers, autograd's accumulated gradients); the
+profiler's allocator events see both. Why not the profiler alone: it cannot see what was allocated before it
+started (weights, optimizer state), which the gc walk counts. Measured on iteration >= 2, when every lazily
+created buffer (torch's AdamW moments) exists. Views share their storage and are counted once.
+"""
+from __future__ import annotations
+
+import gc
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, Tuple
+
+import torch
+
+__all__ = ["MemoryPeak", "measure_iteration", "live_storages", "format_peak"]
+
+
+@dataclass(frozen=True)
+class MemoryPeak:
+    """Bytes on this rank: the parts live when the iteration starts, and the iteration's peak."""
+    parameters: int
+    gradients: int
+    optimizer: int
+    other: int
+    rise: int          # the largest rise of allocated bytes above the start during the iteration
+
+    @property
+    def start(self) -> int:
+        return self.parameters + self.gradients + self.optimizer + self.other
+
+    @property
+    def peak(self) -> int:
+        return self.start + self.rise
+
+
+def _storage_key(t: torch.Tensor) -> Tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.nbytes()
+
+
+def live_storages() -> Dict[int, int]:
+    """data_ptr -> nbytes of every CPU tensor storage reachable from Python objects."""
+    out: Dict[int, int] = {}
+    with warnings.catch_warnings():  # isinstance on deprecated torch.distributed aliases warns
+        warnings.simplefilter("ignore")
+        objects = gc.get_objects()
+        tensors = [o for o in objects if isinstance(o, torch.Tensor)]
+    for obj in tensors:
+        try:
+            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and not obj.is_meta:
+                ptr, n = _storage_key(obj)
+                if ptr:
+                    out[ptr] = n
+        except Exception:  # noqa: BLE001 (half-built objects, proxies)
+            continue
+    return out
+
+
+def _tensors_in(obj, depth: int = 4, seen=None) -> Iterable[torch.Tensor]:
+    """Tensors reachable from `obj` through attributes, lists, tuples and dicts (up to `depth` hops)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth < 0:
+        return
+    seen.add(id(obj))
+    if isinstance(obj, torch.Tensor):
+        yield obj
+        if obj.grad is not None:
+            yield obj.grad
+        return
+    if isinstance(obj, dict):
+        children = list(obj.keys()) + list(obj.values())
+    elif isinstance(obj, (list, tuple, set)):
+        children = list(obj)
+    elif isinstance(obj, torch.nn.Module):
+        return  # the model's own tensors are counted as parameters
+    elif hasattr(obj, "__dict__") and type(obj).__module__.split(".")[0] in ("torch", "deepspeed", "tds"):
+        children = list(vars(obj).values())
+    else:
+        return
+    for child in children:
+        yield from _tensors_in(child, depth - 1, seen)
+
+
+def classify(module: torch.nn.Module, optimizer) -> MemoryPeak:
+    """The live bytes now, by part (rise 0)."""
+    live = live_storages()
+    params = {_storage_key(p)[0] for p in module.parameters()}
+    grads = {_storage_key(p.grad)[0] for p in module.parameters() if p.grad is not None} - params
+    opt = {_storage_key(t)[0] for t in _tensors_in(optimizer)} - params - grads
+    size = lambda keys: sum(live.get(k, 0) for k in keys)  # noqa: E731
+    other = sum(n for k, n in live.items() if k not in params and k not in grads and k not in opt)
+    return MemoryPeak(size(params), size(grads), size(opt), other, 0)
+
+
+def _rise(prof) -> int:
+    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
+    events.sort(key=lambda e: e.start_ns())
+    running = peak = 0
+    for e in events:
+        running += e.nbytes()
+        peak = max(peak, running)
+    return peak
+
+
+def measure_iteration(module: torch.nn.Module, optimizer, step: Callable[[], object]) -> Tuple[object, MemoryPeak]:
+    """Run `step()` (one engine.train_batch) under the allocator profiler; (its result, the MemoryPeak)."""
+    from torch.profiler import ProfilerActivity, profile
+    gc.collect()
+    start = classify(module, optimizer)
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        result = step()
+    return result, MemoryPeak(start.parameters, start.gradients, start.optimizer, start.other, _rise(prof))
+
+
+def format_peak(where: str, peak: MemoryPeak, predicted: int = 0) -> str:
+    """The one line per rank: peak and its parts in MiB (and the planner's prediction when given)."""
+    mib = lambda n: f"{n / 2**20:.2f}"  # noqa: E731
+    pred = f"; predicted {mib(predicted)} MiB ({(predicted - peak.peak) / max(peak.peak, 1):+.1%})" \
+        if predicted else ""
+    return (f"memory {where}: peak {mib(peak.peak)} MiB = at start {mib(peak.start)} (parameters "
+            f"{mib(peak.parameters)}, gradients {mib(peak.gradients)}, optimizer {mib(peak.optimizer)}, other "
+            f"{mib(peak.other)}) + rise {mib(peak.rise)} during the iteration{pred}")
+
+
+def synthetic_raw(model_type: str, b: int, s_enc: int, s_dec: int, vocab: int, gen: torch.Generator) -> dict:
+    """One micro-batch of random tokens as the datasets give it to `spec.get_batch` (GPT: 'text' (b, s + 1);
+    T5: the seven T5 keys with full-length documents)."""
+    if model_type == "gpt":
+        return {"text": torch.randint(1, vocab, (b, s_enc + 1), generator=gen)}
+    dec_mask = torch.ones(s_dec, s_dec, dtype=torch.long).triu(1)
+    return {"text_enc": torch.randint(vocab, (b, s_enc), generator=gen),
+            "text_dec": torch.randint(vocab, (b, s_dec), generator=gen),
+            "labels": torch.randint(vocab, (b, s_dec), generator=gen), "loss_mask": torch.ones(b, s_dec),
+            "enc_mask": torch.zeros(b, s_enc, s_enc, dtype=torch.long), "dec_mask": dec_mask.expand(b, -1, -1),
+            "enc_dec_mask": torch.zeros(b, s_dec, s_enc, dtype=torch.long)}
+
+
+class _Tokens:
+    """What get_batch reads of a tokenizer: the end-of-document id (0 here, never drawn for GPT)."""
+    eod = 0
+
+
+def measure_engine(engine, cfg, spec, tp_group, iterations: int = 2) -> MemoryPeak:
+    """Train `iterations` batches of random tokens through `spec.get_batch`; the last one is measured."""
+    b, data = cfg.batch.micro_batch_size, cfg.data
+    s_dec = data.decoder_seq_length if cfg.model_type == "t5" else data.seq_length
+    gen = torch.Generator().manual_seed(0)
+    peak = None
+    for it in range(iterations):
+        # made when the engine loads them (its LOAD instruction), as a data loader would
+        batches = (spec.get_batch(synthetic_raw(cfg.model_type, b, data.encoder_seq_length, s_dec,
+                                                cfg.tokenizer.vocab_size, gen), data, _Tokens(), tp_group)
+                   for _ in range(cfg.batch.gas))
+        if it < iterations - 1:
+            engine.train_batch(batches)
+        else:
+            _, peak = measure_iteration(engine.module, engine.optimizer, lambda: engine.train_batch(batches))
+    return peak

@@ -1,0 +1,52 @@
+"""`pretrain_gpt2.py --dry-run`: the prediction per stage without building the model, and the one-line refusal
+of a layout that cannot fit (naming the overflowing part and the planner's best alternative)."""
+import pytest
+
+from megatron.errors import UserError
+from megatron.model.specs import spec_for
+from megatron.training.pretrain import run
+from pretrain_gpt2 import DEFAULTS
+from tests.training.conftest import build_data
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    return build_data(str(tmp_path_factory.mktemp("plan_data")), max_mb=0.05, vocab_size=300)
+
+
+def _argv(data, *extra):
+    return ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+            "--micro-batch-size", "2", "--train-iters", "10", "--data-path", data["data_prefix"],
+            "--vocab-file", data["vocab"], "--merge-file", data["merges"], "--dry-run", *extra]
+
+
+def test_dry_run_prints_each_stage(data, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    state = run(_argv(data, "--pipe-parallel-size", "2", "--gas", "4"), spec_for("gpt"), DEFAULTS)
+    out = capsys.readouterr().out
+    assert state.iteration == 0
+    assert "predicted for tp1 pp2 dp1" in out and "stage 0: peak" in out and "stage 1: peak" in out
+    assert "bubble" in out
+
+
+def test_dry_run_refuses_a_layout_that_cannot_fit(data, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    # 48 x 2048 on one stage with fp32 Adam needs ~40 GB per rank; 8 GPUs of 16 GB fit it only split
+    argv = _argv(data, "--num-layers", "48", "--hidden-size", "2048", "--num-attention-heads", "16", "--gas", "8",
+                 "--micro-batch-size", "1", "--zero-stage", "0", "--gpu-memory-gb", "16")
+    with pytest.raises(UserError) as err:
+        run(argv, spec_for("gpt"), DEFAULTS)
+    line = str(err.value)
+    assert "\n" not in line and "does not fit" in line and "the largest part is" in line
+    assert "best layout that fits: tp" in line
+
+
+def test_log_memory_prints_one_line_per_rank(data, capfd):
+    from tests.dist import run_distributed
+    from tests.training.runner import train_state
+    argv = [a for a in _argv(data, "--gas", "2", "--train-iters", "2", "--eval-iters", "0", "--num-workers", "0",
+                             "--log-memory", "--zero-stage", "0") if a != "--dry-run"]
+    run_distributed(train_state, 1, argv, 1, spec_for("gpt"), DEFAULTS, timeout=600)
+    out = capfd.readouterr()
+    lines = [line for line in (out.out + out.err).splitlines() if line.startswith("memory iteration 2 rank")]
+    assert len(lines) == 1 and "predicted" in lines[0], out.out[-2000:]

@@ -1,0 +1,121 @@
+"""Will it fit, and which layout is fastest: rank every layout of a cluster by predicted memory and step time.
+
+    python tools/plan_layout.py --model gpt --num-layers 24 --hidden-size 1024 --num-attention-heads 16 \
+        --seq-length 1024 --global-batch-size 512 --bf16 --nodes 1 --gpus-per-node 8 --gpu h100
+    python tools/plan_layout.py --load CHECKPOINT_DIR --global-batch-size 512 --gpu a100-80
+    python tools/plan_layout.py --hf-config config.json --global-batch-size 256 --gpu-memory-gb 24 --json
+
+The model takes pretrain_*.py's own flags (megatron.config.arguments), a checkpoint's megatron_args.json
+(--load) or a Hugging Face config.json (--hf-config). GPUs (--gpu): a100-80 (80 GB, 312 TFLOP/s bf16, NVLink
+300 GB/s, 25 GB/s per GPU between nodes), a100-40, h100 (80 GB, 989 TFLOP/s, 450 GB/s, 50 GB/s), rtx4090 and
+a10 (24 GB); --gpu-memory-gb, --peak-tflops, --intra-node-gbps, --inter-node-gbps override them.
+The formulas are in megatron/planning/ (memory.py, activations.py, speed.py); every figure is a prediction.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import replace
+
+from megatron.config.arguments import build_parser
+from megatron.errors import UserError, exit_on_user_error
+from megatron.planning.model_shape import ModelShape
+from megatron.planning.report import as_json, table
+from megatron.planning.search import rank_layouts
+from megatron.planning.speed import GPUS, Cluster
+
+VOCAB = {"gpt": 50257, "t5": 32128}
+
+
+def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    g = p.add_argument_group("planner")
+    g.add_argument("--model", choices=["gpt", "t5"], default="gpt", help="model type of the flags")
+    g.add_argument("--hf-config", default=None, help="a Hugging Face config.json (gpt2 or t5)")
+    g.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (GPT-2 50257, T5 32128)")
+    g.add_argument("--nodes", type=int, default=1)
+    g.add_argument("--gpus-per-node", type=int, default=8)
+    g.add_argument("--gpu", choices=sorted(GPUS), default="h100",
+                   help="defaults per GPU (memory GB, dense bf16 TFLOP/s, intra-node GB/s, inter-node GB/s per GPU): " +
+                        "; ".join(f"{k} {v[0]:g}/{v[1]:g}/{v[2]:g}/{v[3]:g}" for k, v in sorted(GPUS.items())))
+    g.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per GPU (default: --gpu's)")
+    g.add_argument("--intra-node-gbps", type=float, default=None, help="GB/s between GPUs of a node (default: --gpu's)")
+    g.add_argument("--inter-node-gbps", type=float, default=None, help="GB/s per GPU between nodes (default: --gpu's)")
+    g.add_argument("--efficiency", type=float, default=0.5, help="achieved fraction of peak (default 0.5)")
+    g.add_argument("--allocator-overhead", type=float, default=0.05, help="memory lost to fragmentation")
+    g.add_argument("--no-sequence-parallel", action="store_true", help="leave SP out of the search")
+    g.add_argument("--top", type=int, default=20)
+    g.add_argument("--json", action="store_true", help="all candidates as JSON")
+    return p
+
+
+def _from_hf(path: str, vocab) -> ModelShape:
+    with open(path) as f:
+        c = json.load(f)
+    if c.get("model_type") == "t5":
+        return ModelShape("t5", c["num_layers"], c["d_model"], c["num_heads"], c["d_kv"], c["d_ff"],
+                          vocab or c["vocab_size"], 512, decoder_layers=c.get("num_decoder_layers") or c["num_layers"],
+                          decoder_seq=512, tied=c.get("tie_word_embeddings", True),
+                          gated="gated" in c.get("feed_forward_proj", "relu"))
+    h = c["n_embd"]
+    return ModelShape("gpt", c["n_layer"], h, c["n_head"], h // c["n_head"], c.get("n_inner") or 4 * h,
+                      vocab or c["vocab_size"], c["n_positions"], max_positions=c["n_positions"])
+
+
+def _from_flags(a: argparse.Namespace) -> ModelShape:
+    if a.load:
+        with open(os.path.join(a.load, "megatron_args.json")) as f:
+            saved = json.load(f)
+        merged = {k: v for k, v in saved.items() if k in vars(a)}
+        a = argparse.Namespace(**{**vars(a), **merged, "model": saved.get("model_type", a.model)})
+    for flag in ("num_layers", "hidden_size", "num_attention_heads"):
+        if getattr(a, flag) is None:
+            raise UserError(f"--{flag.replace('_', '-')} is required (or --load CKPT, or --hf-config config.json)")
+    h, heads = a.hidden_size, a.num_attention_heads
+    seq = a.encoder_seq_length or a.seq_length or 1024
+    t5 = a.model == "t5"
+    return ModelShape(a.model, a.num_layers, h, heads, a.kv_channels or h // heads, a.ffn_hidden_size or 4 * h,
+                      a.vocab_size or getattr(a, "padded_vocab_size", None) or VOCAB[a.model], seq,
+                      decoder_layers=(a.decoder_num_layers or a.num_layers) if t5 else 0,
+                      decoder_seq=(a.decoder_seq_length or seq) if t5 else 0,
+                      max_positions=a.max_position_embeddings or seq,
+                      divisible_by=a.make_vocab_size_divisible_by,
+                      tied=not a.untie_embeddings_and_output_weights, gated=a.feed_forward_proj == "gated-gelu")
+
+
+def cluster_of(a: argparse.Namespace) -> Cluster:
+    mem, tflops, intra, inter = GPUS[a.gpu]
+    return Cluster(a.nodes, a.gpus_per_node, a.gpu_memory_gb or mem, a.peak_tflops or tflops,
+                   a.intra_node_gbps or intra, a.inter_node_gbps or inter, a.efficiency, a.allocator_overhead)
+
+
+def main(argv=None) -> None:
+    a = build_parser(_planner_args, prog="plan_layout.py").parse_args(argv)
+    shape = _from_hf(a.hf_config, a.vocab_size) if a.hf_config else _from_flags(a)
+    if a.hf_config and (a.seq_length or a.encoder_seq_length):
+        s = a.encoder_seq_length or a.seq_length
+        shape = replace(shape, seq=s, max_positions=max(shape.max_positions, s),
+                        decoder_seq=(a.decoder_seq_length or s) if shape.model_type == "t5" else 0)
+    if a.global_batch_size is None:
+        raise UserError("--global-batch-size is required: the planner divides it into micro-batch x gas x dp")
+    c = cluster_of(a)
+    precision = "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32"
+    cands = rank_layouts(shape, c, a.global_batch_size, precision,
+                         sequence_parallel_available=not a.no_sequence_parallel)
+    if a.json:
+        json.dump(dict(model=vars(shape), cluster=vars(c), candidates=as_json(cands)), sys.stdout, indent=1,
+                  default=str)
+        print()
+        return
+    fitting = sum(x.fits for x in cands)
+    print(f"{shape.model_type} {shape.num_layers + shape.decoder_layers} layers, hidden {shape.hidden}, seq "
+          f"{shape.seq}; {c.nodes} x {c.gpus_per_node} GPUs of {c.memory_gb:g} GB ({c.peak_tflops:g} TFLOP/s, "
+          f"efficiency {c.efficiency:g}, allocator overhead {c.allocator_overhead:.0%}); global batch "
+          f"{a.global_batch_size}, {precision}; {fitting} of {len(cands)} layouts fit (predictions; memory per "
+          f"rank on the worst stage, step time in seconds)")
+    print(table(cands[:a.top]))
+
+
+if __name__ == "__main__":
+    exit_on_user_error(main)
