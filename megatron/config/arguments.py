@@ -210,9 +210,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="save (with --save) and exit 0 once the run has lasted this many minutes")
     g.add_argument("--check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
                    action=argparse.BooleanOptionalAction, default=True,
-                   help="fp32/bf16: stop before the optimizer step when the loss or the gradient norm is NaN or "
-                        "infinite, naming the iteration, the first stage and rank and the last checkpoint (default "
-                        "on; fp16 skips such steps through its loss scale instead)")
+                   help="fp32/bf16: stop before the optimizer step when a loss, an activation sent between stages "
+                        "or a gradient is NaN or infinite, naming the iteration, the stage and rank where it first "
+                        "appeared and the last checkpoint (default on; fp16 skips such steps through its loss scale "
+                        "instead)")
     g.add_argument("--max-skipped-steps", type=int, default=100, metavar="N",
                    help="fp16: stop after N consecutive steps skipped for overflow (0 = never; default 100)")
     g = p.add_argument_group("checkpoints")
