@@ -44,11 +44,11 @@ def _inject_nan(stage: int, data_rank: int, at_iteration: int, every_later: bool
         return start(module, iteration)
 
     def poisoned(self, inputs):
-        hidden, mask = forward(self, inputs)
+        out = forward(self, inputs)  # the hidden state, with the mask only under --reset-attention-mask
         hit = now["iteration"] >= at_iteration if every_later else now["iteration"] == at_iteration
         if hit and mpu.get_pipeline_model_parallel_rank() == stage and mpu.get_data_parallel_rank() == data_rank:
-            hidden = hidden * float("nan")
-        return hidden, mask
+            return (out[0] * float("nan"), *out[1:]) if isinstance(out, tuple) else out * float("nan")
+        return out
 
     def counted_step(self, *args, **kwargs):
         steps["taken"] += 1
