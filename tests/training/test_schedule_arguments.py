@@ -17,7 +17,7 @@ def resolve(extra, world_size=2, defaults=None):
 
 
 def pipeline(args) -> dict:
-    return {k: v for k, v in args.ds_config["pipeline"].items() if k not in ("timeout_s", "recovery_script")}
+    return {k: v for k, v in args.ds_config["pipeline"].items() if k not in ("timeout_s", "recovery_script", "check_finite")}
 
 
 def test_defaults_and_what_deepspeed_receives(tmp_path):
