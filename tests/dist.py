@@ -25,6 +25,7 @@ import os
 import pickle
 import queue as queue_mod
 import socket
+import sys
 import time
 import traceback
 from typing import Any, Callable, Dict, Optional
@@ -86,6 +87,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kwargs: dict,
             results, timeout: float) -> None:
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -99,12 +105,14 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kw
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world_size, timeout=datetime.timedelta(seconds=timeout))
         out = fn(*args, **kwargs)
+        _flush()  # what the rank printed reaches the captured file before the parent reads it
         results.put((rank, "ok", pickle.dumps(out)))
         reported = True
         # Rank 0 hosts the TCP store: nobody leaves while a peer may still need it (e.g. in new_group).
         dist.barrier()
     except BaseException as exc:  # noqa: BLE001 - everything goes back to pytest
         if not reported:  # after its result, a rank fails only in the barrier: a peer's failure, not its own
+            _flush()
             results.put((rank, "error", (exception_name(exc), traceback.format_exc())))
     finally:
         results.close()
