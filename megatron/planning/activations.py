@@ -96,7 +96,8 @@ def spec_activation_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> fl
 
     Embedding: GPT tokens and positions (int64) and the embedding dropout mask (bsh e); T5 both stacks'.
     Final norm: its input and output (2 bsh e, T5 RMSNorm 3 bsh e with the dropout mask) and stats.
-    Head and loss: the logits b s V_p / t e, labels and loss mask (8 + 4 + 1 bytes per token).
+    Head and loss: the fp32 softmax the vocab-parallel cross entropy saves, b s V_p / t x 4 in every precision
+    (the bf16/fp16 logits themselves are not kept), labels and loss mask (8 + 4 + 1 bytes per token).
     """
     b, h, e, t = o.micro_batch, m.hidden, o.element_bytes, o.tp
     s_out = m.decoder_seq if m.model_type == "t5" else m.seq
@@ -111,5 +112,5 @@ def spec_activation_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> fl
         s = s_out if m.model_type == "gpt" else m.seq  # approximate: both T5 norms sized by their own stack
         return ((3 if m.model_type == "t5" else 2) * b * s * h * e + b * s * STATS) / sp
     if spec.kind == "head":
-        return b * s_out * m.padded_vocab(t) // t * e + 13 * b * s_out
+        return b * s_out * m.padded_vocab(t) // t * 4 + 13 * b * s_out
     return 0.0

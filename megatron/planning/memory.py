@@ -8,10 +8,11 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
 
     fp32, ZeRO 0       weights 4 Psi; gradients 4 Psi (param.grad); torch AdamW moments 8 Psi;
                        dp > 1: buffered all-reduce flattens the gradients (one flat copy, 4 Psi) at the reduce
-    ZeRO-1 (dp > 1)    weights e_w Psi; gradients e_w Psi (bf16: + fp32 accumulators 4 Psi); DeepSpeedZeroOptimizer: fp32 partition 4 Psi / d and
-                       Adam moments 8 Psi / d; the PipelineEngine (every layout) makes it allocate two reduce
+    ZeRO-1 (dp > 1)    weights e_w Psi; gradients e_w Psi; DeepSpeedZeroOptimizer: fp32 partition 4 Psi / d
+                       and Adam moments 8 Psi / d; the PipelineEngine (every layout) makes it allocate two reduce
                        buckets of B elements (`reduce_gradients(pipeline_parallel=True)`, `setup_buckets`):
-                       2 B e_w bytes at the reduce -- 4 GB in fp32 with the default B, set
+                       2 B e_w bytes at the reduce (bf16/fp16: + the partition's fp32 gradient 4 Psi / d,
+                       made there) -- 4 GB in fp32 with the default B, set
                        zero_optimization.reduce_bucket_size in the DeepSpeed JSON to shrink it
     bf16, ZeRO 0       BF16_Optimizer: weights 2 Psi; fp32 master weights and moments and the flat bf16
                        gradients 14 Psi (measured with --log-memory: 4 + 8 + 2); gradients during the
@@ -114,8 +115,9 @@ def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, reduce buffers) for `psi` parameters on this rank (module docstring)."""
     d, e = lay.dp, ELEMENT_BYTES[lay.precision]
     if lay.ds_zero_stage >= 1:  # DeepSpeedZeroOptimizer; two reduce buckets of B elements (fp32: 4 B, bf16: 2 B)
-        grads = e * psi + (4 * psi if e == 2 else 0)  # bf16: the fp32 gradient accumulators as well
-        return e * psi, grads, 12 * psi / d, 2 * e * lay.reduce_bucket  # one in backward, both at the reduce
+        # bf16/fp16: the fp32 gradient of this rank's partition (4 Psi / d) appears at the reduce, not before
+        partition_grads = 4 * psi / d if e == 2 else 0.0
+        return e * psi, e * psi, 12 * psi / d, 2 * e * lay.reduce_bucket + partition_grads
     if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; fp32 accumulators
         return 2 * psi, 4 * psi, 14 * psi, 0.0
     return 4 * psi, 4 * psi, 8 * psi, (4 * psi if d > 1 else 0.0)
@@ -152,9 +154,9 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
         others += b * m.seq * h * e  # the encoder output every decoder layer attends to, once per chunk
     biggest = max(per_layer, default=0.0)
     # backward working set: a layer's activation gradients (about 3 MLP-sized tensors, measured), or on the
-    # last stage the logits' gradient
+    # last stage the logits' gradient: fp32, and in bf16/fp16 its cast to the logits' type beside it
     mlp_grads = 3 * b * s_out * m.ffn * e / t
-    logits_grad = b * s_out * m.padded_vocab(t) // t * e if last else 0.0
+    logits_grad = b * s_out * m.padded_vocab(t) // t * (4 + (e if e < 4 else 0)) if last else 0.0
     hold = _weight_grad_hold(m, lay, layers, last) if lay.schedule == "zb-h1" else 0.0
     if lay.recompute == "full":
         # each checkpointed run of k layers keeps its input; in backward one run is recomputed at a time, after

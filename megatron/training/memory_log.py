@@ -1,6 +1,7 @@
-"""Measured per-rank peak memory of one training iteration on CPU (`--log-memory`).
+"""Measured per-rank peak memory of one training iteration (`--log-memory`).
 
-CPU torch has no `torch.cuda.max_memory_allocated`. The measurement has two parts:
+On CUDA the rise is `torch.cuda.max_memory_allocated()` after `reset_peak_memory_stats()`, less what was allocated
+when the iteration started. CPU torch has no such counter; there the measurement has two parts:
 
     live at the start   every tensor storage reachable from Python (gc), each counted once, classified as
                         parameters (the module's), gradients (their .grad), optimizer state (tensors reachable
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, Tuple
 
 import torch
+
+from tds import device as tds_device
 
 __all__ = ["MemoryPeak", "measure_iteration", "live_storages", "format_peak"]
 
@@ -53,7 +56,8 @@ def _storage_key(t: torch.Tensor) -> Tuple[int, int]:
 
 
 def live_storages() -> Dict[int, int]:
-    """data_ptr -> nbytes of every CPU tensor storage reachable from Python objects."""
+    """data_ptr -> nbytes of every tensor storage on this rank's device (CUDA or CPU) reachable from Python."""
+    kind = "cuda" if tds_device.is_cuda() else "cpu"
     out: Dict[int, int] = {}
     with warnings.catch_warnings():  # isinstance on deprecated torch.distributed aliases warns
         warnings.simplefilter("ignore")
@@ -61,7 +65,7 @@ def live_storages() -> Dict[int, int]:
         tensors = [o for o in objects if isinstance(o, torch.Tensor)]
     for obj in tensors:
         try:
-            if isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and not obj.is_meta:
+            if isinstance(obj, torch.Tensor) and obj.device.type == kind and not obj.is_meta:
                 ptr, n = _storage_key(obj)
                 if ptr:
                     out[ptr] = n
@@ -121,6 +125,15 @@ def measure_iteration(module: torch.nn.Module, optimizer, step: Callable[[], obj
     from torch.profiler import ProfilerActivity, profile
     gc.collect()
     start = classify(module, optimizer)
+    if tds_device.is_cuda():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        result = step()
+        torch.cuda.synchronize()
+        rise = torch.cuda.max_memory_allocated() - before
+        other = before - start.parameters - start.gradients - start.optimizer  # what gc cannot reach counts here
+        return result, MemoryPeak(start.parameters, start.gradients, start.optimizer, other, rise)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         result = step()
     return result, MemoryPeak(start.parameters, start.gradients, start.optimizer, start.other, _rise(prof))

@@ -2,8 +2,8 @@
 
 Weight decay applies to matrices (linear and embedding weights) and not to vectors (biases, LayerNorm
 gains and shifts): a parameter with one dimension goes to the no-decay group (Megatron's rule).
-On GPU apex's FusedAdam (adam_w_mode, the same update) is used when it can be imported; otherwise
-torch.optim.AdamW.
+On GPU apex's FusedAdam (adam_w_mode, the same update) is used when it can be imported, else torch's own fused
+CUDA AdamW (`fused=True`); on CPU torch.optim.AdamW.
 """
 from __future__ import annotations
 
@@ -42,4 +42,5 @@ def build_optimizer(model: torch.nn.Module, opt) -> torch.optim.Optimizer:
     fused = _fused_adam()
     if fused is not None:
         return fused(groups, adam_w_mode=True, **kwargs)
-    return torch.optim.AdamW(groups, **kwargs)
+    on_cuda = all(p.is_cuda for g in groups for p in g["params"])
+    return torch.optim.AdamW(groups, fused=on_cuda or None, **kwargs)

@@ -31,7 +31,7 @@ def test_tied_embedding_on_first_and_last_stage():
 @pytest.mark.parametrize("precision,zero,dp,expect", [
     ("fp32", 0, 1, (4, 4, 8)),            # torch AdamW: weights, grads, two moments
     ("fp32", 1, 2, (4, 4, 12 / 2)),       # ZeRO-1: fp32 partition + moments over dp
-    ("bf16", 1, 4, (2, 2 + 4, 12 / 4)),  # bf16 gradients and fp32 accumulators
+    ("bf16", 1, 4, (2, 2, 12 / 4)),       # bf16 gradients (the partition's fp32 gradient is a reduce buffer)
     ("bf16", 0, 1, (2, 4, 14)),           # BF16_Optimizer
 ])
 def test_state_bytes_per_parameter(precision, zero, dp, expect):
@@ -43,6 +43,8 @@ def test_zero1_reduce_buckets_counted():
     s = predict_memory(GPT, Layout(dp=2, zero_stage=1, reduce_bucket=1000))[0]
     assert s.buffers == 2 * 4 * 1000
     assert predict_memory(GPT, Layout(dp=2, zero_stage=1))[0].peak > 4e9  # DeepSpeed's default 5e8 elements
+    bf16 = predict_memory(GPT, Layout(dp=2, zero_stage=1, reduce_bucket=1000, precision="bf16"))[0]
+    assert bf16.buffers == 2 * 2 * 1000 + 4 * bf16.params / 2  # + the fp32 gradient of this rank's partition
 
 
 def test_in_flight_follows_the_schedule():

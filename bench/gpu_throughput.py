@@ -1,0 +1,160 @@
+"""GPT-2 medium on one CUDA GPU through pretrain_gpt2.py's own path: tokens/s, model TFLOP/s, MFU, and the
+planner's predicted peak memory against torch.cuda.max_memory_allocated.
+
+    python bench/gpu_throughput.py [--iters 30] [--peak-tflops 989] [--only NAME ...]
+
+Each configuration is one child process (clean CUDA memory statistics) running `megatron.training.pretrain.run`
+as a one-rank job (NCCL, the same path torchrun gives one GPU) with SDPA limited to the flash kernel
+(`torch.nn.attention.sdpa_kernel(FLASH_ATTENTION)`): a model that passed an attention mask would fail there.
+Data: random token ids over GPT-2's 50257-token vocabulary (a byte-level vocab.json of that size; the ids are
+not text, which changes nothing in speed or memory), documents of 512 to 4096 tokens.
+MFU = tokens/s x model FLOPs per token / --peak-tflops (H100 SXM dense bf16: 989), the model FLOPs being
+megatron/model/flops.py's without recomputation (Megatron's formula, Narayanan et al. 2021, for d = h, f = 4h:
+72 B s L h^2 (1 + s/(6h) + V/(12 L h)) per iteration of B sequences; V = 50304, the padded vocabulary); the
+"TFLOP/s" column is the training log's, which counts recomputed forwards (hardware FLOPs). tokens/s and TFLOP/s
+are the medians of the log intervals after the first (warm-up). Memory: `--log-memory` at iteration 2 prints the measured peak
+(torch.cuda.max_memory_allocated) and the planner's prediction for the same flags.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir))
+MEDIUM = ["--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "1024",
+          "--max-position-embeddings", "1024"]
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
+        "--max-position-embeddings", "128"]
+# name: extra pretrain_gpt2.py flags
+CONFIGS = {
+    "medium mb8 bf16": ["--micro-batch-size", "8", "--bf16"],
+    "medium mb16 bf16": ["--micro-batch-size", "16", "--bf16"],
+    "medium mb16 bf16 full recompute": ["--micro-batch-size", "16", "--bf16", "--recompute-granularity", "full"],
+    "medium mb8 fp16": ["--micro-batch-size", "8", "--fp16"],
+}
+VOCAB = 50257
+LINE = re.compile(r"\| ([0-9.]+) tokens/s \| ([0-9.]+) TFLOP/s/device")
+MEMORY = re.compile(r"memory iteration \d+ rank 0 .*: peak ([0-9.]+) MiB = .*predicted ([0-9.]+) MiB \(([-+0-9.]+)%\)")
+
+
+def write_data(out_dir: str, tokens: int) -> dict:
+    """A GPT-2-sized byte-level vocab (256 byte symbols, filler tokens, <|endoftext|>) and random documents."""
+    from megatron.data.indexed_dataset import MMapIndexedDatasetBuilder, best_fitting_dtype, data_file_path, \
+        index_file_path
+    from megatron.tokenizer.bpe_python import bytes_to_unicode
+    symbols = list(bytes_to_unicode().values())
+    vocab = {s: i for i, s in enumerate(symbols)}
+    vocab.update({f"filler{i}": i for i in range(len(symbols), VOCAB - 1)})
+    vocab["<|endoftext|>"] = VOCAB - 1
+    paths = dict(vocab=os.path.join(out_dir, "vocab.json"), merges=os.path.join(out_dir, "merges.txt"),
+                 data_prefix=os.path.join(out_dir, "random_text_document"))
+    with open(paths["vocab"], "w", encoding="utf-8") as f:
+        json.dump(vocab, f)
+    with open(paths["merges"], "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n")
+    rng = np.random.default_rng(0)
+    builder = MMapIndexedDatasetBuilder(data_file_path(paths["data_prefix"]), dtype=best_fitting_dtype(VOCAB))
+    written = 0
+    while written < tokens:
+        n = int(rng.integers(512, 4097))
+        builder.add_item(np.append(rng.integers(0, VOCAB - 1, n), VOCAB - 1))
+        builder.end_document()
+        written += n + 1
+    builder.finalize(index_file_path(paths["data_prefix"]))
+    return paths
+
+
+def child(argv: list) -> None:
+    """One run, in this process: one rank, flash attention only."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from megatron.config.arguments import ENTRY_DEFAULTS
+    from megatron.model.specs import spec_for
+    from megatron.training.pretrain import run
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=os.environ.get("MASTER_PORT", "29533"))
+    name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    print(f"device {name} torch {torch.__version__}", flush=True)
+    backends = [SDPBackend.FLASH_ATTENTION]
+    if not torch.cuda.is_available():  # --tiny on CPU: its flash kernel has no dropout
+        backends.append(SDPBackend.MATH)
+    with sdpa_kernel(backends):
+        run(argv, spec_for("gpt"), ENTRY_DEFAULTS["gpt"])
+
+
+def model_flops_per_token(model: list) -> float:
+    from megatron.model.flops import gpt_flops_per_iteration
+    flag = dict(zip(model[::2], model[1::2]))
+    s, h, layers = int(flag["--seq-length"]), int(flag["--hidden-size"]), int(flag["--num-layers"])
+    padded = -(-VOCAB // 128) * 128
+    return gpt_flops_per_iteration(1, s, layers, h, h, 4 * h, padded, recompute=False) / s
+
+
+def job_argv(data: dict, model: list, iters: int, extra: list) -> list:
+    return [*model, *extra, "--gas", "1", "--train-iters", str(iters), "--lr", "1.5e-4", "--min-lr", "1e-5",
+            "--lr-warmup-iters", "5", "--lr-decay-style", "cosine", "--clip-grad", "1.0", "--zero-stage", "1",
+            "--data-path", data["data_prefix"], "--vocab-file", data["vocab"], "--merge-file", data["merges"],
+            "--tokenizer-type", "GPT2BPETokenizer", "--num-workers", "2", "--log-interval", "5",
+            "--eval-iters", "0", "--eval-interval", str(10 ** 6), "--split", "98,1,1", "--log-memory"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--iters", type=int, default=30)
+    p.add_argument("--peak-tflops", type=float, default=989.0, help="the GPU's dense bf16 peak (H100 SXM: 989)")
+    p.add_argument("--only", nargs="*", default=None, help="configuration names (default: all)")
+    p.add_argument("--timeout", type=float, default=150.0, help="seconds per configuration")
+    p.add_argument("--tiny", action="store_true", help="a 2-layer model, to check this script on CPU")
+    p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child is not None:
+        child(args.child)
+        return
+    rows = []
+    model = TINY if args.tiny else MEDIUM
+    per_token = model_flops_per_token(model)
+    with tempfile.TemporaryDirectory() as tmp:
+        tokens = args.iters * 16 * 1025 * 2 + 10 ** 6
+        data = write_data(tmp, tokens)
+        for name, extra in CONFIGS.items():
+            if args.only and name not in args.only:
+                continue
+            cmd = [sys.executable, __file__, "--child", *job_argv(data, model, args.iters, extra)]
+            try:
+                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+                out, code = proc.stdout + proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired as err:
+                text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
+                out, code = text(err.stdout) + text(err.stderr), f"timed out after {args.timeout:g} s"
+            sys.stdout.write(f"--- {name} (exit {code})\n{out[-3000:]}\n")
+            sys.stdout.flush()
+            rates = [(float(a), float(b)) for a, b in LINE.findall(out)][1:]
+            mem = MEMORY.search(out)
+            if code or not rates:
+                rows.append((name, "failed", "", "", "", "", ""))
+                continue
+            tok = statistics.median(r[0] for r in rates)
+            tfl = statistics.median(r[1] for r in rates)
+            mfu = tok * per_token / (args.peak_tflops * 1e12)
+            rows.append((name, f"{tok:.0f}", f"{tfl:.1f}", f"{100 * mfu:.1f}%",
+                         mem.group(1) if mem else "?", mem.group(2) if mem else "?",
+                         f"{mem.group(3)}%" if mem else "?"))
+            print("row: | " + " | ".join(rows[-1]) + " |", flush=True)
+    print(f"model FLOPs per token {per_token:.4g} (no recomputation); MFU against {args.peak_tflops:g} TFLOP/s")
+    print("| configuration | tokens/s | TFLOP/s (log) | MFU | measured peak MiB | predicted MiB | error |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main()
