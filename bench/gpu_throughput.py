@@ -18,6 +18,7 @@ are the medians of the log intervals after the first (warm-up). Memory: `--log-m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -87,8 +88,35 @@ def child(argv: list) -> None:
     backends = [SDPBackend.FLASH_ATTENTION]
     if not torch.cuda.is_available():  # --tiny on CPU: its flash kernel has no dropout
         backends.append(SDPBackend.MATH)
-    with sdpa_kernel(backends):
+    with sdpa_kernel(backends), _profiled(os.environ.get("BENCH_PROFILE") == "1"):
         run(argv, spec_for("gpt"), ENTRY_DEFAULTS["gpt"])
+
+
+@contextlib.contextmanager
+def _profiled(on: bool):
+    """--profile: torch.profiler over iterations 11-13 (each engine.train_batch is a profiler step); prints the
+    operators by GPU time and by CPU time."""
+    if not on:
+        yield
+        return
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from tds.pipe.engine import PipelineEngine
+    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=schedule(wait=10, warmup=1,
+                                                                                               active=3))
+    original = PipelineEngine.train_batch
+
+    def train_batch(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        prof.step()
+        return out
+    PipelineEngine.train_batch = train_batch
+    with prof:
+        yield
+    PipelineEngine.train_batch = original
+    for key in ("cuda_time_total", "cpu_time_total"):
+        print(prof.key_averages().table(sort_by=key, row_limit=22, max_name_column_width=60), flush=True)
+
 
 
 def model_flops_per_token(model: list) -> float:
@@ -114,6 +142,7 @@ def main() -> None:
     p.add_argument("--only", nargs="*", default=None, help="configuration names (default: all)")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per configuration")
     p.add_argument("--tiny", action="store_true", help="a 2-layer model, to check this script on CPU")
+    p.add_argument("--profile", action="store_true", help="print torch.profiler tables of iterations 11-13")
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child is not None:
@@ -129,13 +158,14 @@ def main() -> None:
             if args.only and name not in args.only:
                 continue
             cmd = [sys.executable, __file__, "--child", *job_argv(data, model, args.iters, extra)]
+            env = dict(os.environ, BENCH_PROFILE="1" if args.profile else "0")
             try:
-                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=args.timeout)
+                proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
                 out, code = proc.stdout + proc.stderr, proc.returncode
             except subprocess.TimeoutExpired as err:
                 text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
                 out, code = text(err.stdout) + text(err.stderr), f"timed out after {args.timeout:g} s"
-            sys.stdout.write(f"--- {name} (exit {code})\n{out[-3000:]}\n")
+            sys.stdout.write(f"--- {name} (exit {code})\n{out[-(20000 if args.profile else 3000):]}\n")
             sys.stdout.flush()
             rates = [(float(a), float(b)) for a, b in LINE.findall(out)][1:]
             mem = MEMORY.search(out)

@@ -22,6 +22,8 @@ from typing import Iterable, Optional
 import torch
 import torch.distributed as dist
 
+from tds import device as tds_device
+
 
 class NonFiniteError(RuntimeError):
     """A NaN or infinity before the optimizer step; the step was not taken on any rank."""
@@ -61,7 +63,7 @@ class FiniteCheck:
     def agree(self) -> dict:
         """Collective over the model-parallel then the data-parallel group: {kind: {stage: lowest rank}}."""
         p = self.num_stages
-        table = torch.full((len(KINDS), p), self.world_size, dtype=torch.int64)
+        table = torch.full((len(KINDS), p), self.world_size, dtype=torch.int64, device=tds_device.device())
         for i, kind in enumerate(KINDS):
             if self._bad[kind] is not None and bool(self._bad[kind]):
                 table[i, self.stage_id] = self.world_rank
