@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import cProfile
 import json
 import os
+import pstats
 import re
 import statistics
 import subprocess
@@ -94,8 +96,8 @@ def child(argv: list) -> None:
 
 @contextlib.contextmanager
 def _profiled(on: bool):
-    """--profile: torch.profiler over iterations 11-13 (each engine.train_batch is a profiler step); prints the
-    operators by GPU time and by CPU time."""
+    """--profile: torch.profiler and cProfile over iterations 11-13 (each engine.train_batch is a profiler
+    step); prints the operators by GPU time and by CPU time, and the Python functions by own and total time."""
     if not on:
         yield
         return
@@ -105,9 +107,15 @@ def _profiled(on: bool):
     prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=schedule(wait=10, warmup=1,
                                                                                                active=3))
     original = PipelineEngine.train_batch
+    python, calls = cProfile.Profile(), [0]
 
     def train_batch(self, *args, **kwargs):
+        calls[0] += 1
+        if calls[0] == 11:
+            python.enable()
         out = original(self, *args, **kwargs)
+        if calls[0] == 13:
+            python.disable()
         prof.step()
         return out
     PipelineEngine.train_batch = train_batch
@@ -116,6 +124,8 @@ def _profiled(on: bool):
     PipelineEngine.train_batch = original
     for key in ("cuda_time_total", "cpu_time_total"):
         print(prof.key_averages().table(sort_by=key, row_limit=22, max_name_column_width=60), flush=True)
+    pstats.Stats(python, stream=sys.stdout).sort_stats("tottime").print_stats(30)
+    pstats.Stats(python, stream=sys.stdout).sort_stats("cumulative").print_stats(40)
 
 
 
@@ -165,7 +175,7 @@ def main() -> None:
             except subprocess.TimeoutExpired as err:
                 text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
                 out, code = text(err.stdout) + text(err.stderr), f"timed out after {args.timeout:g} s"
-            sys.stdout.write(f"--- {name} (exit {code})\n{out[-(20000 if args.profile else 3000):]}\n")
+            sys.stdout.write(f"--- {name} (exit {code})\n{out[-(60000 if args.profile else 3000):]}\n")
             sys.stdout.flush()
             rates = [(float(a), float(b)) for a, b in LINE.findall(out)][1:]
             mem = MEMORY.search(out)

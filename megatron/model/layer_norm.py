@@ -35,6 +35,8 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.zeros(hidden_size, device=tds_device.device(), dtype=dtype))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype:  # torch's kernels accumulate bf16/fp16 in fp32 themselves: no casts
+            return F.layer_norm(x, self.weight.shape, self.weight, self.bias, self.eps)
         y = F.layer_norm(x.float(), self.weight.shape, self.weight.float(), self.bias.float(), self.eps)
         return y.to(x.dtype)
 
