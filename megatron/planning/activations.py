@@ -17,8 +17,7 @@ dropout of the MLP keeps mask and output) saves 8 bsh e replicated, (4 bsw + 3 b
 and normalised input are kept at 4 bytes in bf16 too; a decoder layer adds cross attention:
 4 b s_d h e replicated, (2 b s_d w + 2 b s_e w) e / t split and 3 a b s_d s_e e / t.
 
-On CPU, SDPA runs its math path: in bf16 it keeps q, k, v and the three s^2 tensors in fp32 (qkv_e = 4), and
-LayerNorm keeps an fp32 copy of its input. On GPU (`attention="fused"`) the memory-efficient kernel keeps the
+On CPU, SDPA runs its math path: in bf16 it keeps q, k, v and the three s^2 tensors in fp32 (qkv_e = 4). On GPU (`attention="fused"`) the memory-efficient kernel keeps the
 output and the log-sum-exp instead of the s^2 tensors. With micro-batch 1 SDPA keeps v as a view of the fused
 qkv output, so its storage (3 bsw) stays alive: the formulas assume b >= 2.
 
@@ -49,11 +48,11 @@ class ActivationOptions:
 
 def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t5: bool) -> float:
     h, w, f, a, e, t = m.hidden, m.width, m.ffn, m.heads, o.element_bytes, o.tp
-    qkv_e = 4 if o.attention == "math" else e  # CPU's math SDPA and LayerNorm keep fp32 copies in bf16
+    qkv_e = 4 if o.attention == "math" else e  # CPU's math SDPA keeps fp32 copies of q, k, v in bf16
     if t5:  # RMSNorm computes in fp32: input and normalised input kept at 4 bytes; outputs and masks at e
         replicated = 4 * b * s * h * 4 + 4 * b * s * h * e
-    else:
-        replicated = 2 * b * s * h * qkv_e + 4 * b * s * h * e  # 2 LayerNorm inputs; LN outs, dropout masks
+    else:  # 2 LayerNorm inputs (no fp32 copies: torch's kernels accumulate in fp32), LN outs, dropout masks
+        replicated = 6 * b * s * h * e
     mlp = (6 if m.gated else 3) * b * s * f if t5 else 2 * b * s * f
     # selective: the recomputed core keeps q, k, v as views of the qkv output (e bytes), not SDPA's copies
     qkv_saved = e if o.recompute == "selective" else qkv_e
@@ -61,7 +60,9 @@ def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t
     core = 0 if o.recompute == "selective" or o.attention == "fused" else 3 * a * b * s * s * qkv_e / t
     if o.attention == "fused":  # memory-efficient SDPA on GPU: output and logsumexp instead of the s^2 terms
         core = 0 if o.recompute == "selective" else (b * s * w * e + a * b * s * 4) / t
-    stats = (2 if t5 else 4) * b * s * STATS + (8 * s * s if t5 else 0) + (0 if e == 4 else (2 if t5 else 4) * 4 * h)
+    # LayerNorm's mean and rstd: fp32 on CUDA, the input's dtype on CPU (`attention="math"` stands for CPU)
+    norm_stats = 4 * b * s * (STATS if o.attention == "fused" else e)
+    stats = 2 * b * s * STATS + 8 * s * s + (0 if e == 4 else 2 * 4 * h) if t5 else norm_stats
     if o.sequence_parallel:
         replicated /= t
     return replicated + split + core + stats
