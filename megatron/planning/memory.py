@@ -15,9 +15,10 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        made there) -- 4 GB in fp32 with the default B, set
                        zero_optimization.reduce_bucket_size in the DeepSpeed JSON to shrink it
     bf16, ZeRO 0       BF16_Optimizer: weights 2 Psi; fp32 master weights and moments and the flat bf16
-                       gradients 14 Psi (measured with --log-memory: 4 + 8 + 2); gradients during the
-                       iteration: the fp32 accumulators 4 Psi (each micro-batch's bf16 gradients are folded
-                       into them and released: DeepSpeed's clear_lp_grads)
+                       gradient accumulators 14 Psi (measured with --log-memory: 4 + 8 + 2); gradients during
+                       the iteration: the parameters' bf16 gradients 2 Psi before they are folded in and
+                       released (DeepSpeed's clear_lp_grads). Checked on CPU (bench/memory_error.py) and on an
+                       H100 (bench/gpu_throughput.py: GPT-2 medium, within +4.5 to +8.7 %)
 
 Activations: `activations.spec_activation_bytes` per chunk and micro-batch, run through this stage's
 instruction list (`tds.pipe.instructions.train_schedule`): + at each FORWARD, - at each BACKWARD (ZB-H1:
@@ -119,7 +120,7 @@ def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
         partition_grads = 4 * psi / d if e == 2 else 0.0
         return e * psi, e * psi, 12 * psi / d, 2 * e * lay.reduce_bucket + partition_grads
     if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; fp32 accumulators
-        return 2 * psi, 4 * psi, 14 * psi, 0.0
+        return 2 * psi, 2 * psi, 14 * psi, 0.0
     return 4 * psi, 4 * psi, 8 * psi, (4 * psi if d > 1 else 0.0)
 
 
@@ -165,8 +166,11 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
         k = max(1, lay.recompute_num_layers)
         head = others if last else 0.0
         if lay.recompute_method == "block":
+            # the first k layers are recomputed last in backward, after the kept layers' and the head's
+            # activations of that micro-batch are freed: only what they add beyond those counts
             inputs, kept = min(k, len(layers)) * b * m.seq * h * e, sum(per_layer[k:])
-            return others + inputs + kept + boundary, max(logits_grad, biggest + mlp_grads - head), hold
+            recomputed = max(0.0, sum(per_layer[:k]) - kept - head)
+            return others + inputs + kept + boundary, max(logits_grad, recomputed + mlp_grads), hold
         inputs = -(-len(layers) // k) * b * m.seq * h * e
         return others + inputs + boundary, max(logits_grad, k * biggest + mlp_grads - head), hold
     return others + sum(per_layer) + boundary, max(mlp_grads, logits_grad), hold

@@ -32,7 +32,7 @@ def test_tied_embedding_on_first_and_last_stage():
     ("fp32", 0, 1, (4, 4, 8)),            # torch AdamW: weights, grads, two moments
     ("fp32", 1, 2, (4, 4, 12 / 2)),       # ZeRO-1: fp32 partition + moments over dp
     ("bf16", 1, 4, (2, 2, 12 / 4)),       # bf16 gradients (the partition's fp32 gradient is a reduce buffer)
-    ("bf16", 0, 1, (2, 4, 14)),           # BF16_Optimizer
+    ("bf16", 0, 1, (2, 2, 14)),           # BF16_Optimizer: bf16 gradients until folded into its accumulators
 ])
 def test_state_bytes_per_parameter(precision, zero, dp, expect):
     s = predict_memory(GPT, Layout(dp=dp, zero_stage=zero, precision=precision))[0]
