@@ -42,7 +42,9 @@ def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per GPU (default: --gpu's)")
     g.add_argument("--intra-node-gbps", type=float, default=None, help="GB/s between GPUs of a node (default: --gpu's)")
     g.add_argument("--inter-node-gbps", type=float, default=None, help="GB/s per GPU between nodes (default: --gpu's)")
-    g.add_argument("--efficiency", type=float, default=0.5, help="achieved fraction of peak (default 0.5)")
+    g.add_argument("--efficiency", type=float, default=0.38,
+                   help="achieved fraction of the dense peak at large micro-batches (default 0.38, fitted to "
+                        "GPT-2 medium on one H100; see megatron/planning/speed.py)")
     g.add_argument("--allocator-overhead", type=float, default=0.05, help="memory lost to fragmentation")
     g.add_argument("--no-sequence-parallel", action="store_true", help="leave SP out of the search")
     g.add_argument("--top", type=int, default=20)
