@@ -3,10 +3,13 @@
 
 SLURM preempts or ends a job by sending SIGTERM (or the signal of `--signal=USR1@120`) and, after its grace
 time, SIGKILL; a launcher may forward the same signal twice, and only some ranks may receive it. The handler
-only records the first signal (later ones change nothing; SIGKILL stays the hard stop). After each iteration
-`ExitConditions.reason()` runs one all_reduce (MAX) of two integers over the world group: the signal any rank
-received, and whether any rank has run longer than the limit. Every rank then sees the same answer, so every
-rank saves the same iteration and exits 0. The cost is measured by bench/exit_check.py (README: Long runs).
+only records the first signal (later ones change nothing; SIGKILL stays the hard stop). Before each iteration
+`ExitConditions.post()` starts one asynchronous all_reduce (MAX) of two integers over the world group: the signal
+any rank has received so far, and whether any rank has run longer than the limit; after the iteration
+`reason()` waits for it (long done by then: it ran beside the iteration) and reads the answer. Every rank sees
+the same answer, so every rank saves the same iteration and exits 0; a signal that arrives during iteration N is
+acted on after iteration N + 1. The time the loop spends blocked in both calls is measured by
+bench/exit_check.py (README: Long runs).
 
 The handler is installed when the run starts, before any DataLoader worker is forked: a worker inherits it,
 so a signal sent to every process of a job (scancel) only sets a flag there.
@@ -32,6 +35,8 @@ class ExitConditions:
         self.started = time.monotonic() if started is None else started
         self.limit_s = None if duration_mins is None else 60.0 * duration_mins
         self.received: Optional[int] = None
+        self._pending = None     # (flags, the all_reduce's work or None) between post() and reason()
+        self.blocked_s = 0.0     # time spent in post() and reason(): what the agreement costs the loop
         self._previous = {}
         if signal_handler:
             for sig in SIGNALS:
@@ -50,15 +55,31 @@ class ExitConditions:
     def active(self) -> bool:
         return bool(self._previous) or self.limit_s is not None
 
-    def reason(self) -> Optional[str]:
-        """Collective (when active): why every rank should stop now, or None."""
-        if not self.active:
-            return None
+    def post(self) -> None:
+        """Collective (when active): start agreeing on the conditions as they are now; `reason()` reads it."""
+        if not self.active or self._pending is not None:
+            return
+        started = time.perf_counter()
         timed_out = self.limit_s is not None and time.monotonic() - self.started >= self.limit_s
         flags = torch.tensor([self.received or 0, int(timed_out)], dtype=torch.int64, device=tds_device.device())
+        work = None
         if dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+            work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, async_op=True)
+        self._pending = (flags, work)
+        self.blocked_s += time.perf_counter() - started
+
+    def reason(self) -> Optional[str]:
+        """Collective (when active): why every rank should stop now, or None (posts first if nobody did)."""
+        if not self.active:
+            return None
+        self.post()
+        started = time.perf_counter()
+        flags, work = self._pending
+        self._pending = None
+        if work is not None:
+            work.wait()
         signum, timed_out = int(flags[0]), bool(flags[1])
+        self.blocked_s += time.perf_counter() - started
         if signum:
             return f"received {signal.Signals(signum).name} (--exit-signal-handler)"
         if timed_out:
@@ -71,6 +92,9 @@ class ExitConditions:
             signal.signal(sig, signal.SIG_IGN)
 
     def close(self) -> None:
+        if self._pending is not None and self._pending[1] is not None:
+            self._pending[1].wait()  # a loop that ended without reading its last agreement
+        self._pending = None
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)
         self._previous = {}

@@ -152,6 +152,7 @@ def train(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch]
         start = time.perf_counter()
         start_iteration(engine.module, state.iteration)  # dropout masks follow (iteration, micro-batch)
         skipped_before = engine.skipped_steps
+        exits.post()  # the stop agreement runs beside the iteration; read after it
         loss = train_step(engine, cfg, state, train_iter)
         tds_device.synchronize()
         state.iteration += 1
