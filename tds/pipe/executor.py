@@ -43,7 +43,7 @@ import torch.distributed as dist
 from deepspeed.utils import logger
 
 from .. import device as tds_device
-from . import graph_split
+from . import graph_split, weight_grad
 from .boundary import Boundary
 from .collectives import CommGuard
 from .finite import FiniteCheck
@@ -70,6 +70,7 @@ class BatchState:
     loss_graphs: dict = field(default_factory=dict)  # micro-batch -> loss (last unit)
     losses: list = field(default_factory=list)
     logits: list = field(default_factory=list)
+    routed: set = field(default_factory=set)  # ZB-H1: units whose forward routed F.linear through the store
     peak_live: int = 0       # most units holding activations (forward ran, backward / B not yet)
     peak_pending_w: int = 0  # most units with queued weight-gradient work (ZB-H1)
 
@@ -202,7 +203,15 @@ class StageExecutor:
         keep = state.training and not self._first_unit(ins)  # kept for send_grads
         inputs = state.inputs[unit] if keep else state.inputs.pop(unit)
         kwargs = {"chunk": ins.chunk} if self.ctx.chunks > 1 else {}
-        outputs = self.ctx.engine._stage_forward(inputs, **kwargs)
+        if self.ctx.weight_grads is not None and state.training and not self._checkpoints():
+            # ZB-H1: F.linear on the stage's weights defers its weight gradient through the store (weight_grad.py)
+            weights = {id(p): p for p in self.ctx.module.parameters() if p.requires_grad}
+            with weight_grad.route_linears(weights, self.ctx.weight_grads) as routed:
+                outputs = self.ctx.engine._stage_forward(inputs, **kwargs)
+            if routed:
+                state.routed.add(unit)
+        else:
+            outputs = self.ctx.engine._stage_forward(inputs, **kwargs)
         if not self._last_unit(ins):
             state.outputs[unit] = outputs
             self._count_live(state)
@@ -278,11 +287,13 @@ class StageExecutor:
         deferring linears of `weight_grad.py` queue theirs too."""
         unit = (ins.micro_batch, ins.chunk)
         roots, grads = self._backward_roots(ins, state)
+        routed = unit in state.routed
+        state.routed.discard(unit)
         if roots:
             store = self.ctx.weight_grads
             with store.defer(unit):
                 with self.ctx.engine._stage_backward():
-                    done = self._backward_input(roots, grads)
+                    done = self._backward_input(roots, grads, routed)
                 store.later(done.run)
             self._report_unsplit(done)
         self._count_live(state)
@@ -293,19 +304,26 @@ class StageExecutor:
         with self.ctx.engine._stage_backward():
             self.ctx.weight_grads.run((ins.micro_batch, ins.chunk))
 
-    def _backward_input(self, roots: list, grads: list) -> graph_split.BackwardInput:
-        """B through the graph split, except on a stage whose store linears defer (weight_grad.py): the rest of
-        its weights (norms, embeddings, biases) costs less in B than kept graphs and W calls would (README)."""
+    def _backward_input(self, roots: list, grads: list, routed: bool) -> graph_split.BackwardInput:
+        """B through the graph split, except for a unit whose linears defer through the store (F.linear routed
+        in its forward, or the store linears of weight_grad.py): the rest of its weights (norms, embeddings)
+        costs less in B than kept graphs and W calls would (README)."""
         module = self.ctx.module
-        stored = {id(p) for m in module.modules() if getattr(m, "weight_grad_store", None) is not None
-                  for p in m.parameters(recurse=False)}
-        if stored:
+        if routed or any(getattr(m, "weight_grad_store", None) is not None for m in module.modules()):
             return graph_split.backward_whole(roots, grads, [], "")
         params = [p for p in module.parameters() if p.requires_grad]
-        if module.activation_checkpoint_interval > 0 and any(module.is_checkpointable_results):
+        if self._checkpoints():
             return graph_split.backward_whole(roots, grads, params, "activation checkpointing (W would recompute "
                                               "each checkpointed segment again)")
         return graph_split.backward_input(roots, grads, params)
+
+    def _checkpoints(self) -> bool:
+        """Whether the stage recomputes activations (read at each use: set_checkpoint_interval may change it)."""
+        module = self.ctx.module
+        if module.activation_checkpoint_interval <= 0:
+            return False
+        module._precompute_checkpointable_values()  # cached; before the first forward the list is empty
+        return any(module.is_checkpointable_results)
 
     def _report_unsplit(self, done) -> None:
         """Once per stage: the parameters whose weight gradients B computed (no W of their own)."""
