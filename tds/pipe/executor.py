@@ -151,8 +151,13 @@ class StageExecutor:
         try:  # exceptions: see PipelineEngine._mode
             for ins in instructions:
                 t0 = clock()
-                with ctx.comm.guard(f"instruction {ins}", ctx.comm_in[ins.op]):
+                try:
                     handlers[ins.op](ins, state)
+                except RuntimeError as err:  # a failed transfer or collective: name the instruction and group
+                    failure = ctx.comm.failure(err, f"instruction {ins}", ctx.comm_in[ins.op])
+                    if failure is None:
+                        raise
+                    raise failure from err
                 if recorder is not None:
                     recorder.record(ins, t0, clock())
             if ctx.p2p is not None:
@@ -196,7 +201,7 @@ class StageExecutor:
     def _exec_recv_act(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
         more = unit != state.last_recv and self.ctx.receive_ahead
-        state.inputs[unit] = self.ctx.boundary.recv_activations(self.ctx.prev_rank, str(ins), state.training, more)
+        state.inputs[unit] = self.ctx.boundary.recv_activations(self.ctx.prev_rank, ins, state.training, more)
 
     def _exec_forward(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
@@ -237,7 +242,7 @@ class StageExecutor:
         out = state.outputs[unit] if state.training else state.outputs.pop(unit)
         if self.ctx.finite is not None:
             self.ctx.finite.watch("forward", (out,) if torch.is_tensor(out) else out)
-        self.ctx.boundary.send_activations(out, self.ctx.next_rank, str(ins))
+        self.ctx.boundary.send_activations(out, self.ctx.next_rank, ins)
         self._post_grads_ahead(state)
 
     def _exec_recv_grad(self, ins: Instruction, state: BatchState) -> None:
@@ -245,7 +250,7 @@ class StageExecutor:
         posted = state.grads_posted.pop(unit, None)
         if posted is None and state.grad_order and state.grad_order[0] == unit:
             state.grad_order.pop(0)  # received now, not ahead
-        state.grads[unit] = self.ctx.boundary.recv_grads(state.outputs[unit], self.ctx.next_rank, str(ins), posted)
+        state.grads[unit] = self.ctx.boundary.recv_grads(state.outputs[unit], self.ctx.next_rank, ins, posted)
         self._post_grads_ahead(state)
 
     def _post_grads_ahead(self, state: BatchState) -> None:
@@ -338,7 +343,7 @@ class StageExecutor:
                            f"{more} in B, not W: {done.reason}")
 
     def _exec_send_grad(self, ins: Instruction, state: BatchState) -> None:
-        self.ctx.boundary.send_grads(state.inputs.pop((ins.micro_batch, ins.chunk)), self.ctx.prev_rank, str(ins))
+        self.ctx.boundary.send_grads(state.inputs.pop((ins.micro_batch, ins.chunk)), self.ctx.prev_rank, ins)
 
     def _exec_reduce_tied(self, ins: Instruction, state: BatchState) -> None:
         """Sum tied-weight gradients over the groups that share them, in the module's order on every rank: one
