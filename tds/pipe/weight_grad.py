@@ -12,7 +12,8 @@ dY of each deferred linear; the rest of its autograd graph is freed by B. Parame
 `linear` (LayerNorm, embeddings) get their gradients in B.
 
 Exactness: W runs the kernels autograd runs for `F.linear` (`dY^T X`, `sum_n dY`) and hands the results to
-each parameter's own accumulator (`torch.autograd.backward` on the leaves), so with the W's of a parameter run
+each parameter's own accumulator (its AccumulateGrad node, through a backward whose node returns them, so
+that a first gradient becomes `.grad` without a copy: `_HandOver`), so with the W's of a parameter run
 in micro-batch order `.grad` is bitwise that of full backwards, and gradient hooks (DeepSpeed's) fire with
 the gradient. In B those hooks fire too, with `.grad` unchanged (torch calls them for the None a Function
 returns). A parameter that also gets gradients in B (a tied embedding) sums the same terms in another
@@ -104,12 +105,30 @@ class WeightGradStore:
                     params.append(p)
                     grads.append(g)
         if params:
-            torch.autograd.backward(params, grads)  # leaves: their AccumulateGrad nodes, hooks included
+            out = _HandOver.apply(grads, *params)  # `grads` is emptied by the backward
+            torch.autograd.backward([out], [torch.empty_like(out)])
 
     def clear(self) -> None:
         """Drop all queued work (after a failed batch)."""
         self._queues.clear()
         self._key = None
+
+
+class _HandOver(torch.autograd.Function):
+    """An empty output of `params` whose backward returns the gradients in `box`, so that each parameter's
+    AccumulateGrad node (hooks included) gets them from a node: it keeps such a gradient as `.grad` when there
+    is none yet, where `autograd.backward(params, grads)` would copy every one (the caller still holds it)."""
+
+    @staticmethod
+    def forward(ctx, box: list, *params):
+        ctx.box = box
+        return params[0].new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _):
+        grads = tuple(ctx.box)
+        ctx.box.clear()
+        return (None, *grads)
 
 
 def _weight_grads(x: torch.Tensor, dy: torch.Tensor, need_weight: bool, need_bias: bool) -> GradFn:
