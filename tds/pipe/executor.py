@@ -11,8 +11,10 @@ Backward protocol (DeepSpeed's, on every stage):
                       received grads) inside `_stage_backward()` (DeepSpeed's `_engine_backward` marker,
                       closed by `_backward_epilogue()`)
     BACKWARD_INPUT    (B, ZB-H1) the same from the same roots (the loss scaled as DeepSpeedEngine.backward
-                      scales it), but only what the stage inputs need (`graph_split.py`): the weight gradients
-                      wait in `weight_grads` under the unit, with the deferring linears' (`weight_grad.py`)
+                      scales it), but only what the stage inputs need: the weight gradients wait in
+                      `weight_grads` under the unit, those of the linears (`weight_grad.py`: store modules, and
+                      every F.linear on the stage's weights, routed there during the unit's forward) or, on a
+                      stage where none deferred, the rest of the graph (`graph_split.py`)
     BACKWARD_WEIGHT   (W) `weight_grads.run(unit)` inside `_stage_backward()` too: BF16_Optimizer adds the
                       low-precision gradients to its fp32 accumulators there, so W's gradients must reach them
                       before the next B clears them
