@@ -7,6 +7,9 @@ layers themselves cost next to nothing); every engine built side by side, `--war
 
     per instruction = median step time / instructions of stage 0's list (TDS: `train_schedule`; DeepSpeed:
                       the commands of its TrainSchedule), in microseconds
+    CPU per instr.  = median CPU time of the stage-0 process over a step (`time.process_time`: every thread,
+                      gloo's included; waiting costs none) / the same count: what the engine itself spends,
+                      which load on a shared machine changes less than the wall time
 
 and the ratio to DeepSpeed's 1F1B. What remains is Python and gloo: the instruction loop, the point-to-point
 set-up and headers, DeepSpeed's forward/backward hooks and the optimizer step (one per batch, shared by all).
@@ -77,13 +80,15 @@ def data():
         yield torch.randn(1, HIDDEN, generator=g), torch.randn(1, HIDDEN, generator=g)
 
 
-def step(engine, it) -> float:
+def step(engine, it) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of one train_batch."""
     import torch.distributed as dist
     dist.barrier()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     engine.train_batch(it)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     dist.barrier()
-    return time.perf_counter() - start
+    return wall, cpu
 
 
 def run(args) -> dict | None:
@@ -101,7 +106,8 @@ def run(args) -> dict | None:
     profile = _profile(engines[names[0]], its[names[0]], args) if args.profile else None
     if dist.get_rank() != 0:
         return None
-    return {"profile": profile, **{name: {"step_s": statistics.median(ts),
+    return {"profile": profile, **{name: {"step_s": statistics.median(t[0] for t in ts),
+                                          "cpu_s": statistics.median(t[1] for t in ts),
                                           "instructions": instructions(name, args.micro_batches, 0)}
                                    for name, ts in times.items()}}
 
@@ -130,9 +136,10 @@ def main() -> None:
     ds = r["deepspeed"]
     for name in [n for n in r if n != "profile"]:
         x = r[name]
-        per = x["step_s"] / x["instructions"]
+        per, cpu = x["step_s"] / x["instructions"], x["cpu_s"] / x["instructions"]
         print(f"  {name:12s} step {x['step_s'] * 1e3:7.2f} ms  {x['instructions']:3d} instructions on stage 0  "
-              f"{per * 1e6:6.1f} us per instruction  (x{per / (ds['step_s'] / ds['instructions']):.2f} DeepSpeed's)")
+              f"{per * 1e6:6.1f} us per instruction  (x{per / (ds['step_s'] / ds['instructions']):.2f} DeepSpeed's)"
+              f"  CPU {cpu * 1e6:6.1f} us per instruction  (x{cpu / (ds['cpu_s'] / ds['instructions']):.2f})")
     if r["profile"]:
         print(r["profile"])
 

@@ -90,15 +90,21 @@ class CommGuard:
     def guard(self, where: str, what: str) -> Iterator[None]:
         try:
             yield
-        except PipelineCommError:
-            raise
         except RuntimeError as err:
-            if not is_comm_failure(err):
+            failure = self.failure(err, where, what)
+            if failure is None:
                 raise
-            raise PipelineCommError(
-                f"pipeline stage {self.stage_id} (rank {dist.get_rank()}), {where}: {what} failed or timed out "
-                f"after {self.timeout_s:g}s (timeout from {self.source}; set pipeline.timeout_s or {ENV}): "
-                f"{_first_line(err)}") from err
+            raise failure from err
+
+    def failure(self, err: BaseException, where: str, what: str) -> PipelineCommError | None:
+        """The error to raise for `err` raised in `where` while `what` communicated: None unless `err` is a failed
+        or timed-out transfer or collective not yet named (a `PipelineCommError` already is)."""
+        if isinstance(err, PipelineCommError) or not is_comm_failure(err):
+            return None
+        return PipelineCommError(
+            f"pipeline stage {self.stage_id} (rank {dist.get_rank()}), {where}: {what} failed or timed out "
+            f"after {self.timeout_s:g}s (timeout from {self.source}; set pipeline.timeout_s or {ENV}): "
+            f"{_first_line(err)}")
 
 
 def _first_line(err: BaseException) -> str:

@@ -11,8 +11,10 @@ Backward protocol (DeepSpeed's, on every stage):
                       received grads) inside `_stage_backward()` (DeepSpeed's `_engine_backward` marker,
                       closed by `_backward_epilogue()`)
     BACKWARD_INPUT    (B, ZB-H1) the same from the same roots (the loss scaled as DeepSpeedEngine.backward
-                      scales it), but only what the stage inputs need (`graph_split.py`): the weight gradients
-                      wait in `weight_grads` under the unit, with the deferring linears' (`weight_grad.py`)
+                      scales it), but only what the stage inputs need: the weight gradients wait in
+                      `weight_grads` under the unit, those of the linears (`weight_grad.py`: store modules, and
+                      every F.linear on the stage's weights, routed there during the unit's forward) or, on a
+                      stage where none deferred, the rest of the graph (`graph_split.py`)
     BACKWARD_WEIGHT   (W) `weight_grads.run(unit)` inside `_stage_backward()` too: BF16_Optimizer adds the
                       low-precision gradients to its fp32 accumulators there, so W's gradients must reach them
                       before the next B clears them
@@ -43,7 +45,7 @@ import torch.distributed as dist
 from deepspeed.utils import logger
 
 from .. import device as tds_device
-from . import graph_split
+from . import graph_split, weight_grad
 from .boundary import Boundary
 from .collectives import CommGuard
 from .finite import FiniteCheck
@@ -70,6 +72,7 @@ class BatchState:
     loss_graphs: dict = field(default_factory=dict)  # micro-batch -> loss (last unit)
     losses: list = field(default_factory=list)
     logits: list = field(default_factory=list)
+    routed: set = field(default_factory=set)  # ZB-H1: units whose forward routed F.linear through the store
     peak_live: int = 0       # most units holding activations (forward ran, backward / B not yet)
     peak_pending_w: int = 0  # most units with queued weight-gradient work (ZB-H1)
 
@@ -150,8 +153,13 @@ class StageExecutor:
         try:  # exceptions: see PipelineEngine._mode
             for ins in instructions:
                 t0 = clock()
-                with ctx.comm.guard(f"instruction {ins}", ctx.comm_in[ins.op]):
+                try:
                     handlers[ins.op](ins, state)
+                except RuntimeError as err:  # a failed transfer or collective: name the instruction and group
+                    failure = ctx.comm.failure(err, f"instruction {ins}", ctx.comm_in[ins.op])
+                    if failure is None:
+                        raise
+                    raise failure from err
                 if recorder is not None:
                     recorder.record(ins, t0, clock())
             if ctx.p2p is not None:
@@ -195,14 +203,22 @@ class StageExecutor:
     def _exec_recv_act(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
         more = unit != state.last_recv and self.ctx.receive_ahead
-        state.inputs[unit] = self.ctx.boundary.recv_activations(self.ctx.prev_rank, str(ins), state.training, more)
+        state.inputs[unit] = self.ctx.boundary.recv_activations(self.ctx.prev_rank, ins, state.training, more)
 
     def _exec_forward(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
         keep = state.training and not self._first_unit(ins)  # kept for send_grads
         inputs = state.inputs[unit] if keep else state.inputs.pop(unit)
         kwargs = {"chunk": ins.chunk} if self.ctx.chunks > 1 else {}
-        outputs = self.ctx.engine._stage_forward(inputs, **kwargs)
+        if self.ctx.weight_grads is not None and state.training and not self._checkpoints():
+            # ZB-H1: F.linear on the stage's weights defers its weight gradient through the store (weight_grad.py)
+            weights = {id(p): p for p in self.ctx.module.parameters() if p.requires_grad}
+            with weight_grad.route_linears(weights, self.ctx.weight_grads) as routed:
+                outputs = self.ctx.engine._stage_forward(inputs, **kwargs)
+            if routed:
+                state.routed.add(unit)
+        else:
+            outputs = self.ctx.engine._stage_forward(inputs, **kwargs)
         if not self._last_unit(ins):
             state.outputs[unit] = outputs
             self._count_live(state)
@@ -228,7 +244,7 @@ class StageExecutor:
         out = state.outputs[unit] if state.training else state.outputs.pop(unit)
         if self.ctx.finite is not None:
             self.ctx.finite.watch("forward", (out,) if torch.is_tensor(out) else out)
-        self.ctx.boundary.send_activations(out, self.ctx.next_rank, str(ins))
+        self.ctx.boundary.send_activations(out, self.ctx.next_rank, ins)
         self._post_grads_ahead(state)
 
     def _exec_recv_grad(self, ins: Instruction, state: BatchState) -> None:
@@ -236,7 +252,7 @@ class StageExecutor:
         posted = state.grads_posted.pop(unit, None)
         if posted is None and state.grad_order and state.grad_order[0] == unit:
             state.grad_order.pop(0)  # received now, not ahead
-        state.grads[unit] = self.ctx.boundary.recv_grads(state.outputs[unit], self.ctx.next_rank, str(ins), posted)
+        state.grads[unit] = self.ctx.boundary.recv_grads(state.outputs[unit], self.ctx.next_rank, ins, posted)
         self._post_grads_ahead(state)
 
     def _post_grads_ahead(self, state: BatchState) -> None:
@@ -278,11 +294,13 @@ class StageExecutor:
         deferring linears of `weight_grad.py` queue theirs too."""
         unit = (ins.micro_batch, ins.chunk)
         roots, grads = self._backward_roots(ins, state)
+        routed = unit in state.routed
+        state.routed.discard(unit)
         if roots:
             store = self.ctx.weight_grads
             with store.defer(unit):
                 with self.ctx.engine._stage_backward():
-                    done = self._backward_input(roots, grads)
+                    done = self._backward_input(roots, grads, routed)
                 store.later(done.run)
             self._report_unsplit(done)
         self._count_live(state)
@@ -293,19 +311,26 @@ class StageExecutor:
         with self.ctx.engine._stage_backward():
             self.ctx.weight_grads.run((ins.micro_batch, ins.chunk))
 
-    def _backward_input(self, roots: list, grads: list) -> graph_split.BackwardInput:
-        """B through the graph split, except on a stage whose store linears defer (weight_grad.py): the rest of
-        its weights (norms, embeddings, biases) costs less in B than kept graphs and W calls would (README)."""
+    def _backward_input(self, roots: list, grads: list, routed: bool) -> graph_split.BackwardInput:
+        """B through the graph split, except for a unit whose linears defer through the store (F.linear routed
+        in its forward, or the store linears of weight_grad.py): the rest of its weights (norms, embeddings)
+        costs less in B than kept graphs and W calls would (README)."""
         module = self.ctx.module
-        stored = {id(p) for m in module.modules() if getattr(m, "weight_grad_store", None) is not None
-                  for p in m.parameters(recurse=False)}
-        if stored:
+        if routed or any(getattr(m, "weight_grad_store", None) is not None for m in module.modules()):
             return graph_split.backward_whole(roots, grads, [], "")
         params = [p for p in module.parameters() if p.requires_grad]
-        if module.activation_checkpoint_interval > 0 and any(module.is_checkpointable_results):
+        if self._checkpoints():
             return graph_split.backward_whole(roots, grads, params, "activation checkpointing (W would recompute "
                                               "each checkpointed segment again)")
         return graph_split.backward_input(roots, grads, params)
+
+    def _checkpoints(self) -> bool:
+        """Whether the stage recomputes activations (read at each use: set_checkpoint_interval may change it)."""
+        module = self.ctx.module
+        if module.activation_checkpoint_interval <= 0:
+            return False
+        module._precompute_checkpointable_values()  # cached; before the first forward the list is empty
+        return any(module.is_checkpointable_results)
 
     def _report_unsplit(self, done) -> None:
         """Once per stage: the parameters whose weight gradients B computed (no W of their own)."""
@@ -320,7 +345,7 @@ class StageExecutor:
                            f"{more} in B, not W: {done.reason}")
 
     def _exec_send_grad(self, ins: Instruction, state: BatchState) -> None:
-        self.ctx.boundary.send_grads(state.inputs.pop((ins.micro_batch, ins.chunk)), self.ctx.prev_rank, str(ins))
+        self.ctx.boundary.send_grads(state.inputs.pop((ins.micro_batch, ins.chunk)), self.ctx.prev_rank, ins)
 
     def _exec_reduce_tied(self, ins: Instruction, state: BatchState) -> None:
         """Sum tied-weight gradients over the groups that share them, in the module's order on every rank: one

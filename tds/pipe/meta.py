@@ -186,8 +186,7 @@ def split_for_rank(t: torch.Tensor, tp_size: int, tp_rank: int) -> torch.Tensor:
 
 
 def _segment_bytes(numel: int, dtype: torch.dtype) -> int:
-    nbytes = numel * torch.empty((), dtype=dtype).element_size()
-    return (nbytes + ALIGN - 1) // ALIGN * ALIGN
+    return (numel * dtype.itemsize + ALIGN - 1) // ALIGN * ALIGN
 
 
 def pack(parts: list[torch.Tensor], prefix: int = 0, total: int | None = None) -> torch.Tensor:
@@ -195,11 +194,12 @@ def pack(parts: list[torch.Tensor], prefix: int = 0, total: int | None = None) -
     `prefix` bytes left for the caller; the buffer is zero-padded to `total` bytes when that is larger."""
     size = prefix + sum(_segment_bytes(p.numel(), p.dtype) for p in parts)
     buf = torch.empty(max(size, total or 0), dtype=torch.uint8, device=parts[0].device if parts else "cpu")
-    buf[size:].zero_()
+    if buf.numel() > size:
+        buf[size:].zero_()
     off = prefix
     for p in parts:
-        nbytes = p.numel() * p.element_size()
-        buf[off:off + nbytes].copy_(p.detach().reshape(-1).contiguous().view(torch.uint8))
+        nbytes = p.numel() * p.dtype.itemsize
+        buf[off:off + nbytes].view(p.dtype).copy_(p.detach().reshape(-1))  # (padding between segments: not read)
         off += _segment_bytes(p.numel(), p.dtype)
     return buf
 
@@ -213,7 +213,6 @@ def unpack(buf: torch.Tensor, specs: list[tuple[torch.dtype, int]]) -> list[torc
     """Inverse of `pack`: flat views of `buf`, one per (dtype, numel)."""
     out, off = [], 0
     for dt, n in specs:
-        nbytes = n * torch.empty((), dtype=dt).element_size()
-        out.append(buf[off:off + nbytes].view(dt))
+        out.append(buf[off:off + n * dt.itemsize].view(dt))
         off += _segment_bytes(n, dt)
     return out

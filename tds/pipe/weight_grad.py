@@ -12,7 +12,8 @@ dY of each deferred linear; the rest of its autograd graph is freed by B. Parame
 `linear` (LayerNorm, embeddings) get their gradients in B.
 
 Exactness: W runs the kernels autograd runs for `F.linear` (`dY^T X`, `sum_n dY`) and hands the results to
-each parameter's own accumulator (`torch.autograd.backward` on the leaves), so with the W's of a parameter run
+each parameter's own accumulator (its AccumulateGrad node, through a backward whose node returns them, so
+that a first gradient becomes `.grad` without a copy: `_HandOver`), so with the W's of a parameter run
 in micro-batch order `.grad` is bitwise that of full backwards, and gradient hooks (DeepSpeed's) fire with
 the gradient. In B those hooks fire too, with `.grad` unchanged (torch calls them for the None a Function
 returns). A parameter that also gets gradients in B (a tied embedding) sums the same terms in another
@@ -23,7 +24,16 @@ the second pass must propagate dX through every layer again to reach the earlier
 whole graph stays alive until then; `python bench/weight_grad_split.py` measures both.
 
 Which layers defer: those with a `weight_grad_store` attribute (None: plain `F.linear`, no overhead), which
-`attach` sets from outside. The flag saying "defer now" is a plain attribute of the store, not a
+`attach` sets from outside, and inside `route_linears(weights, store)` every `torch.nn.functional.linear`
+call whose weight is one of `weights` (a leaf that requires grad; bias None or a leaf), with grad enabled:
+`nn.Linear` and its subclasses, `nn.MultiheadAttention`'s input and output projections (so
+`nn.TransformerEncoderLayer`) and any layer of the user's that calls `F.linear`. The engine routes a ZB-H1
+stage's forward so (not a stage that checkpoints activations: the recomputation would run outside). While
+it is active the module attribute `torch.nn.functional.linear` is a function that sends those calls to
+`linear(x, w, b, store)` and every other call to torch's own (so another thread calling it meanwhile gets
+torch's results); it is restored on leaving, also on an exception. A layer that bound `linear` at import
+(`from torch.nn.functional import linear`) or computes `x @ w.t()` is not routed (the engine's graph split
+defers those). The flag saying "defer now" is a plain attribute of the store, not a
 thread-local, because autograd runs CUDA backward functions on its own threads::
 
     store = WeightGradStore()
@@ -43,9 +53,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["WeightGradStore", "linear", "Linear", "attach"]
+__all__ = ["WeightGradStore", "linear", "Linear", "attach", "route_linears"]
 
 GradFn = Callable[[], list[Optional[torch.Tensor]]]
+_TORCH_LINEAR = torch._C._nn.linear  # what `F.linear` is when nothing routes it
 
 
 class WeightGradStore:
@@ -94,12 +105,30 @@ class WeightGradStore:
                     params.append(p)
                     grads.append(g)
         if params:
-            torch.autograd.backward(params, grads)  # leaves: their AccumulateGrad nodes, hooks included
+            out = _HandOver.apply(grads, *params)  # `grads` is emptied by the backward
+            torch.autograd.backward([out], [torch.empty_like(out)])
 
     def clear(self) -> None:
         """Drop all queued work (after a failed batch)."""
         self._queues.clear()
         self._key = None
+
+
+class _HandOver(torch.autograd.Function):
+    """An empty output of `params` whose backward returns the gradients in `box`, so that each parameter's
+    AccumulateGrad node (hooks included) gets them from a node: it keeps such a gradient as `.grad` when there
+    is none yet, where `autograd.backward(params, grads)` would copy every one (the caller still holds it)."""
+
+    @staticmethod
+    def forward(ctx, box: list, *params):
+        ctx.box = box
+        return params[0].new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _):
+        grads = tuple(ctx.box)
+        ctx.box.clear()
+        return (None, *grads)
 
 
 def _weight_grads(x: torch.Tensor, dy: torch.Tensor, need_weight: bool, need_bias: bool) -> GradFn:
@@ -118,7 +147,7 @@ class _Linear(torch.autograd.Function):
         ctx.save_for_backward(x, weight)
         ctx.params = (weight, bias)  # the parameters themselves: saved tensors come back detached when
         ctx.store = store            # activation checkpointing recomputes them
-        return F.linear(x, weight, bias)
+        return _TORCH_LINEAR(x, weight, bias)
 
     @staticmethod
     def backward(ctx, dy):  # dy (..., out)
@@ -139,7 +168,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
            store: Optional[WeightGradStore] = None) -> torch.Tensor:
     """F.linear(x, weight, bias); with a store, its weight and bias gradients can be deferred (module doc)."""
     if store is None:
-        return F.linear(x, weight, bias)
+        return _TORCH_LINEAR(x, weight, bias)
     return _Linear.apply(x, weight, bias, store)
 
 
@@ -159,3 +188,23 @@ def attach(module: nn.Module, store: Optional[WeightGradStore]) -> int:
             m.weight_grad_store = store
             n += 1
     return n
+
+
+@contextmanager
+def route_linears(weights: dict[int, torch.Tensor], store: WeightGradStore) -> Iterator[list[torch.Tensor]]:
+    """Inside, `F.linear(x, w, b)` with `w` in `weights` ({id: parameter}) runs as `linear(x, w, b, store)`
+    (module doc); yields the list of the weights routed so far."""
+    routed: list[torch.Tensor] = []
+
+    def routing_linear(input, weight, bias=None):
+        if (torch.is_grad_enabled() and weights.get(id(weight)) is weight and weight.requires_grad
+                and (bias is None or bias.is_leaf)):
+            routed.append(weight)
+            return _Linear.apply(input, weight, bias, store)
+        return _TORCH_LINEAR(input, weight, bias)
+
+    previous, F.linear = F.linear, routing_linear
+    try:
+        yield routed
+    finally:
+        F.linear = previous

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tds.pipe.weight_grad import Linear, WeightGradStore, attach, linear
+from tds.pipe.weight_grad import Linear, WeightGradStore, attach, linear, route_linears
 
 H, B, S, MICRO = 16, 3, 5, 4
 
@@ -90,6 +90,61 @@ def test_b_then_w_equals_full_backward_bitwise(order):
     assert got.keys() == ref_grads.keys()
     for name in got:
         assert torch.equal(got[name], ref_grads[name]), name
+
+
+def encoder(layers: int = 2) -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.TransformerEncoderLayer(H, 2, 2 * H, dropout=0.0, batch_first=True)
+                           for _ in range(layers)])
+
+
+@pytest.mark.parametrize("make", [mlp, encoder])
+def test_routed_f_linear_defers_any_linear_bitwise(make):
+    """route_linears: plain nn.Linear and nn.MultiheadAttention's projections (F.linear calls on the given
+    weights) defer dW, db to the store, in ZB-H1's order; results equal full backwards bitwise."""
+    ref, model = make(), make()
+    data = batches()
+    ref_grads, ref_dx = reference(ref, data)
+    store = WeightGradStore()
+    weights = {id(p): p for p in model.parameters()}
+    linears = {id(p) for m in model.modules() if isinstance(m, nn.Linear) for p in m.parameters()}
+    linears |= {id(m.in_proj_weight) for m in model.modules() if isinstance(m, nn.MultiheadAttention)}
+    graphs, dx = {}, {}
+    for phase, i in zb_order(MICRO):
+        if phase == "W":
+            store.run(i)
+            continue
+        x = data[i][0].clone().requires_grad_()
+        with route_linears(weights, store) as routed:
+            y = model(x)
+        assert {id(w) for w in routed} == {id(p) for p in model.parameters() if p.dim() == 2}
+        with store.defer(i):
+            y.backward(data[i][1])
+        dx[i] = x.grad
+        if i == 0:  # linear weights and biases wait for W; norms have theirs
+            assert all(p.grad is None for p in model.parameters() if id(p) in linears)
+            assert all(p.grad is not None for n, p in model.named_parameters() if "norm" in n or n.endswith("3.weight"))
+    assert torch.nn.functional.linear is torch._C._nn.linear  # restored
+    assert all(torch.equal(dx[i], ref_dx[i]) for i in range(MICRO))
+    for name, g in grads(model).items():
+        assert torch.equal(g, ref_grads[name]), name
+
+
+def test_route_linears_passes_other_calls_through_and_restores_on_error():
+    model, other = mlp(1), nn.Linear(H, H)
+    store = WeightGradStore()
+    with route_linears({id(model[0].weight): model[0].weight}, store) as routed:
+        assert other(torch.randn(2, H, requires_grad=True)).grad_fn.name() == "AddmmBackward0"
+        assert model[2](torch.randn(2, 2 * H)).grad_fn.name() == "MmBackward0"  # not in the weights given
+        with torch.no_grad():
+            model[0](torch.randn(2, H))
+        assert routed == []
+        assert model[0](torch.randn(2, H)).grad_fn.name() == "_LinearBackward"
+        assert routed == [model[0].weight]
+    with pytest.raises(ValueError):
+        with route_linears({}, store):
+            raise ValueError
+    assert torch.nn.functional.linear is torch._C._nn.linear
 
 
 def test_not_deferring_is_plain_linear_and_detach_restores_f_linear():
