@@ -29,7 +29,7 @@ is a reduce-scatter followed by an all-gather), forward and backward alike.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -73,24 +73,54 @@ def _split_seq(x: torch.Tensor, group) -> torch.Tensor:
 
 def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     """(b, s/p, h) -> (b, s, h): every rank's part, in rank order."""
+    return gather_seq_start(x, group)()
+
+
+def gather_seq_start(x: torch.Tensor, group) -> Callable[[], torch.Tensor]:
+    """Start the all-gather of (b, s/p, h) along the sequence; the function returned waits and gives (b, s, h).
+
+    CPU tensors (gloo) exchange their parts with one all-to-all: each rank sends its part to every other rank,
+    (p-1) s/p b h elements per rank, what a ring all-gather sends, in one round instead of gloo's p-1 ring
+    steps. Other backends use their all_gather_into_tensor.
+    """
     group, _, size = resolve_group(group)
     if size == 1:
-        return x
+        return lambda: x
     x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(parts, x, group=group)
-    return torch.cat(parts, dim=SEQ_DIM)
+    if x.device.type == "cpu":
+        send = x.unsqueeze(0).expand(size, *x.shape).contiguous()  # (p, b, s/p, h): this part for every rank
+        parts = torch.empty_like(send)
+        work = dist.all_to_all_single(parts, send, group=group, async_op=True)
+    else:
+        parts = x.new_empty(size, *x.shape)  # (p, b, s/p, h)
+        work = dist.all_gather_into_tensor(parts, x, group=group, async_op=True)
+
+    def wait() -> torch.Tensor:
+        work.wait()
+        return parts.movedim(0, SEQ_DIM).flatten(SEQ_DIM, SEQ_DIM + 1)  # (b, p, s/p, h) -> (b, s, h)
+    return wait
 
 
 def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
-    """(b, s, h) partial sums -> (b, s/p, h): this rank's part of the sum over ranks."""
+    """(b, s, h) partial sums -> (b, s/p, h): this rank's part of the sum over ranks.
+
+    gloo has no reduce-scatter of its own: torch 2.13's gloo `reduce_scatter` runs one all-reduce per rank's
+    chunk and `reduce_scatter_tensor` an all-reduce of the whole tensor, i.e. 2 (p-1)/p s b h elements per rank,
+    twice a reduce-scatter's volume. CPU tensors therefore send chunk j to rank j with one all-to-all and sum
+    the p chunks received: (p-1) s/p b h elements per rank, a ring reduce-scatter's volume, in one round. Other
+    backends (NCCL) use their reduce_scatter_tensor.
+    """
     group, _, size = resolve_group(group)
     if size == 1:
         return x
-    n = _seq_part(x.size(SEQ_DIM), size)
-    parts = [t.contiguous() for t in x.split(n, dim=SEQ_DIM)]
-    out = torch.empty_like(parts[0])
-    dist.reduce_scatter(out, parts, group=group)
+    b, n = x.size(0), _seq_part(x.size(SEQ_DIM), size)
+    chunks = x.reshape(b, size, n, *x.shape[2:]).movedim(1, 0).contiguous()  # (p, b, s/p, h): chunk j for rank j
+    if x.device.type == "cpu":
+        received = torch.empty_like(chunks)
+        dist.all_to_all_single(received, chunks, group=group)  # received[i]: rank i's partial sum of this part
+        return received.sum(0)
+    out = x.new_empty(b, n, *x.shape[2:])
+    dist.reduce_scatter_tensor(out, chunks.flatten(0, 1), group=group)
     return out
 
 

@@ -20,24 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from tds.pipe.weight_grad import WeightGradStore
-import torch.distributed as dist
-
-from .mappings import SEQ_DIM, _gather_seq, _reduce_scatter_seq, resolve_group
-
-
-def _gather_seq_async(x_part: torch.Tensor, group):
-    """Start the all-gather of (b, s/p, in) along the sequence; returns a function that waits and gives (b, s, in)."""
-    group, _, size = resolve_group(group)
-    if size == 1:
-        return lambda: x_part
-    x_part = x_part.contiguous()
-    parts = [torch.empty_like(x_part) for _ in range(size)]
-    work = dist.all_gather(parts, x_part, group=group, async_op=True)
-
-    def wait() -> torch.Tensor:
-        work.wait()
-        return torch.cat(parts, dim=SEQ_DIM)
-    return wait
+from .mappings import _gather_seq, _reduce_scatter_seq, gather_seq_start
 
 
 class _SequenceParallelLinear(torch.autograd.Function):
@@ -51,7 +34,7 @@ class _SequenceParallelLinear(torch.autograd.Function):
     def backward(ctx, dy):  # dy (b, s, out_r)
         x_part, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gathering = _gather_seq_async(x_part, ctx.group)  # the re-gather, under dX's GEMM
+        gathering = gather_seq_start(x_part, ctx.group)  # the re-gather, under dX's GEMM
         dx = _reduce_scatter_seq(dy.matmul(weight), ctx.group) if need_x else None  # (b, s/p, in)
         x = gathering()  # (b, s, in)
         if not (need_w or need_b):
