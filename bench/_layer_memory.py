@@ -30,7 +30,6 @@ counted separately.
 """
 from __future__ import annotations
 
-import inspect
 from collections import defaultdict
 
 import torch
@@ -91,41 +90,59 @@ class Regions:
 
 
 class Collectives:
-    """Counts the full-tensor bytes N of each collective while installed."""
+    """Counts the full-tensor bytes N of each collective while installed: torch's all-reduce, and the sequence
+    mappings (`mpu.mappings`, whose CPU all-gathers and reduce-scatters are all-to-alls moving a ring's bytes)."""
 
     def __init__(self):
         self.n = defaultdict(int)
-        self.originals = {}
+        self.originals = []
+        self.inside = False  # in the backward's fused re-gather + reduce-scatter: count it once, there
 
     def __enter__(self):
-        from megatron.mpu import sequence_parallel
-        regather = sequence_parallel._gather_seq
-        self.originals["_regather"] = regather
+        from megatron.mpu import mappings, sequence_parallel
 
-        def counted_regather(x, group):  # the backward's second all-gather of a stored input part
-            if inspect.stack()[1].function == "backward":
-                self.n["of which backward re-gather"] += x.nbytes * dist.get_world_size(group)
-            return regather(x, group)
-        sequence_parallel._gather_seq = counted_regather
-
-        def wrap(name, size):
-            original = getattr(dist, name)
-            self.originals[name] = original
+        def wrap(module, name, count):
+            original = getattr(module, name)
+            self.originals.append((module, name, original))
 
             def counted(*args, **kwargs):
-                self.n[name] += size(*args)
-                return original(*args, **kwargs)
-            setattr(dist, name, counted)
-        wrap("all_reduce", lambda t, *_: t.nbytes)
-        wrap("all_gather", lambda out, *_: sum(o.nbytes for o in out))
-        wrap("reduce_scatter", lambda _out, parts, *_: sum(p.nbytes for p in parts))
+                if self.inside:
+                    return original(*args, **kwargs)
+                self.inside = name == "gather_and_reduce_scatter_seq"
+                try:
+                    out = original(*args, **kwargs)
+                finally:
+                    self.inside = False
+                count(args, out)
+                return out
+            setattr(module, name, counted)
+
+        def all_reduce(args, out):
+            self.n["all_reduce"] += args[0].nbytes
+
+        def all_gather(args, gathered):
+            self.n["all_gather"] += gathered.nbytes
+
+        def reduce_scatter(args, out):
+            self.n["reduce_scatter"] += args[0].nbytes
+
+        def regather(args, out):  # the backward's second all-gather of a stored input part, and dX's reduce-scatter
+            gathered, reduced = out
+            all_gather(args, gathered)
+            self.n["of which backward re-gather"] += gathered.nbytes
+            if reduced is not None:
+                self.n["reduce_scatter"] += reduced.nbytes * dist.get_world_size(args[2])
+
+        wrap(dist, "all_reduce", all_reduce)
+        wrap(mappings, "_gather_seq", all_gather)
+        wrap(sequence_parallel, "_gather_seq", all_gather)  # the forward's gather, imported by name
+        wrap(mappings, "_reduce_scatter_seq", reduce_scatter)
+        wrap(sequence_parallel, "gather_and_reduce_scatter_seq", regather)
         return self
 
     def __exit__(self, *exc):
-        from megatron.mpu import sequence_parallel
-        sequence_parallel._gather_seq = self.originals.pop("_regather")
-        for name, original in self.originals.items():
-            setattr(dist, name, original)
+        for module, name, original in reversed(self.originals):
+            setattr(module, name, original)
 
 
 def measure_layer(tp: int, cases: list, seq: int, batch: int, hidden: int, heads: int, dtype: str,

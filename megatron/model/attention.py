@@ -11,9 +11,12 @@ scaled_dot_product_attention wants the opposite for bool masks (True = attend), 
 
 Selective recomputation (config.recompute_granularity == 'selective', Korthikanti et al. 2022 section 5): the
 attention core softmax(Q K^T + bias) V with its dropout runs under a checkpoint that keeps only q, k, v and the
-mask/bias, and recomputes in backward (dropout replayed). scaled_dot_product_attention stores the s^2 scores and
-probabilities only in its math kernel (on CPU: with attention dropout > 0); its fused kernels (flash,
+mask/bias, and recomputes in backward (dropout replayed). The s^2 probabilities are stored by SDPA's math kernel
+and by `attention_core`'s explicit form (CPU with attention dropout > 0); SDPA's fused kernels (flash,
 memory-efficient: CUDA, and the CPU flash kernel without dropout) store none, and there selective saves nothing.
+
+Attention dropout masks do not depend on tp on CPU (`attention_core`): a rank's heads draw the single process's
+masks of those heads.
 
 Inference only (megatron.inference.kv_cache): with `kv_cache`, this call's keys/values (b, n_r, q, d) are
 appended by `kv_cache.update(k, v)`, which returns every position so far (b, n_r, t, d), and the queries
@@ -69,6 +72,38 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(b, s, n * d)
 
 
+def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
+                   drop: SeededDropout, scale: Optional[float] = None, is_causal: bool = False) -> torch.Tensor:
+    """softmax(Q K^T scale + mask) V with `drop` on the probabilities: q (b, n_r, q, d), k, v (b, n_r, k, d) ->
+    (b, n_r, q, d). mask: bool (True = attend) or additive float, broadcastable to (b, n_r, q, k); is_causal:
+    position i attends to keys <= i; scale None = 1/sqrt(d).
+
+    Without dropout: scaled_dot_product_attention (a fused kernel where one applies). With dropout on CPU, the
+    explicit form whose mask is `drop.keep_mask`: this rank's heads of the mask the single process draws for all
+    n heads, so the masks do not depend on tp (`rng`). SDPA would run its math kernel here anyway (its CPU flash
+    kernel takes no dropout), and this keeps what that kernel keeps: the probabilities, the mask and the dropped
+    probabilities, computed in fp32 for half-precision inputs. On other devices SDPA's fused kernels draw the mask
+    themselves, on a stream per tp rank (`drop.rng(per_part=True)`, Megatron's rule): there the masks depend on tp.
+    """
+    if not drop.active:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+    if q.device.type != "cpu":
+        with drop.rng(per_part=True):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop.p, is_causal=is_causal,
+                                                  scale=scale)
+    dtype = q.dtype
+    q, k, v = q.float(), k.float(), v.float()
+    scores = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5 if scale is None else scale)  # (b, n_r, q, k)
+    if is_causal:
+        mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        if mask.dtype == torch.bool:  # additive, so that autograd keeps no mask (as SDPA's math kernel)
+            mask = mask_to_bias(~mask, scores.dtype)
+        scores = scores + mask
+    probs = torch.softmax(scores, dim=-1) * drop.keep_mask(scores.shape, scores.dtype, scores.device)
+    return torch.matmul(probs, v).to(dtype)
+
+
 def core(attention: nn.Module, function: Callable[..., torch.Tensor], *args) -> torch.Tensor:
     """The attention core `function(*args)`, recomputed in backward under selective recomputation."""
     if attention.recompute_core and attention.training and torch.is_grad_enabled():
@@ -94,7 +129,7 @@ class GPT2SelfAttention(nn.Module):
                                            init_method=normal_init(out_std), tp_group=group,
                                            dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, 0,
-                                               tp_split=True, tp_rank=tp_rank)
+                                               part=(1, tp_rank, tp_size))  # this rank's heads of (b, n, q, k)
         self.recompute_core = config.recompute_granularity == "selective"
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor], kv_cache=None) -> torch.Tensor:
@@ -111,11 +146,7 @@ class GPT2SelfAttention(nn.Module):
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         """softmax(Q K^T / sqrt(d) + mask) V with attention dropout; mask bool True = attend, None = causal."""
-        drop = self.attention_dropout
-        if drop.active:
-            with drop.rng():
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop.p, is_causal=mask is None)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        return attention_core(q, k, v, mask, self.attention_dropout, is_causal=mask is None)
 
 
 class T5Attention(nn.Module):
@@ -145,7 +176,7 @@ class T5Attention(nn.Module):
                                        init_method=normal_init(f * inner ** -0.5), tp_group=group,
                                        dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, site,
-                                               tp_split=True, tp_rank=tp_rank)
+                                               part=(1, tp_rank, tp_size))  # this rank's heads of (b, n, q, k)
         self.recompute_core = config.recompute_granularity == "selective"
         self.relative_attention_bias = None
         if position_bias is not None:
@@ -167,11 +198,7 @@ class T5Attention(nn.Module):
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """softmax(Q K^T + bias) V with attention dropout (no 1/sqrt(d): T5 folds it into the init)."""
-        drop = self.attention_dropout
-        if drop.active:
-            with drop.rng():
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=drop.p, scale=1.0)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+        return attention_core(q, k, v, bias, self.attention_dropout, scale=1.0)
 
     def _keys_values(self, source: torch.Tensor, kv_cache) -> Tuple[torch.Tensor, torch.Tensor]:
         """(b, k, h) -> keys, values (b, n_r, k, d); with a kv_cache, what it holds after this call."""

@@ -25,7 +25,7 @@ from .attention import normal_init
 from .config import GPT2Config
 from .language_model import lm_logits, masked_lm_loss
 from .layer_norm import layer_norm
-from .rng import SeededDropout, init_rng
+from .rng import SeededDropout, init_rng, sequence_split
 from .transformer import TransformerLayer, run_layers, sequence_parallel_norm, sequence_part
 
 
@@ -46,7 +46,7 @@ class GPT2Embedding(nn.Module):
             self.word_embeddings = mpu.VocabParallelEmbedding(
                 config.padded_vocab_size(tp_size), config.hidden_size,
                 init_method=normal_init(config.init_method_std), tp_group=group, dtype=config.params_dtype)
-        self.embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0, sequence_part=part)
+        self.embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0, part=sequence_split(part))
 
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(b, s) -> (b, s, h); with sequence parallelism this rank's part (b, s/t, h)."""

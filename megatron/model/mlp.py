@@ -47,12 +47,12 @@ class GPT2MLP(nn.Module):
 
 
 class T5MLP(nn.Module):
-    """(b, s, h) -> (b, s, h), no biases; the inner dropout acts on split activations (tp-rank stream)."""
+    """(b, s, h) -> (b, s, h), no biases; the inner dropout keeps this rank's columns of the whole mask."""
 
     def __init__(self, config: T5Config, module_number: int, site: int, tp_group=None,
                  sequence_parallel: bool = False):
         super().__init__()
-        group, tp_rank, _ = mpu.mappings.resolve_group(tp_group)
+        group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
         d, f, factor = config.hidden_size, config.ffn_hidden_size, config.initializer_factor
         self.gated = config.feed_forward_proj == "gated-gelu"
         self.wi = mpu.ColumnParallelLinear(d, 2 * f if self.gated else f, bias=False, gather_output=False,
@@ -62,8 +62,8 @@ class T5MLP(nn.Module):
         self.wo = mpu.RowParallelLinear(f, d, bias=False, input_is_parallel=True,
                                         init_method=normal_init(factor * f ** -0.5), tp_group=group,
                                         dtype=config.params_dtype, sequence_parallel=sequence_parallel)
-        self.dropout = SeededDropout(config.hidden_dropout, config.seed, module_number, site, tp_split=True,
-                                     tp_rank=tp_rank)
+        self.dropout = SeededDropout(config.hidden_dropout, config.seed, module_number, site,
+                                     part=(-1, tp_rank, tp_size))  # this rank's columns of (b, s, f)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, _ = self.wi(x)  # (b, s, f_r) or (b, s, 2 f_r)

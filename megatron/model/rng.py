@@ -9,26 +9,26 @@ a module holds the same values whichever pipeline stage builds it and whatever t
 Dropout. Dropout site j of module k draws its mask, in training iteration i, on its c-th training-mode call
 of that iteration (both counted from 0), from the device generator seeded with
 
-    mix(seed, k, j, i, c)                   on activations replicated across tp ranks (hidden dropout)
-    mix(seed + 2718 + tp_rank, k, j, i, c)  on activations split across tp ranks (attention probabilities,
-                                            T5's inner feed-forward)
+    mix(seed, k, j, i, c)          where mix is a fixed polynomial hash
 
-where mix is a fixed polynomial hash. Every site runs once per training micro-batch and the engines run a
-stage's micro-batches in order, so c is the micro-batch number within the iteration: a mask is a pure
-function of (seed, iteration, micro-batch, site). Hence
+and always for the whole tensor the single process sees. Every site runs once per training micro-batch and the
+engines run a stage's micro-batches in order, so c is the micro-batch number within the iteration: a mask is a
+pure function of (seed, iteration, micro-batch, site). Hence
   - one process and any pipeline split draw the same masks (a stage does not consume a shared stream in
-    the single-process order); ranks of a tp group agree on hidden-dropout masks and differ on split
-    activations (Megatron's convention); data-parallel replicas draw the same masks for their m-th
-    micro-batch;
+    the single-process order); data-parallel replicas draw the same masks for their m-th micro-batch;
   - nothing needs to be saved: the training loop announces each iteration with `start_iteration(model, i)`,
     so a run resumed at iteration i draws what the uninterrupted run drew. A model never told its iteration
     (used outside the loop) stays at i = 0 and c counts every training call since construction;
   - the device generator outside a site is untouched, so no other random stream depends on dropout.
 
-Sequence parallelism. A hidden-dropout site that sees part r of t of the sequence (`sequence_part=(r, t)`,
-dim 1 of (b, s, h)) draws the mask of the whole (b, s, h) tensor from the same seed and keeps rows
-[r s/t, (r+1) s/t): its mask is the single process's mask of that slice, bit for bit (the draw depends only on
-the seed, the shape and the dtype), so sequence parallelism changes no mask.
+Tensor and sequence parallelism. A site that sees part r of t of the tensor along one dim (`part=(dim, r, t)`:
+a tp rank's heads of the attention probabilities (b, n, q, k) or its columns of T5's inner feed-forward
+(b, s, f), or under sequence parallelism its rows of the sequence (b, s, h)) draws the mask of the whole tensor
+from the same seed and keeps its part: the single process's mask of that slice, bit for bit (the draw depends
+only on the seed, the shape and the dtype). So no tp size and no sequence split changes a mask, at the price of
+drawing t times the random numbers. (Megatron instead gives split activations a stream per tp rank,
+seed + 2718 + tp_rank, so its masks depend on tp; here that rule is left only to SDPA's fused kernels, which
+draw their own masks: `rng(per_part=True)`, see `attention.attention_core`.)
 
 Activation checkpointing recomputes a segment during backward, which would advance the counters twice;
 `replay_checkpoint` rewinds the segment's counters to their values at the first forward for the
@@ -78,22 +78,28 @@ def _seeded_device_rng(seed: int) -> Iterator[None]:
         tds_device.set_rng_state(state)
 
 
+Part = Tuple[int, int, int]  # (dim, r, t): the tensor a site sees is part r of t of the whole along dim
+WHOLE: Part = (0, 0, 1)
+
+
+def sequence_split(part: Tuple[int, int]) -> Part:
+    """(r, t) of the sequence -> the Part along dim 1 of (b, s, h)."""
+    return (1, *part)
+
+
 class SeededDropout(nn.Module):
     """Dropout site j of module k; see the module docstring for the seed rule.
 
-    `forward(x)` is dropout; `with site.rng(): ...` runs any random op (e.g. the dropout inside
-    scaled_dot_product_attention) on this site's seeded device generator and counts one call.
+    `forward(x)` is dropout; `keep_mask(shape, ...)` draws the scaled mask of a part of that shape (and counts a
+    call); `with site.rng(): ...` runs any random op on this site's seeded device generator and counts one call.
     """
 
-    def __init__(self, p: float, seed: int, module_number: int, site: int, tp_split: bool = False,
-                 tp_rank: int = 0, sequence_part: Tuple[int, int] = (0, 1)):
-        """sequence_part (r, t): the input is part r of t of the sequence (sequence parallelism)."""
+    def __init__(self, p: float, seed: int, module_number: int, site: int, part: Part = WHOLE):
+        """part (dim, r, t): the input is part r of t of the whole tensor along dim (module docstring)."""
         super().__init__()
         if not 0.0 <= p < 1.0:
             raise ValueError(f"dropout probability must be in [0, 1), got {p}")
-        self.p, self.module_number, self.site, self.tp_split = p, module_number, site, tp_split
-        self.sequence_part = sequence_part
-        self.base_seed = seed + MODEL_PARALLEL_SEED_OFFSET + tp_rank if tp_split else seed
+        self.p, self.seed, self.module_number, self.site, self.part = p, seed, module_number, site, part
         self.iteration = 0  # set by start_iteration
         self.calls = 0  # training-mode calls since then
 
@@ -101,26 +107,36 @@ class SeededDropout(nn.Module):
     def active(self) -> bool:
         return self.training and self.p > 0
 
-    def rng(self) -> contextlib.AbstractContextManager:
-        seed = mix(self.base_seed, self.module_number, self.site, self.iteration, self.calls)
+    def rng(self, per_part: bool = False) -> contextlib.AbstractContextManager:
+        """The site's generator for this call; per_part: a stream of this part's own (Megatron's seed + 2718 + r),
+        for a kernel that draws only its part's mask itself."""
+        base = self.seed + (MODEL_PARALLEL_SEED_OFFSET + self.part[1] if per_part else 0)
+        seed = mix(base, self.module_number, self.site, self.iteration, self.calls)
         self.calls += 1
         return _seeded_device_rng(seed)
+
+    def keep_mask(self, shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
+        """This part's mask, 0 or 1/(1-p), of `shape`: the whole tensor's, drawn from this call's seed, narrowed."""
+        dim, r, t = self.part
+        whole = list(shape)
+        whole[dim] *= t
+        with self.rng():
+            keep = F.dropout(torch.ones(whole, dtype=dtype, device=device), self.p, training=True)
+        if t == 1:
+            return keep
+        return keep.narrow(dim, r * shape[dim], shape[dim]).clone(memory_format=torch.contiguous_format)  # own storage
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:
             return x
-        part, parts = self.sequence_part
-        if parts == 1:
+        if self.part[2] == 1:
             with self.rng():
                 return F.dropout(x, self.p, training=True)
-        n = x.size(1)  # (b, s/t, h): draw the whole (b, s, h) mask, keep this part
-        with self.rng():
-            keep = F.dropout(x.new_ones(x.size(0), n * parts, *x.shape[2:]), self.p, training=True)  # 0 or 1/(1-p)
-        return x * keep.narrow(1, part * n, n).clone(memory_format=torch.contiguous_format)
+        return x * self.keep_mask(x.shape, x.dtype, x.device)
 
     def extra_repr(self) -> str:
-        sp = f", sequence_part={self.sequence_part}" if self.sequence_part[1] > 1 else ""
-        return f"p={self.p}, module={self.module_number}, site={self.site}, tp_split={self.tp_split}{sp}"
+        part = f", part={self.part}" if self.part[2] > 1 else ""
+        return f"p={self.p}, module={self.module_number}, site={self.site}{part}"
 
 
 def dropout_sites(module: nn.Module) -> list[SeededDropout]:

@@ -37,7 +37,7 @@ from .config import T5Config
 from .language_model import lm_logits, masked_lm_loss
 from .layer_norm import RMSNorm
 from .position import expand_compact_bias
-from .rng import SeededDropout, init_rng
+from .rng import SeededDropout, init_rng, sequence_split
 from .transformer import T5TransformerLayer, run_layers, sequence_parallel_norm, sequence_part
 
 
@@ -54,8 +54,8 @@ class T5Embedding(nn.Module):
             self.word_embeddings = mpu.VocabParallelEmbedding(
                 config.padded_vocab_size(tp_size), config.hidden_size,
                 init_method=normal_init(config.initializer_factor), tp_group=group, dtype=config.params_dtype)
-        self.encoder_embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0, sequence_part=part)
-        self.decoder_embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 1, sequence_part=part)
+        self.encoder_embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0, part=sequence_split(part))
+        self.decoder_embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 1, part=sequence_split(part))
 
     def forward(self, enc_tokens: torch.Tensor, dec_tokens: torch.Tensor):
         """(b, se), (b, sd) -> (b, se, h), (b, sd, h) (this rank's parts, s/t, with sequence parallelism)."""
@@ -103,7 +103,7 @@ class T5FinalNorm(nn.Module):
         with init_rng(config.seed, module_number):
             self.final_layernorm = sequence_parallel_norm(
                 RMSNorm(config.hidden_size, config.layernorm_epsilon, config.params_dtype), part)
-        self.dropout = SeededDropout(config.hidden_dropout, config.seed, module_number, 0, sequence_part=part)
+        self.dropout = SeededDropout(config.hidden_dropout, config.seed, module_number, 0, part=sequence_split(part))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.dropout(self.final_layernorm(x))

@@ -30,7 +30,7 @@ from .attention import GPT2SelfAttention, T5Attention
 from .config import GPT2Config, T5Config
 from .layer_norm import RMSNorm, layer_norm
 from .mlp import GPT2MLP, T5MLP
-from .rng import SeededDropout, dropout_sites, init_rng, replay_checkpoint
+from .rng import SeededDropout, dropout_sites, init_rng, replay_checkpoint, sequence_split
 
 
 def sequence_part(tp_group, sequence_parallel: bool) -> tuple:
@@ -60,8 +60,8 @@ class TransformerLayer(nn.Module):
             self.post_attention_layernorm = sequence_parallel_norm(layer_norm(config.hidden_size, eps, dtype), part)
             self.mlp = GPT2MLP(config, tp_group, sequence_parallel=sp)
         self.attention_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 1,
-                                                      sequence_part=part)
-        self.mlp_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 2, sequence_part=part)
+                                                      part=sequence_split(part))
+        self.mlp_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 2, part=sequence_split(part))
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, kv_cache=None) -> torch.Tensor:
         cache = None if kv_cache is None else kv_cache.self_attention
@@ -93,10 +93,10 @@ class T5TransformerLayer(nn.Module):
             self.mlp_layernorm = sequence_parallel_norm(RMSNorm(d, eps, dtype), part)
             self.mlp = T5MLP(config, n, site=4, **common)
         p, seed = config.hidden_dropout, config.seed
-        self.self_attention_output_dropout = SeededDropout(p, seed, n, 1, sequence_part=part)
+        self.self_attention_output_dropout = SeededDropout(p, seed, n, 1, part=sequence_split(part))
         if is_decoder:
-            self.cross_attention_output_dropout = SeededDropout(p, seed, n, 3, sequence_part=part)
-        self.mlp_output_dropout = SeededDropout(p, seed, n, 5, sequence_part=part)
+            self.cross_attention_output_dropout = SeededDropout(p, seed, n, 3, part=sequence_split(part))
+        self.mlp_output_dropout = SeededDropout(p, seed, n, 5, part=sequence_split(part))
 
     @property
     def position_bias(self):

@@ -29,7 +29,7 @@ is a reduce-scatter followed by an all-gather), forward and backward alike.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -71,15 +71,45 @@ def _split_seq(x: torch.Tensor, group) -> torch.Tensor:
     return x.narrow(SEQ_DIM, rank * n, n).contiguous()
 
 
+def _to_chunks(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(b, s, h) -> (p, b, s/p, h), contiguous: chunk j is part j of the sequence."""
+    b, n = x.size(0), _seq_part(x.size(SEQ_DIM), size)
+    return x.reshape(b, size, n, *x.shape[2:]).movedim(1, 0).contiguous()
+
+
+def _from_chunks(parts: torch.Tensor) -> torch.Tensor:
+    """(p, b, s/p, h) -> (b, s, h)."""
+    return parts.movedim(0, SEQ_DIM).flatten(SEQ_DIM, SEQ_DIM + 1)
+
+
+def _exchange(send: torch.Tensor, group) -> torch.Tensor:
+    """All-to-all over dim 0 of (p, ...): block j goes to rank j; block i of the result came from rank i."""
+    received = torch.empty_like(send)
+    dist.all_to_all_single(received, send, group=group)
+    return received
+
+
+# On CPU (gloo) the sequence collectives below are all-to-alls. gloo has no reduce-scatter of its own: torch
+# 2.13's gloo `reduce_scatter` runs one all-reduce per rank's chunk and `reduce_scatter_tensor` an all-reduce of
+# the whole tensor, both moving 2 (p-1)/p N elements per rank (N = b s h), twice a reduce-scatter's; its
+# all-gather is a ring of p-1 steps. An all-to-all sends each block straight to its rank in one round:
+#   all-gather      send this part to every rank                 (p-1)/p N per rank, as a ring all-gather
+#   reduce-scatter  send chunk j to rank j, sum the p received   (p-1)/p N per rank, as a ring reduce-scatter
+# so the volume is exactly that of the all-gather and reduce-scatter they stand for. Other backends (NCCL) use
+# all_gather_into_tensor and reduce_scatter_tensor.
+
+
 def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     """(b, s/p, h) -> (b, s, h): every rank's part, in rank order."""
     group, _, size = resolve_group(group)
     if size == 1:
         return x
     x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(size)]
-    dist.all_gather(parts, x, group=group)
-    return torch.cat(parts, dim=SEQ_DIM)
+    if x.device.type == "cpu":
+        return _from_chunks(_exchange(x.unsqueeze(0).expand(size, *x.shape).contiguous(), group))
+    parts = x.new_empty(size, *x.shape)  # (p, b, s/p, h)
+    dist.all_gather_into_tensor(parts, x, group=group)
+    return _from_chunks(parts)
 
 
 def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
@@ -87,11 +117,39 @@ def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
     group, _, size = resolve_group(group)
     if size == 1:
         return x
-    n = _seq_part(x.size(SEQ_DIM), size)
-    parts = [t.contiguous() for t in x.split(n, dim=SEQ_DIM)]
-    out = torch.empty_like(parts[0])
-    dist.reduce_scatter(out, parts, group=group)
+    chunks = _to_chunks(x, size)  # (p, b, s/p, h): chunk j for rank j
+    if x.device.type == "cpu":
+        return _exchange(chunks, group).sum(0)  # the p partial sums of this rank's part, added
+    out = torch.empty_like(chunks[0])
+    dist.reduce_scatter_tensor(out, chunks.flatten(0, 1), group=group)
     return out
+
+
+def gather_and_reduce_scatter_seq(part: torch.Tensor, compute_full: Optional[Callable[[], torch.Tensor]],
+                                  group) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(AG(part), RS(compute_full())): part (b, s/p, h) -> (b, s, h); the full (b, s, h) partial sums -> (b, s/p, h)
+    (None without compute_full). The backward of a column GEMM under sequence parallelism: re-gather the stored
+    input part, reduce-scatter dX.
+
+    On CPU the two travel in one all-to-all, rank j receiving [this part, chunk j of the sums]: the bytes of
+    both collectives in one round. Elsewhere the all-gather starts before compute_full runs, so it overlaps it.
+    """
+    group, _, size = resolve_group(group)
+    if size == 1:
+        return part, (compute_full() if compute_full is not None else None)
+    part = part.contiguous()
+    if part.device.type == "cpu":
+        full = compute_full() if compute_full is not None else None
+        if full is None or full.dtype != part.dtype or full.shape[2:] != part.shape[2:]:
+            return _gather_seq(part, group), (None if full is None else _reduce_scatter_seq(full, group))
+        send = torch.stack([part.unsqueeze(0).expand(size, *part.shape), _to_chunks(full, size)], dim=1)
+        received = _exchange(send, group)  # (p, 2, b, s/p, h): [i, 0] rank i's part, [i, 1] its sums of mine
+        return _from_chunks(received[:, 0]), received[:, 1].sum(0)
+    parts = part.new_empty(size, *part.shape)
+    work = dist.all_gather_into_tensor(parts, part, group=group, async_op=True)
+    reduced = _reduce_scatter_seq(compute_full(), group) if compute_full is not None else None
+    work.wait()
+    return _from_chunks(parts), reduced
 
 
 def _seq_part(seq_length: int, size: int) -> int:

@@ -7,10 +7,11 @@ Shape legend: b batch, s sequence, p tp size, in / out the GEMM's widths (out_r 
 
 Saving X^r instead of the gathered X keeps the stored GEMM input at s/p rows (Korthikanti et al. 2022,
 section 4.2.2: "we only store the sequence-parallel part and all-gather it again in backward"): that re-gather
-is the one all-gather that sequence parallelism adds (started before dX's GEMM, which hides it where compute
-is long enough) to the communication of tensor parallelism (forward AG +
-RS and backward RS + AG move what the two all-reduces they replace move). With a `WeightGradStore` deferring
-(ZB-H1), dA_r and db_r are queued with the gathered X and dY_r and computed in W.
+is the one all-gather that sequence parallelism adds to the communication of tensor parallelism (forward AG +
+RS and backward RS + AG move what the two all-reduces they replace move). `gather_and_reduce_scatter_seq` runs
+the re-gather and dX's reduce-scatter together: one all-to-all on CPU, the gather under dX's GEMM elsewhere.
+With a `WeightGradStore` deferring (ZB-H1), dA_r and db_r are queued with the gathered X and dY_r and computed
+in W.
 """
 from __future__ import annotations
 
@@ -20,24 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from tds.pipe.weight_grad import WeightGradStore
-import torch.distributed as dist
-
-from .mappings import SEQ_DIM, _gather_seq, _reduce_scatter_seq, resolve_group
-
-
-def _gather_seq_async(x_part: torch.Tensor, group):
-    """Start the all-gather of (b, s/p, in) along the sequence; returns a function that waits and gives (b, s, in)."""
-    group, _, size = resolve_group(group)
-    if size == 1:
-        return lambda: x_part
-    x_part = x_part.contiguous()
-    parts = [torch.empty_like(x_part) for _ in range(size)]
-    work = dist.all_gather(parts, x_part, group=group, async_op=True)
-
-    def wait() -> torch.Tensor:
-        work.wait()
-        return torch.cat(parts, dim=SEQ_DIM)
-    return wait
+from .mappings import _gather_seq, gather_and_reduce_scatter_seq
 
 
 class _SequenceParallelLinear(torch.autograd.Function):
@@ -51,9 +35,8 @@ class _SequenceParallelLinear(torch.autograd.Function):
     def backward(ctx, dy):  # dy (b, s, out_r)
         x_part, weight = ctx.saved_tensors
         need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        gathering = _gather_seq_async(x_part, ctx.group)  # the re-gather, under dX's GEMM
-        dx = _reduce_scatter_seq(dy.matmul(weight), ctx.group) if need_x else None  # (b, s/p, in)
-        x = gathering()  # (b, s, in)
+        x, dx = gather_and_reduce_scatter_seq(x_part, (lambda: dy.matmul(weight)) if need_x else None,
+                                              ctx.group)  # (b, s, in), (b, s/p, in)
         if not (need_w or need_b):
             return dx, None, None, None, None
 

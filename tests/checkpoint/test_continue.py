@@ -78,7 +78,7 @@ def test_finetune_loads_weights_only_at_another_layout(gpt2_222, data_prefix):
 
 @pytest.mark.slow
 def test_pp_only_reshape_keeps_default_dropout(data_prefix, tmp_path):
-    """Dropout 0.1 (the default): masks depend on (seed, iteration, micro-batch, site, tp rank), not on pp, so
+    """Dropout 0.1 (the default): masks depend on (seed, iteration, micro-batch, site), not on tp or pp, so
     a (2, 2, 2) checkpoint continued at (2, 1, 2) matches the uninterrupted run."""
     dropout = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1"]
     save = str(tmp_path / "ckpt")

@@ -106,3 +106,34 @@ def test_dropout_same_in_every_layout(pp):
                     f"{kind} pp={pp} {job['config_kw']}: step {step} loss {got} vs plain {want}"
             assert abs(r["eval_loss"] - refs[kind]["eval_loss"]) <= TOL * abs(refs[kind]["eval_loss"])
         common.check_grads(results, refs[kind]["grads"], 1, TOL)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_split_sites_draw_the_single_process_masks(tp):
+    """A tp rank's heads (attention probabilities, through the attention core, causal, masked and biased) and
+    its columns (T5's inner feed-forward) draw the single process's masks for that slice: the ranks' outputs
+    concatenate to the single process's, bit for bit."""
+    from megatron.model.attention import attention_core
+    from megatron.model.rng import SeededDropout
+
+    def site(part=(0, 0, 1)):
+        return SeededDropout(0.3, 7, 3, 0, part=part).train()
+
+    g = torch.Generator().manual_seed(0)
+    b, n, s, d = 2, 8, 6, 4
+    q, k, v = (torch.randn(b, n, s, d, generator=g) for _ in range(3))
+    bool_mask = torch.rand(b, 1, s, s, generator=g) > 0.3
+    bool_mask |= torch.eye(s, dtype=torch.bool)  # every query attends somewhere
+    bias = torch.randn(b, n, s, s, generator=g)
+    heads = n // tp
+    for kw in (dict(is_causal=True), dict(mask=bool_mask), dict(mask=bias, scale=1.0)):
+        mask = kw.pop("mask", None)
+        whole = attention_core(q, k, v, mask, site(), **kw)
+        parts = [attention_core(q[:, r * heads:(r + 1) * heads], k[:, r * heads:(r + 1) * heads],
+                                v[:, r * heads:(r + 1) * heads],
+                                mask if mask is None or mask.size(1) == 1 else mask[:, r * heads:(r + 1) * heads],
+                                site((1, r, tp)), **kw) for r in range(tp)]
+        assert torch.equal(torch.cat(parts, 1), whole), kw
+    x = torch.randn(b, s, 16, generator=g)
+    whole = site()(x)
+    assert torch.equal(torch.cat([site((-1, r, tp))(c) for r, c in enumerate(x.chunk(tp, -1))], -1), whole)

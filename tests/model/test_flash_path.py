@@ -1,8 +1,11 @@
-"""The flash path: with the default data (no --reset-attention-mask) GPT-2 calls scaled_dot_product_attention
-with is_causal=True and no mask, the batch carries no mask tensor and none crosses a pipeline boundary; with
---reset-attention-mask the mask is built, declared at the boundary and passed to SDPA.
+"""The flash path: with the default data (no --reset-attention-mask) GPT-2 hands the attention core
+(`attention.attention_core`) is_causal=True and no mask, and the core hands them to scaled_dot_product_attention;
+the batch carries no mask tensor and none crosses a pipeline boundary; with --reset-attention-mask the mask is
+built, declared at the boundary and passed to SDPA.
 
-SDPA is patched (a wrapper that records what it receives and calls the real one), so the test holds on CPU.
+SDPA and the core are patched (wrappers that record what they receive and call the real ones), so the test holds
+on CPU, where the core computes attention with dropout itself (SDPA's CPU flash kernel takes no dropout) and
+calls SDPA without it.
 """
 from __future__ import annotations
 
@@ -39,14 +42,26 @@ def _raw(s: int = 16) -> dict:
     return {"text": torch.randint(1, 300, (2, s + 1), generator=torch.Generator().manual_seed(0))}
 
 
-def test_default_data_builds_no_mask_and_sdpa_gets_is_causal(sdpa_calls):
+def test_default_data_builds_no_mask_and_sdpa_gets_is_causal(sdpa_calls, monkeypatch):
+    core_calls = []
+    real_core = attention.attention_core
+
+    def recording_core(q, k, v, mask, drop, scale=None, is_causal=False):
+        core_calls.append(dict(attn_mask=mask, is_causal=is_causal, dropout_p=drop.p if drop.active else 0.0))
+        return real_core(q, k, v, mask, drop, scale, is_causal)
+
+    monkeypatch.setattr(attention, "attention_core", recording_core)
     inputs, _ = gpt2_batch(_raw(), _data_args(False), types.SimpleNamespace(eod=0))
     assert len(inputs) == 2 and all(t.dtype == torch.int64 for t in inputs)  # tokens, position ids: no mask
     cfg = common.gpt2_config(num_layers=2, hidden_dropout=0.1, attention_dropout=0.1)
     model = common.build_plain("gpt2", cfg)
-    model(*inputs).sum().backward()
-    assert len(sdpa_calls) == 2
-    assert all(c["attn_mask"] is None and c["is_causal"] and c["dropout_p"] == 0.1 for c in sdpa_calls)
+    model(*inputs).sum().backward()  # training: the core gets dropout 0.1 (on CPU it computes it itself)
+    model.eval()
+    with torch.no_grad():
+        model(*inputs)  # evaluation: no dropout, the core calls SDPA
+    assert len(core_calls) == 4 and len(sdpa_calls) == 2
+    assert all(c["attn_mask"] is None and c["is_causal"] for c in core_calls + sdpa_calls)
+    assert [c["dropout_p"] for c in core_calls] == [0.1, 0.1, 0.0, 0.0]
 
 
 def test_reset_attention_mask_keeps_the_mask_path(sdpa_calls):

@@ -1,16 +1,14 @@
 """Sequence parallelism (`sequence_parallel=True` on the Pipe models) against the single process.
 
-- GPT-2 with hidden dropout on, and T5, at (tp, pp, dp) = (2, 2, 1) and GPT-2 at (4, 1, 1): the losses of
-  STEPS SGD steps, the first-step gradients and the eval loss equal the single-process plain model's (fp32,
-  relative error < 1e-5). The hidden-dropout masks of a sequence part are the single process's masks of
-  that slice (`rng`), so dropout stays on. T5 runs without dropout here: its inner feed-forward dropout, like
-  attention dropout, acts on tp-split activations and draws a stream per tp rank (Megatron's convention),
-  so no tp > 1 run equals the single process with those on, with or without sequence parallelism.
-- Every dropout on (hidden, attention, T5's inner): sequence parallelism changes no mask, so at tp = 2 the
-  run with it equals the run without it, GPT-2 and T5.
+- Every dropout on (hidden, attention, T5's inner feed-forward), GPT-2 and T5 at (tp, pp, dp) = (2, 2, 1) and
+  GPT-2 at (4, 1, 1): the losses of STEPS SGD steps, the first-step gradients and the eval loss equal the
+  single-process plain model's (fp32, relative error < 1e-5). A site that sees a part of a tensor (a sequence
+  part, a tp rank's heads or inner columns) keeps the single process's mask of that slice (`rng`).
+- Every dropout on: sequence parallelism changes no mask, so at tp = 2 the run with it equals the run without
+  it, GPT-2 and T5.
 - A sequence length that tp does not divide is a one-line error naming both numbers.
 - slow: tp in {2, 4} x pp in {1, 2} (every schedule at pp = 2: 1f1b, gpipe, interleaved with 2 chunks, zb-h1)
-  x dp in {1, 2}, ZeRO-1 at dp = 2, 20 steps, GPT-2 (hidden dropout on at dp = 1) and T5.
+  x dp in {1, 2}, ZeRO-1 at dp = 2, 20 steps, GPT-2 and T5 (every dropout on at dp = 1).
 """
 from __future__ import annotations
 
@@ -21,7 +19,6 @@ from tests.model import common
 
 STEPS = 3
 TOL = 1e-5
-HIDDEN_DROPOUT = dict(hidden_dropout=0.1, attention_dropout=0.0)
 ALL_DROPOUT = dict(hidden_dropout=0.1, attention_dropout=0.1)
 
 
@@ -52,9 +49,9 @@ def _check_against_reference(jobs: list, per_rank: list, references: dict) -> fl
 
 def test_sequence_parallel_matches_single_process():
     sp = dict(steps=STEPS, sequence_parallel=True)
-    jobs = [dict(kind="gpt2", tp=2, pp=2, dp=1, config_kw=HIDDEN_DROPOUT, **sp),
-            dict(kind="t5", tp=2, pp=2, dp=1, config_kw={}, **sp),
-            dict(kind="gpt2", tp=4, pp=1, dp=1, config_kw=HIDDEN_DROPOUT, **sp)]
+    jobs = [dict(kind="gpt2", tp=2, pp=2, dp=1, config_kw=ALL_DROPOUT, **sp),
+            dict(kind="t5", tp=2, pp=2, dp=1, config_kw=ALL_DROPOUT, **sp),
+            dict(kind="gpt2", tp=4, pp=1, dp=1, config_kw=ALL_DROPOUT, **sp)]
     per_rank = run_distributed(common.run_jobs, 4, jobs, timeout=500)
     _check_against_reference(jobs, per_rank, {})
 
@@ -104,7 +101,7 @@ def _matrix_jobs(tp: int, pp: int, dp: int) -> list:
             v = 2 if schedule == "interleaved" else 1
             # dropout only at dp = 1: data-parallel replicas draw the masks of micro-batches 0.. (rng), which the
             # single process draws for the first replica's micro-batches only
-            kw = dict(HIDDEN_DROPOUT if kind == "gpt2" and dp == 1 else {})
+            kw = dict(ALL_DROPOUT if dp == 1 else {})
             jobs.append(dict(kind=kind, tp=tp, pp=pp, dp=dp, config_kw=kw, steps=20, gas=4, schedule=schedule,
                              virtual_stages=v, zero=1 if dp > 1 else 0, sequence_parallel=True))
     return jobs

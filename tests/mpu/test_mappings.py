@@ -3,6 +3,7 @@
 World 4 with tp=2 (so dp=2): tp groups [0, 1] and [2, 3]; a collective over the wrong group would mix
 values of both groups and fail.
 """
+import pytest
 import torch
 
 from megatron import mpu
@@ -66,3 +67,55 @@ def test_identity_without_distributed():
         assert torch.equal(y, x)
         (g,) = torch.autograd.grad(y.sum(), x)
         assert torch.equal(g, torch.ones_like(x))
+
+
+def _check_sequence(tp: int):
+    """The sequence-parallel mappings and the column GEMM on (b, s, h) = (2, 8, 3) against sums and
+    concatenations of every peer's values, forward and backward."""
+    import torch.nn.functional as F
+
+    from megatron.mpu.sequence_parallel import sequence_parallel_linear
+    state = mpu.initialize_model_parallel(tp)
+    me, peers = state.global_rank, state.tp_ranks
+    tp_rank = mpu.get_model_parallel_rank()
+    full, part = (2, 8, 3), (2, 8 // tp, 3)
+    mine = slice(tp_rank * 8 // tp, (tp_rank + 1) * 8 // tp)
+
+    x, g = _value(me, full), _value(me, part) * 10  # partial sums (b, s, h); a gradient of this rank's part
+    y, dx = _run_mapping(mpu.reduce_scatter_to_sequence_parallel_region, x, g)
+    assert torch.allclose(y, sum(_value(r, full) for r in peers)[:, mine]), "reduce-scatter forward"
+    assert torch.equal(dx, torch.cat([_value(r, part) * 10 for r in peers], 1)), "reduce-scatter backward: gather"
+
+    x, g = _value(me, part), _value(me, full) * 10
+    y, dx = _run_mapping(mpu.gather_from_sequence_parallel_region, x, g)
+    assert torch.equal(y, torch.cat([_value(r, part) for r in peers], 1)), "gather forward"
+    assert torch.allclose(dx, sum(_value(r, full) * 10 for r in peers)[:, mine]), "gather backward: reduce-scatter"
+    _, dx = _run_mapping(lambda t: mpu.gather_from_sequence_parallel_region(t, tensor_parallel_output_grad=False),
+                         x, g)
+    assert torch.equal(dx, g[:, mine]), "gather backward without tensor-parallel consumers: split"
+
+    x, g = _value(me, full), _value(me, part) * 10  # replicated input; its split, gathered back
+    y, dx = _run_mapping(mpu.scatter_to_sequence_parallel_region, x, g)
+    assert torch.equal(y, x[:, mine]) and torch.equal(dx, torch.cat([_value(r, part) * 10 for r in peers], 1))
+
+    # the column GEMM on this rank's part (W_r differs per rank): Y_r = AG(X^r) W_r^T + b_r; dX^r = RS(dY_r W_r),
+    # dW_r = dY_r^T X, db_r = sum dY_r
+    w = torch.nn.Parameter(_value(me, (5, 3)))
+    bias = torch.nn.Parameter(_value(me, (5,)))
+    x = _value(me, part).requires_grad_()
+    dy = _value(me, (2, 8, 5))
+    y = sequence_parallel_linear(x, w, bias, state.tp_group)
+    y.backward(dy)
+    gathered = torch.cat([_value(r, part) for r in peers], 1)
+    assert torch.allclose(y, F.linear(gathered, w, bias))
+    assert torch.allclose(x.grad, sum(_value(r, (2, 8, 5)).matmul(_value(r, (5, 3))) for r in peers)[:, mine])
+    assert torch.allclose(w.grad, dy.reshape(-1, 5).t().mm(gathered.reshape(-1, 3)))
+    assert torch.allclose(bias.grad, dy.reshape(-1, 5).sum(0))
+    mpu.destroy_model_parallel()
+    return True
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_sequence_parallel_mappings_world4(tp):
+    """World 4: tp 2 (two groups, a collective over the wrong one would mix them) and tp 4."""
+    assert run_distributed(_check_sequence, 4, tp) == [True] * 4

@@ -2,12 +2,12 @@
 
 - Golden (slow): (tp, pp, dp) = (2, 2, 2), ZeRO-1, with --sequence-parallel gives the checked-in golden losses,
   GPT-2 and T5.
-- Resume: GPT-2 at (2, 2, 1) with --sequence-parallel and hidden dropout on, K iterations, save, resume to
-  K + N: the losses of the uninterrupted run bit for bit. The same checkpoint loads without
+- Resume: GPT-2 at (2, 2, 1) with --sequence-parallel and hidden and attention dropout on, K iterations, save,
+  resume to K + N: the losses of the uninterrupted run bit for bit. The same checkpoint loads without
   --sequence-parallel at the same tp (nothing about it is recorded as layout: the weights and optimizer
   state are the same tensors) and at tp = 1 (reshaped on load, as any tp change), and both continue with
-  the uninterrupted run's losses. Attention dropout is off in this test because its masks are drawn per tp
-  rank (heads are split), so a tp = 1 run draws others; hidden dropout is layout-independent.
+  the uninterrupted run's losses: every dropout mask is layout-independent (a tp rank's heads draw the
+  single process's attention-dropout masks of those heads).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def _load_at(argv: list, save: str, world_size: int) -> list:
 
 def test_resume_exact_and_load_without_sequence_parallel(gpt_data, tmp_path):
     extra = ["--eval-interval", "2", "--eval-iters", "1", "--log-interval", "1", "--hidden-dropout", "0.1",
-             "--attention-dropout", "0"]
+             "--attention-dropout", "0.1"]
     save = str(tmp_path / "ckpt")
     argv = small_argv(gpt_data, tp=2, pp=2, train_iters=K + N, extra=extra)
     out = run_distributed(_runs, 4, argv, save, 4, timeout=600)[-1]
