@@ -1,5 +1,8 @@
 """`pretrain_gpt2.py --dry-run`: the prediction per stage without building the model, and the one-line refusal
 of a layout that cannot fit (naming the overflowing part and the planner's best alternative)."""
+import contextlib
+import io
+
 import pytest
 
 from megatron.errors import UserError
@@ -41,12 +44,20 @@ def test_dry_run_refuses_a_layout_that_cannot_fit(data, monkeypatch):
     assert "best layout that fits: tp" in line
 
 
-def test_log_memory_prints_one_line_per_rank(data, capfd):
-    from tests.dist import run_distributed
+def _printed_by_training(argv, world_size):
+    """Train on this rank; what it printed (captured here: a forkserver child's stdout is the fd the server
+    inherited when an earlier test started it, which pytest's capture of this test never sees)."""
     from tests.training.runner import train_state
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        train_state(argv, world_size, spec_for("gpt"), DEFAULTS)
+    return out.getvalue()
+
+
+def test_log_memory_prints_one_line_per_rank(data):
+    from tests.dist import run_distributed
     argv = [a for a in _argv(data, "--gas", "2", "--train-iters", "2", "--eval-iters", "0", "--num-workers", "0",
                              "--log-memory", "--zero-stage", "0") if a != "--dry-run"]
-    run_distributed(train_state, 1, argv, 1, spec_for("gpt"), DEFAULTS, timeout=600)
-    out = capfd.readouterr()
-    lines = [line for line in (out.out + out.err).splitlines() if line.startswith("memory iteration 2 rank")]
-    assert len(lines) == 1 and "predicted" in lines[0], out.out[-2000:]
+    out = run_distributed(_printed_by_training, 1, argv, 1, timeout=600)[0]
+    lines = [line for line in out.splitlines() if line.startswith("memory iteration 2 rank")]
+    assert len(lines) == 1 and "predicted" in lines[0], out[-2000:]
