@@ -13,9 +13,10 @@
 #           on every node (examples/slurm/signal_workers.sh), never to torchrun.
 #
 # The ranks train with --exit-signal-handler (examples/common.sh passes it): on the signal every rank finishes
-# its iteration, saves a checkpoint there and exits 0. The run resumes from `latest` in SAVE. When the step ended with status 0 and
-# the checkpoint in SAVE is before the run's last iteration, the job requeues itself (`scontrol requeue`,
-# with `#SBATCH --requeue`; SLURM starts a requeued job about two minutes later). REQUEUE=0 turns that off.
+# its iteration, saves a checkpoint there and exits 0. The run resumes from `latest` in SAVE. When the step
+# ended with status 0 and the checkpoint in SAVE is before the run's last iteration, the job requeues itself
+# (`scontrol requeue`, with `#SBATCH --requeue`; SLURM starts a requeued job slurm.conf's AuthInfo
+# cred_expire later, 120 s by default). REQUEUE=0 turns that off.
 #
 # Submit from the repository root (SLURM runs a copy of the script, so REPO defaults to SLURM_SUBMIT_DIR).
 # Every variable of examples/ds_pretrain_*.sh overrides a setting (TRAIN_ITERS, TP, PP, WORK_DIR, ...);

@@ -13,7 +13,8 @@
 # The node is this host (`hostname -s`) at 127.0.0.1 with 8 CPUs (SlurmdParameters=config_overrides: 8 task
 # slots whatever the real core count), OverSubscribe=FORCE on the partition, proctrack/linuxproc,
 # task/none and no cgroups, so it runs in a container; the daemons run as root (SlurmUser=root) on the
-# ports SLURMCTLD_PORT / SLURMD_PORT (16817 / 16818 unless set).
+# ports SLURMCTLD_PORT / SLURMD_PORT (16817 / 16818 unless set). A requeued job may start again
+# cred_expire=10 s after its requeue (SLURM's default is 120 s), and the scheduler looks every 5 s.
 set -euo pipefail
 
 CLUSTER_DIR=${CLUSTER_DIR:-/tmp/megatron-slurm-cluster}
@@ -49,7 +50,7 @@ SlurmctldPort=$SLURMCTLD_PORT
 SlurmdPort=$SLURMD_PORT
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$CLUSTER_DIR/munge/munge.socket
+AuthInfo=socket=$CLUSTER_DIR/munge/munge.socket,cred_expire=10
 StateSaveLocation=$CLUSTER_DIR/state
 SlurmdSpoolDir=$CLUSTER_DIR/spool
 SlurmctldPidFile=$CLUSTER_DIR/slurmctld.pid
@@ -64,6 +65,7 @@ JobCompType=jobcomp/none
 MpiDefault=none
 SwitchType=switch/none
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=5,bf_interval=5
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides

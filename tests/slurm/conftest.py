@@ -93,20 +93,6 @@ def wait_for_state(job: str, env: Dict[str, str], states: tuple, timeout: float,
     raise AssertionError(f"job {job} not {'/'.join(states)} after {timeout:.0f} s: {fields.get('JobState')}\n{tail}")
 
 
-def release_requeued(job: str, env: Dict[str, str], timeout: float = 120) -> None:
-    """Let a requeued job start now instead of after SLURM's hold of about two minutes, once the node has
-    finished with its previous run (a start while slurmd still cleans up that run fails the job)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        node = subprocess.run(["sinfo", "-h", "-o", "%T"], env=env, capture_output=True, text=True,
-                              timeout=30).stdout.strip()
-        if node == "idle" and job_fields(job, env).get("JobState") == "PENDING":
-            subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, check=True, timeout=30)
-            return
-        time.sleep(1)
-    raise AssertionError(f"job {job} requeued, but the node is not idle after {timeout:.0f} s: {node}")
-
-
 def wait_for_line(path: str, pattern: str, timeout: float, job: str, env: Dict[str, str]) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
