@@ -75,7 +75,8 @@ def report_user_error(err: BaseException) -> None:
     path = _marker_path()
     first = path is None or _claim(path, message)
     if first and not os.environ.get(ERROR_FILE_ENV):
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"error: {message}\n")  # one write: ranks share the stream
+        sys.stderr.flush()
 
 
 def another_rank_reported() -> bool:

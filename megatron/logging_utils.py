@@ -9,8 +9,9 @@ Averages are over the iterations of the interval (ms/iter, tokens/s, TFLOP/s, lo
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, TextIO
 
 import torch.distributed as dist
 
@@ -23,14 +24,23 @@ def _is_last_rank() -> bool:
     return not dist.is_initialized() or dist.get_rank() == dist.get_world_size() - 1
 
 
+def print_line(message: str, stream: Optional[TextIO] = None) -> None:
+    """`message` and its newline in one write, flushed. Ranks share one log (SLURM's --output, a launcher's
+    stdout), and print() under PYTHONUNBUFFERED writes the newline separately, so another rank's line could
+    land between the two."""
+    stream = sys.stdout if stream is None else stream
+    stream.write(message + "\n")
+    stream.flush()
+
+
 def print_rank_0(message: str) -> None:
     if _rank() == 0:
-        print(message, flush=True)
+        print_line(message)
 
 
 def print_rank_last(message: str) -> None:
     if _is_last_rank():
-        print(message, flush=True)
+        print_line(message)
 
 
 @dataclass

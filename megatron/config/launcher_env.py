@@ -28,6 +28,7 @@ import re
 from typing import Dict, List, Mapping, MutableMapping, Optional, Tuple
 
 from megatron.errors import UserError
+from megatron.logging_utils import print_line
 
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 DEFAULT_PORT = 29500
@@ -146,7 +147,7 @@ def fill_launcher_env(environ: MutableMapping[str, str], announce: bool = True) 
     for key, value in values.items():
         environ.setdefault(key, value)
     if announce and environ.get("RANK", "0") == "0":
-        print(describe(source, environ), flush=True)
+        print_line(describe(source, environ))
     return source
 
 

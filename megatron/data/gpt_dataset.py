@@ -28,6 +28,7 @@ import torch
 from megatron.data.blendable_dataset import BlendableDataset, parse_blend
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.token_ids import TokenLimit, cached_token_id_range, check_token_ids
+from megatron.logging_utils import print_line
 
 SPLIT_NAMES = ("train", "valid", "test")
 LAST_EPOCH_FRACTION = 0.80  # the last epoch is shuffled apart when it supplies < 80% of an epoch's samples
@@ -165,8 +166,8 @@ def load_or_build_index(sizes: np.ndarray, documents: np.ndarray, data_prefix: s
         arrays = build_index_arrays(sizes, documents, num_samples, seq_length, seed)
         for path, array in zip(paths, arrays):
             _save_atomic(path, array)
-        print(f" > built {name} index for {num_samples} samples of {seq_length} tokens "
-              f"({len(arrays[0])} docs, {len(arrays[2])} samples) in {time.time() - start:.2f} s", flush=True)
+        print_line(f" > built {name} index for {num_samples} samples of {seq_length} tokens "
+                   f"({len(arrays[0])} docs, {len(arrays[2])} samples) in {time.time() - start:.2f} s")
     if torch.distributed.is_initialized():
         torch.distributed.barrier()
     arrays = tuple(np.load(p, allow_pickle=False, mmap_mode="r") for p in paths)

@@ -24,8 +24,8 @@ from megatron.checkpointing import checkpoint_tag, save_checkpoint
 from megatron.training.exit_conditions import ExitConditions
 from megatron.training.evaluation import evaluate_and_print
 from megatron.training.flops import flops_per_iteration, tokens_per_sample
-from megatron.logging_utils import (IntervalStats, TensorBoard, format_log_line, interval_metrics, print_rank_0,
-                                    print_rank_last)
+from megatron.logging_utils import (IntervalStats, TensorBoard, format_log_line, interval_metrics, print_line,
+                                    print_rank_0, print_rank_last)
 from megatron.model.rng import start_iteration
 from tds import device as tds_device
 
@@ -101,7 +101,7 @@ def log_memory(engine, cfg: RunConfig, step: Callable[[], object]):
     predicted = own.stages[state.pp_rank].peak
     where = f"iteration {MEMORY_ITERATION} rank {state.global_rank} (tp, pp, dp) = ({state.tp_rank}, {state.pp_rank}, " \
             f"{state.dp_rank})"
-    print(format_peak(where, peak, int(predicted)), flush=True)
+    print_line(format_peak(where, peak, int(predicted)))
     return result
 
 

@@ -39,7 +39,7 @@ from megatron.training.evaluation import evaluate_and_print
 from megatron.training.initialize import initialize_megatron
 from megatron.mpu import shutdown_distributed
 from megatron.training.learning_rates import AnnealingLR
-from megatron.logging_utils import TensorBoard, print_rank_0
+from megatron.logging_utils import TensorBoard, print_line, print_rank_0
 from megatron.model.specs import ModelSpec
 from megatron.training.optimizer import build_optimizer
 from megatron.config.preflight import check_inputs
@@ -160,7 +160,7 @@ def dry_run(args: argparse.Namespace) -> None:
     lines = dry_run_lines(own, best)
     if not own.fits:
         raise UserError(lines[0])
-    print("\n".join(lines), flush=True)
+    print_line("\n".join(lines))
 
 
 def already_complete(cfg: RunConfig, iteration: int) -> str:

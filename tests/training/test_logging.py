@@ -38,3 +38,25 @@ def test_tensorboard_scalars_are_written(tmp_path):
     events = EventAccumulator(str(tmp_path))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(1, 2.5), (2, 2.0)]
+
+
+def _write_lines_together(tmp_path, statement: str, n: int = 3000) -> list:
+    """Two unbuffered processes append `n` lines each to one file (as ranks do to SLURM's --output); its lines."""
+    import os
+    import subprocess
+    import sys
+    path = tmp_path / "job.out"
+    code = ("import sys\nfrom megatron.logging_utils import print_line\n"
+            f"for i in range({n}):\n    {statement}\n")
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with open(path, "a") as out:
+        procs = [subprocess.Popen([sys.executable, "-c", code, tag], stdout=out, env=env) for tag in "ab"]
+        assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    return path.read_text().splitlines()
+
+
+def test_print_line_keeps_lines_of_processes_sharing_a_log_whole(tmp_path):
+    lines = _write_lines_together(tmp_path, "print_line(f'{sys.argv[1]} line {i} ' + 'x' * 40)")
+    assert len(lines) == 6000
+    broken = [line for line in lines if not (line[0] in "ab" and line.endswith(" " + "x" * 40))]
+    assert not broken, broken[:3]
