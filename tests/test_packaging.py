@@ -7,6 +7,8 @@ import shutil
 import subprocess
 import sys
 
+import pytest
+
 from tests.checkpoint.synthetic import resolved_args, write_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +28,7 @@ def _wheel(source: str, out: str) -> str:
     return os.path.join(out, name)
 
 
+@pytest.mark.long
 def test_a_wheel_converts_a_checkpoint_outside_the_repository(tmp_path):
     target, elsewhere = str(tmp_path / "site"), tmp_path / "elsewhere"
     elsewhere.mkdir()

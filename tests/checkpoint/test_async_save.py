@@ -66,6 +66,7 @@ def _pt_bytes(folder: str) -> dict:
     return {n: open(os.path.join(folder, n), "rb").read() for n in names}
 
 
+@pytest.mark.long
 def test_kill_during_background_write_then_exact_resume(data_prefix, tmp_path):
     killed, sync = str(tmp_path / "async"), str(tmp_path / "sync")
     rendezvous = tmp_path / "killpoint"

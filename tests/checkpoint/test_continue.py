@@ -45,6 +45,7 @@ def _continue(model: str, fixture: dict, data_prefix: str, tmp_path) -> None:
     assert not any(name.startswith(".reshaped") for name in os.listdir(on_load))  # the work copy is removed
 
 
+@pytest.mark.long
 def test_gpt2_continues_after_reshape(gpt2_222, data_prefix, tmp_path):
     _continue("gpt2", gpt2_222, data_prefix, tmp_path)
 
@@ -64,6 +65,7 @@ def _reference_first_loss(model: str, args, load_dir: str) -> float:
     return mean_loss(net.train(), batches)  # dropout is 0: train mode draws nothing
 
 
+@pytest.mark.long
 def test_finetune_loads_weights_only_at_another_layout(gpt2_222, data_prefix):
     """From the (2, 2, 2) checkpoint at iteration 10, --finetune at (2, 2, 1) starts at iteration 0."""
     extra = ["--load", gpt2_222["dir"], "--finetune"]

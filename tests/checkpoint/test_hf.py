@@ -45,7 +45,7 @@ def _our_model(load_dir: str):
     return model.eval(), saved
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "t5"])
+@pytest.mark.parametrize("kind", ["gpt2", pytest.param("t5", marks=pytest.mark.long)])
 def test_export_matches_transformers(kind, request, tmp_path, capsys):
     ckpt = request.getfixturevalue(f"{kind}_222")["dir"]
     out = str(tmp_path / "hf")

@@ -147,6 +147,7 @@ def test_previous_pp1_layout_resumes_exactly(data_prefix, tmp_path):
     assert train("gpt2", data_prefix, (1, 1, 1), 4, ["--load", save]) == straight[2:]
 
 
+@pytest.mark.long
 def test_checkpoint_of_the_earlier_plain_pp1_path_resumes_exactly(data_prefix, tmp_path):
     """Before one training path, pp = 1 ran the plain model under DeepSpeed's engine: in bf16 without ZeRO
     its optimizer state is DeepSpeed's unfused layout in the plain model's parameter order, and

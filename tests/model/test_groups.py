@@ -8,6 +8,8 @@ give the same loss, bit for bit.
 """
 from __future__ import annotations
 
+import pytest
+
 from tests.dist import run_distributed
 from tests.model import common
 
@@ -58,6 +60,7 @@ def _engine_rank(handed: bool) -> dict:
     return {"created": created, "same": same, "loss": loss, "mp_ranks": state.mp_ranks}
 
 
+@pytest.mark.long
 def test_engine_groups_are_the_parallel_state_groups():
     handed = run_distributed(_engine_rank, TP * PP * DP, True, timeout=300)
     own = run_distributed(_engine_rank, TP * PP * DP, False, timeout=300)

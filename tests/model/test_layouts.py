@@ -19,7 +19,7 @@ from tests.model import common
 
 STEPS = 5
 TOL = 1e-5
-LAYOUTS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 4, 1), (2, 2, 2)]
+LAYOUTS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 4, 1), pytest.param(2, 2, 2, marks=pytest.mark.long)]
 
 
 def _jobs(tp: int, pp: int, dp: int) -> list:

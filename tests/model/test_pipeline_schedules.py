@@ -85,6 +85,7 @@ DEFAULT = [job("gpt2", 2, 2, 1, "interleaved"), job("t5", 1, 2, 2, "zb-h1"),
            job("t5", 1, 4, 1, "interleaved", DROPOUT_CKPT), job("gpt2", 1, 4, 1, "zb-h1", DROPOUT_CKPT)]
 
 
+@pytest.mark.long
 def test_gpt2_and_t5_schedules_match_plain_model():
     check(DEFAULT, run_distributed(schedule_rank, 4, DEFAULT, timeout=600))
 

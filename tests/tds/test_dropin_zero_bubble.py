@@ -116,6 +116,7 @@ def _idle(spans, batch: int, fractions: dict) -> dict:
     return {stage: f * window for stage, f in fractions.items()}
 
 
+@pytest.mark.long
 def test_zb_h1_idles_at_most_40_percent_of_1f1b_with_graph_deferred_weights(tmp_path):
     idle = run_distributed(idle_rank, P, str(tmp_path), timeout=300)[0]
     ratios = [z / o for z, o in zip(idle["zb-h1"], idle["1f1b"])]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import torch
 
 from tests.dist import run_distributed
@@ -73,6 +74,7 @@ def load_rank(path: str, pp: int, full: bool) -> dict:
     return {"loaded": loaded, "third": third}
 
 
+@pytest.mark.long
 def test_point14_checkpoint_same_and_other_pipeline_degree(tmp_path):
     path = str(tmp_path / "ckpt")
     saved = {}

@@ -54,7 +54,7 @@ def _wait(procs: list, survivors: list, limit_s: float) -> dict:
     return done
 
 
-@pytest.mark.parametrize("mode", ["die", pytest.param("stall", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode", [pytest.param("die", marks=pytest.mark.long), pytest.param("stall", marks=pytest.mark.slow)])
 def test_dead_or_stalled_rank_fails_every_peer_naming_stage_group_and_operation(mode, tmp_path):
     victim, stamp = 3, str(tmp_path / "failed_at")  # stage 1, data-parallel rank 1
     procs = _launch(4, mode, victim, stamp)

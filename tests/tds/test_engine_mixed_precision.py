@@ -57,9 +57,9 @@ def _train(dtype: str, pp: int, dp: int, zero: int, opt: str) -> dict:
 
 
 CASES = [pytest.param("bf16", 2, 1, 0, id="bf16-pp2-dp1-zero0"),
-         pytest.param("bf16", 2, 2, 1, id="bf16-pp2-dp2-zero1"),
+         pytest.param("bf16", 2, 2, 1, id="bf16-pp2-dp2-zero1", marks=pytest.mark.long),
          pytest.param("fp16", 2, 1, 0, id="fp16-pp2-dp1-zero0"),
-         pytest.param("fp16", 2, 2, 1, id="fp16-pp2-dp2-zero1"),
+         pytest.param("fp16", 2, 2, 1, id="fp16-pp2-dp2-zero1", marks=pytest.mark.long),
          pytest.param("bf16", 2, 1, 1, id="bf16-pp2-dp1-zero1", marks=pytest.mark.slow),
          pytest.param("bf16", 2, 2, 0, id="bf16-pp2-dp2-zero0", marks=pytest.mark.slow),
          pytest.param("fp16", 2, 1, 1, id="fp16-pp2-dp1-zero1", marks=pytest.mark.slow),

@@ -102,6 +102,7 @@ def mpu_rank(mismatch: bool) -> dict:
     return {"losses": losses, "params": harness.engine_params(engine), "error": None}
 
 
+@pytest.mark.long
 def test_point5_with_megatron_mpu():
     results = run_distributed(mpu_rank, 4, False, timeout=120)
     ref_losses, ref_params = harness.reference(specs(), batches(), GAS)

@@ -50,11 +50,11 @@ def check(pp: int, dp: int, tp: int, zero: int = 1, schedule: str = "1f1b") -> N
     assert sorted(seen) == sorted(ref_params), "every reference parameter lives on some stage"
 
 
-DEFAULT = [(1, 1, 1), (2, 1, 2), (4, 2, 1)]
+DEFAULT = [(1, 1, 1), (2, 1, 2), (4, 2, 1)]  # (4, 2, 1): 8 ranks, in make test-long
 FULL = [c for c in itertools.product([1, 2, 4], [1, 2], [1, 2]) if c not in DEFAULT]
 
 
-@pytest.mark.parametrize("pp,dp,tp", DEFAULT)
+@pytest.mark.parametrize("pp,dp,tp", DEFAULT[:2] + [pytest.param(*DEFAULT[2], marks=pytest.mark.long)])
 def test_equivalence(pp, dp, tp):
     check(pp, dp, tp)
 

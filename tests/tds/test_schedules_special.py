@@ -144,6 +144,7 @@ def half_rank(cases) -> list:
     return out
 
 
+@pytest.mark.long
 def test_zb_h1_and_interleaved_in_bf16_and_fp16_with_zero1():
     results = run_distributed(half_rank, 4, HALF_CASES, timeout=300)
     merged = [{k: v for r in results for k, v in r[c]["params"].items()} for c in range(len(HALF_CASES))]

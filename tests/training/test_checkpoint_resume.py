@@ -43,6 +43,7 @@ def _crash_on_second_commit(argv, world_size):
     return None
 
 
+@pytest.mark.long
 def test_crash_during_save_then_exact_resume(gpt_data, tmp_path):
     """Saves at 5 and 10; every rank dies after iter_0000010's files are written, before `latest` names it.
     Resuming picks iter_0000005 and reproduces the uninterrupted run's losses 6..20 exactly."""

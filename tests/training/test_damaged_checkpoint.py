@@ -18,6 +18,8 @@ from megatron.checkpointing import read_latest
 from tests.dist import free_port
 from tests.training.test_user_errors import _assert_one_line, _env, _run_script
 
+pytestmark = pytest.mark.long
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAYOUT = dict(NPROC="4", TP="2", PP="1", NUM_LAYERS="2", HIDDEN="32", HEADS="4", SEQ_LEN="32", MICRO_BATCH="2",
               GAS="1", EVAL_ITERS="0", LOG_INTERVAL="2", SAVE_INTERVAL="2", SAMPLES="0")

@@ -43,6 +43,7 @@ def default_run(tmp_path_factory):
     return work, log
 
 
+@pytest.mark.long
 def test_short_default_gpt2_run(default_run):
     work, log = default_run
     assert sorted(_losses(log)) == list(range(1, 21)), log[-4000:]
@@ -74,6 +75,7 @@ def _run_until_signal(env: dict, after_iteration: int, delay_s: float, sig: int)
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)],
                          ids=["SIGTERM", "SIGUSR1"])
+@pytest.mark.long
 def test_signal_to_the_script_saves_exits_0_and_the_resumed_run_is_exact(default_run, tmp_path, sig):
     """A SIGTERM to the launching script at a random point: every rank finishes its iteration, saves there and
     exits 0; running the script again resumes, and every logged loss equals the uninterrupted run's."""

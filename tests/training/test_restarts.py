@@ -6,9 +6,13 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from pretrain_gpt2 import DEFAULTS as GPT_DEFAULTS, SPEC as GPT_SPEC
 from tests.dist import run_distributed
 from tests.training.runner import small_argv, train_losses
+
+pytestmark = pytest.mark.long
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

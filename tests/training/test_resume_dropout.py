@@ -37,7 +37,7 @@ def straight_and_resumed(model: str, argv: list, save: str, world_size: int) -> 
 
 
 @pytest.mark.parametrize("model", ["gpt2", "t5"])
-@pytest.mark.parametrize("tp,pp,dp", [(1, 1, 1), (2, 2, 2)])
+@pytest.mark.parametrize("tp,pp,dp", [(1, 1, 1), pytest.param(2, 2, 2, marks=pytest.mark.long)])
 def test_resume_with_dropout_is_exact(model, tp, pp, dp, gpt_data, tmp_path):
     extra = ["--eval-interval", "2", "--eval-iters", "1", "--log-interval", "1"]
     extra += T5_SHAPE if model == "t5" else []

@@ -77,6 +77,7 @@ def _saved(folder):
         return json.load(f)
 
 
+@pytest.mark.long
 def test_checkpoint_holds_model_and_layout_records(gpt_data, tmp_path):
     save, data = str(tmp_path / "ckpt"), dict(gpt_data, data_prefix=str(tmp_path / "docs"))
     for ext in (".bin", ".idx"):  # a copy of its own: index maps cached beside it are this test's

@@ -89,6 +89,7 @@ def test_inverse_square_root_is_megatrons_formula():
         assert annealed_lr(n, LR, MIN_LR, WARMUP, DECAY, "inverse-square-root") == pytest.approx(want, rel=1e-12)
 
 
+@pytest.mark.long
 def test_ramp_resume_is_bit_exact_and_engines_agree(gpt_data, tmp_path):
     straight, stopped, resumed, pipe, plain = run_distributed(_runs, 4, gpt_data, str(tmp_path / "ckpt"), 4,
                                                               timeout=900)[-1]

@@ -52,6 +52,7 @@ def _load_at(argv: list, save: str, world_size: int) -> list:
     return train_state(argv + ["--load", save], world_size, SPEC, DEFAULTS).losses
 
 
+@pytest.mark.long
 def test_resume_exact_and_load_without_sequence_parallel(gpt_data, tmp_path):
     extra = ["--eval-interval", "2", "--eval-iters", "1", "--log-interval", "1", "--hidden-dropout", "0.1",
              "--attention-dropout", "0.1"]

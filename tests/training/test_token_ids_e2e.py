@@ -13,6 +13,8 @@ from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.tokenizer import build_tokenizer
 from tests.training.test_user_errors import _assert_one_line, _env, _run_script
 
+pytestmark = pytest.mark.long
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAYOUT = dict(NPROC="4", TP="2", PP="2", TRAIN_ITERS="2", LOG_INTERVAL="1", SAVE_INTERVAL="1", SAMPLES="0")
 

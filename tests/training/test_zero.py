@@ -3,6 +3,7 @@ stage-1/2 optimizer at stage 1, and Adam's state is partitioned across the data-
 (each holds ~1/dp of every parameter group, and together they cover it)."""
 import json
 
+import pytest
 import torch
 
 from megatron.config.arguments import parse_args
@@ -32,6 +33,7 @@ def _zero_state(argv, world_size):
                 first_values=[p[:4].tolist() for p in opt.single_partition_of_fp32_groups])
 
 
+@pytest.mark.long
 def test_zero_stage_1_from_command_line_partitions_adam_state(gpt_data, tmp_path):
     cfg = tmp_path / "ds.json"
     cfg.write_text(json.dumps({"steps_per_print": 1000}))  # no zero_optimization section at all
