@@ -46,6 +46,11 @@ def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="achieved fraction of the dense peak at large micro-batches (default 0.38, fitted to "
                         "GPT-2 medium on one H100; see megatron/planning/speed.py)")
     g.add_argument("--allocator-overhead", type=float, default=0.05, help="memory lost to fragmentation")
+    g.add_argument("--hop-latency-ms", type=float, default=0.02,
+                   help="one pipeline message besides its bytes (default 0.02, NCCL point-to-point, assumed)")
+    g.add_argument("--instruction-ms", type=float, default=0.0,
+                   help="stage time of one pipeline send or receive instruction (default 0: on a GPU the "
+                        "engine runs ahead of the queued kernels; bench/plan_timeline.py measures it on CPU)")
     g.add_argument("--no-sequence-parallel", action="store_true", help="leave SP out of the search")
     g.add_argument("--top", type=int, default=20)
     g.add_argument("--json", action="store_true", help="all candidates as JSON")
@@ -89,7 +94,9 @@ def _from_flags(a: argparse.Namespace) -> ModelShape:
 def cluster_of(a: argparse.Namespace) -> Cluster:
     mem, tflops, intra, inter = GPUS[a.gpu]
     return Cluster(a.nodes, a.gpus_per_node, a.gpu_memory_gb or mem, a.peak_tflops or tflops,
-                   a.intra_node_gbps or intra, a.inter_node_gbps or inter, a.efficiency, a.allocator_overhead)
+                   a.intra_node_gbps or intra, a.inter_node_gbps or inter, a.efficiency,
+                   allocator_overhead=a.allocator_overhead, hop_latency_ms=a.hop_latency_ms,
+                   instruction_ms=a.instruction_ms)
 
 
 def main(argv=None) -> None:

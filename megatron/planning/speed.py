@@ -9,8 +9,10 @@
                  §3.2: 8 b s h (t-1)/t elements per device per layer) at the intra-node bandwidth, exposed
     dp comm      ring all-reduce 2 Psi (d-1)/d gradient bytes (ZeRO-1: reduce-scatter + all-gather, the same)
                  at the inter-node bandwidth when dp spans nodes, else intra-node, exposed (after the last B)
-    pp comm      b s h / t elements per boundary and micro-batch each way (x v interleaved); on the critical
-                 path only in the warm-up and cool-down: (p-1) (1 + v) hops per iteration, exposed
+    pp comm      the hops and the send / receive instructions on the simulated schedule's critical path
+                 (`exposed_hops`), each hop `hop_latency_ms` + b s h / t elements at the link's bandwidth
+                 (inter-node when the job spans nodes), each instruction `instruction_ms` on its stage (the
+                 engine's own time)
 
 Efficiency x n / (n + 3700) for n = b s tokens per micro-batch (`gemm_efficiency`) is fitted to one GPU:
 GPT-2 medium, bf16, flash attention, one H100 through `bench/gpu_throughput.py` reached 25.8 % of the dense
@@ -23,14 +25,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tds.pipe.instructions import train_schedule
+from tds.pipe.instructions import COMPUTE_OPS, train_schedule
 from tds.pipe.schedule_sim import Costs, simulate_timed
-from tds.pipe.timeline import bubble_fractions
 
 from .memory import ELEMENT_BYTES, Layout
 from .model_shape import ModelShape
 
-__all__ = ["Cluster", "StepTime", "predict_step", "model_flops", "GPUS"]
+_COMPUTE = {op.value for op in COMPUTE_OPS}
+
+__all__ = ["Cluster", "StepTime", "predict_step", "model_flops", "bubble_fraction", "exposed_hops", "GPUS"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,9 @@ class Cluster:
     efficiency: float = 0.38            # achieved fraction of peak at large micro-batches (fitted on an H100)
     saturation_tokens: int = 3700       # tokens per micro-batch at which half of `efficiency` is reached
     allocator_overhead: float = 0.05    # fraction of memory the caching allocator loses to fragmentation
+    hop_latency_ms: float = 0.02        # one point-to-point message besides its bytes (NCCL, assumed)
+    instruction_ms: float = 0.0         # stage time of one send / receive instruction: on a GPU the engine's
+    #                                     Python runs ahead of the queued kernels; on CPU (gloo) 0.3-1.5 ms
 
     @property
     def world_size(self) -> int:
@@ -82,17 +88,33 @@ def model_flops(m: ModelShape, lay: Layout) -> float:
     return gpt_flops_per_iteration(B, m.seq, **common)
 
 
-@lru_cache(maxsize=None)
-def _bubble(schedule: str, pp: int, gas: int, v: int) -> float:
+def _window(schedule: str, pp: int, gas: int, v: int, costs: Costs) -> float:
+    """First compute start .. last compute end of the simulated batch."""
     lists = [train_schedule(schedule, pp, s, gas, v) for s in range(pp)]
-    return max(bubble_fractions(simulate_timed(lists, Costs(1.0, 1.0, 1.0))).values())
+    compute = [sp for sp in simulate_timed(lists, costs) if sp.op in _COMPUTE]
+    return max(sp.end for sp in compute) - min(sp.start for sp in compute)
+
+
+@lru_cache(maxsize=None)
+def _schedule_terms(schedule: str, pp: int, gas: int, v: int) -> tuple:
+    """(bubble fraction with F = B = W = 1 per chunk, hops on the critical path, send / receive instructions on
+    it): the step grows by the last two per unit of hop time and of instruction time while those are small
+    against a chunk's F (the critical path keeps its shape), which the derivatives at 1e-3 measure."""
+    eps, busy = 1e-3, 3.0 * gas * v
+    window = _window(schedule, pp, gas, v, Costs(1.0, 1.0, 1.0))
+    per_hop = (_window(schedule, pp, gas, v, Costs(1.0, 1.0, 1.0, comm=eps)) - window) / eps
+    per_instruction = (_window(schedule, pp, gas, v, Costs(1.0, 1.0, 1.0, instruction=eps)) - window) / eps
+    return 1.0 - busy / window, round(per_hop), round(per_instruction)
 
 
 def bubble_fraction(lay: Layout) -> float:
     """Idle / (busy + idle) of the simulated schedule, F = B = W per chunk."""
-    if lay.pp == 1:
-        return 0.0
-    return _bubble(lay.schedule, lay.pp, lay.gas, lay.virtual_stages)
+    return _schedule_terms(lay.schedule, lay.pp, lay.gas, lay.virtual_stages)[0] if lay.pp > 1 else 0.0
+
+
+def exposed_hops(lay: Layout) -> tuple:
+    """(hops, send / receive instructions) on the simulated schedule's critical path."""
+    return _schedule_terms(lay.schedule, lay.pp, lay.gas, lay.virtual_stages)[1:] if lay.pp > 1 else (0, 0)
 
 
 def gemm_efficiency(m: ModelShape, lay: Layout, c: Cluster) -> float:
@@ -127,8 +149,8 @@ def predict_step(m: ModelShape, lay: Layout, c: Cluster) -> StepTime:
     dp_bytes = 2 * psi * e * (lay.dp - 1) / lay.dp
     spans_nodes = lay.tp * lay.dp > c.gpus_per_node
     dp_comm = dp_bytes / ((c.inter_gbps if spans_nodes else c.intra_gbps) * 1e9)
-    hop = b * tokens * h * e / t
-    pp_nodes = lay.world_size > c.gpus_per_node
-    pp_comm = (lay.pp - 1) * (1 + lay.virtual_stages) * hop / ((c.inter_gbps if pp_nodes else c.intra_gbps) * 1e9) \
-        if lay.pp > 1 else 0.0
+    bandwidth = c.inter_gbps if lay.world_size > c.gpus_per_node else c.intra_gbps
+    hops, instructions = exposed_hops(lay)
+    pp_comm = hops * (c.hop_latency_ms / 1e3 + b * tokens * h * e / t / (bandwidth * 1e9)) \
+        + instructions * c.instruction_ms / 1e3
     return StepTime(compute, bubble, tp_comm, dp_comm, pp_comm, frac)

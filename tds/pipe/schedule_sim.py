@@ -1,9 +1,11 @@
 """Timed simulation of pipeline schedules: each stage's idle time and bubble fraction from op costs.
 
 Every stage runs its instruction list in order, one instruction at a time. F, B and W of one model chunk
-take `Costs.forward`, `.backward_input`, `.backward_weight` (a full backward takes B + W); loads, sends,
-reductions and the step take no time; a message sent at time t arrives at t + `Costs.comm` and a receive
-waits for it (sends never wait). The result is the list of `timeline.Span`s, so the same code that measures
+take `Costs.forward`, `.backward_input`, `.backward_weight` (a full backward takes B + W); every send and
+receive instruction occupies its stage for `Costs.instruction` (the engine's own cost of a hop: packing,
+posting, unpacking; a receive's after its message arrived); loads, reductions and the step take no time. A
+message sent at time t (its send instruction done) arrives at t + `Costs.comm` and a receive waits for it
+(sends never wait). The result is the list of `timeline.Span`s, so the same code that measures
 the engine's timelines measures the simulation (`timeline.bubble_fractions`, `tools/plot_pipeline.py`).
 
 Closed forms (p stages, m micro-batches, v chunks per stage, costs per chunk, comm = 0), with
@@ -30,11 +32,13 @@ __all__ = ["Costs", "simulate_timed", "expected_idle", "expected_bubble"]
 
 @dataclass(frozen=True)
 class Costs:
-    """Time of each compute op of one model chunk, and of one hop between stages."""
+    """Time of each compute op of one model chunk, of one hop between stages (latency and transfer), and of
+    one send or receive instruction on its stage."""
     forward: float = 1.0
     backward_input: float = 1.0
     backward_weight: float = 1.0
     comm: float = 0.0
+    instruction: float = 0.0
 
     def of(self, op: Op) -> float:
         return {Op.FORWARD: self.forward, Op.BACKWARD: self.backward_input + self.backward_weight,
@@ -55,8 +59,9 @@ def simulate_timed(stage_lists: list[list[Instruction]], costs: Costs = Costs(),
         start = clock[s]
         if ins.op in (Op.RECV_ACT, Op.RECV_GRAD):
             src = (s - 1) % p if ins.op == Op.RECV_ACT else (s + 1) % p
-            clock[s] = max(clock[s], arrivals[(src, s)].popleft())
+            clock[s] = max(clock[s], arrivals[(src, s)].popleft()) + costs.instruction
         elif ins.op in (Op.SEND_ACT, Op.SEND_GRAD):
+            clock[s] += costs.instruction
             arrivals.setdefault((s, route(ins, s, p)[0]), deque()).append(clock[s] + costs.comm)
         else:
             clock[s] += costs.of(ins.op)
@@ -65,7 +70,7 @@ def simulate_timed(stage_lists: list[list[Instruction]], costs: Costs = Costs(),
 
 
 def expected_idle(kind: str, num_stages: int, micro_batches: int, costs: Costs = Costs()) -> float:
-    """Idle time per stage of one batch by the closed forms above (costs per chunk, comm = 0)."""
+    """Idle time per stage of one batch by the closed forms above (costs per chunk, comm = instruction = 0)."""
     f, b, w = costs.forward, costs.backward_input, costs.backward_weight
     if kind == "zb-h1":
         return (num_stages - 1) * (f + b) - min(micro_batches - 1, num_stages - 1) * w
@@ -74,7 +79,7 @@ def expected_idle(kind: str, num_stages: int, micro_batches: int, costs: Costs =
 
 def expected_bubble(kind: str, num_stages: int, micro_batches: int, virtual_stages: int = 1,
                     costs: Costs = Costs()) -> float:
-    """Bubble fraction idle / (busy + idle) by the closed forms above (costs per chunk, comm = 0)."""
+    """Bubble fraction idle / (busy + idle) by the closed forms above (costs per chunk, comm = instruction = 0)."""
     busy = virtual_stages * micro_batches * (costs.forward + costs.backward_input + costs.backward_weight)
     idle = expected_idle(kind, num_stages, micro_batches, costs)
     return idle / (busy + idle)

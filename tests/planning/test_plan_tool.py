@@ -1,6 +1,7 @@
 """tools/plan_layout.py: the same flags as pretrain_*.py, a Hugging Face config.json, the ranked table and --json."""
 import json
 
+from megatron.planning.speed import Cluster
 from tools.plan_layout import main
 
 GPT2_MEDIUM = ["--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads", "16", "--seq-length", "1024",
@@ -25,6 +26,16 @@ def test_json_holds_every_part(capsys):
     for c in cands:
         lay = c["layout"]
         assert lay["tp"] * lay["pp"] * lay["dp"] == 8 and lay["tp"] <= 8
+
+
+def test_cluster_flags_reach_the_cluster(capsys):
+    """Each cluster flag lands in its own field (the fields the flags leave alone keep their defaults)."""
+    main(GPT2_MEDIUM + ["--json", "--allocator-overhead", "0.07", "--hop-latency-ms", "0.5", "--instruction-ms",
+                        "0.25", "--efficiency", "0.3", "--inter-node-gbps", "12"])
+    c = json.loads(capsys.readouterr().out)["cluster"]
+    assert (c["allocator_overhead"], c["hop_latency_ms"], c["instruction_ms"], c["efficiency"],
+            c["inter_gbps"]) == (0.07, 0.5, 0.25, 0.3, 12.0)
+    assert c["saturation_tokens"] == Cluster().saturation_tokens and c["memory_gb"] == 80.0
 
 
 def test_hugging_face_config(tmp_path, capsys):

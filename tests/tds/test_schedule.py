@@ -219,3 +219,16 @@ def test_comm_cost_per_hop():
         ref, zb = _bubbles("1f1b", p, m, costs=c), _bubbles("zb-h1", p, m, costs=c)
         assert all(zb[s] < ref[s] for s in range(p))
         assert ref[0] > expected_bubble("1f1b", p, m)
+
+
+def test_instruction_cost_occupies_the_stage():
+    """A send or receive instruction costs its stage `instruction` besides the hop's `comm`: with one
+    micro-batch each stage boundary is crossed twice, each crossing a send, the hop and a receive, so the
+    makespan is 3p + (p-1)(2 comm + 4 instruction); that time is idle, not compute, and it lengthens 1F1B."""
+    c = Costs(1, 1, 1, comm=0.25, instruction=0.1)
+    for p in (2, 4):
+        spans = simulate_timed(pipeline("gpipe", p, 1), c)
+        assert max(s.end for s in spans) == pytest.approx(3 * p + (p - 1) * (2 * 0.25 + 4 * 0.1))
+        assert sum(s.end - s.start for s in spans if s.op.startswith(("forward", "backward"))) == pytest.approx(3 * p)
+    plain = _bubbles("1f1b", 4, 8, costs=Costs(1, 1, 1, comm=0.25))
+    assert all(b > plain[s] for s, b in _bubbles("1f1b", 4, 8, costs=c).items())
