@@ -116,12 +116,14 @@ class SeededDropout(nn.Module):
         return _seeded_device_rng(seed)
 
     def keep_mask(self, shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
-        """This part's mask, 0 or 1/(1-p), of `shape`: the whole tensor's, drawn from this call's seed, narrowed."""
+        """This part's mask, 0 or 1/(1-p), of `shape`: the whole tensor's, drawn from this call's seed, narrowed.
+        Drawn as dropout draws its noise on CPU (bernoulli_(1-p), then div_(1-p)), in place: one whole-sized
+        tensor at a time, not three (the ones, the noise, their product)."""
         dim, r, t = self.part
         whole = list(shape)
         whole[dim] *= t
         with self.rng():
-            keep = F.dropout(torch.ones(whole, dtype=dtype, device=device), self.p, training=True)
+            keep = torch.empty(whole, dtype=dtype, device=device).bernoulli_(1.0 - self.p).div_(1.0 - self.p)
         if t == 1:
             return keep
         return keep.narrow(dim, r * shape[dim], shape[dim]).clone(memory_format=torch.contiguous_format)  # own storage
