@@ -10,7 +10,8 @@ megatron.planning's for the same layout with `attention="math"` (CPU's SDPA). Re
 rank's measured and predicted peak and the error (predicted - measured) / measured; every rank is compared and
 the largest |error| over ranks is shown too. DeepSpeed's ZeRO-1 reduce buckets are set to 1e6 elements
 (zero_optimization.reduce_bucket_size) so that its 2 x 5e8-element default does not hide every other part.
-Measurements are bytes (deterministic), not times, so the shared 2-core machine does not matter.
+Measurements are bytes, not times, so the load on the shared 2-core machine matters little; layouts with tp > 1
+vary by up to half a MB between runs (timing of the gloo collectives' buffers, most likely).
 """
 from __future__ import annotations
 
