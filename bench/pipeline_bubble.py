@@ -117,7 +117,7 @@ def measure(schedule: str, v: int, m: int, ms: float, folder: str) -> dict | Non
     """Three train batches; on rank 0 the bubble and idle time per stage of batches 2 and 3."""
     import torch.distributed as dist
 
-    from tds.pipe.timeline import bubble_fractions, read_trace
+    from tds.pipe.timeline import bubble_fractions, compute_window, read_trace
     trace = os.path.join(folder, f"{schedule}_m{m}" + ("" if ms == 200 else f"_{ms:g}ms") + ".json")
     seconds = ms / 1e3 / LAYERS_PER_STAGE  # per layer: a stage's F (B, W) costs ms
     engine = build(schedule, v, m, seconds, trace)
@@ -133,8 +133,7 @@ def measure(schedule: str, v: int, m: int, ms: float, folder: str) -> dict | Non
     out = {"bubble": [], "idle": []}
     for batch in (2, 3):
         fractions = bubble_fractions(spans, batch)
-        compute = [s for s in spans if s.batch == batch and s.op.startswith(("forward", "backward"))]
-        window = max(s.end for s in compute) - min(s.start for s in compute)
+        window = compute_window(spans, batch)
         out["bubble"].append(sum(fractions.values()) / len(fractions))
         out["idle"].append(sum(f * window for f in fractions.values()) / len(fractions))
     return {"bubble": sum(out["bubble"]) / 2, "idle_s": sum(out["idle"]) / 2,

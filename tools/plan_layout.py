@@ -42,15 +42,17 @@ def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per GPU (default: --gpu's)")
     g.add_argument("--intra-node-gbps", type=float, default=None, help="GB/s between GPUs of a node (default: --gpu's)")
     g.add_argument("--inter-node-gbps", type=float, default=None, help="GB/s per GPU between nodes (default: --gpu's)")
-    g.add_argument("--efficiency", type=float, default=0.38,
-                   help="achieved fraction of the dense peak at large micro-batches (default 0.38, fitted to "
-                        "GPT-2 medium on one H100; see megatron/planning/speed.py)")
-    g.add_argument("--allocator-overhead", type=float, default=0.05, help="memory lost to fragmentation")
-    g.add_argument("--hop-latency-ms", type=float, default=0.02,
-                   help="one pipeline message besides its bytes (default 0.02, NCCL point-to-point, assumed)")
-    g.add_argument("--instruction-ms", type=float, default=0.0,
-                   help="stage time of one pipeline send or receive instruction (default 0: on a GPU the "
-                        "engine runs ahead of the queued kernels; bench/plan_timeline.py measures it on CPU)")
+    g.add_argument("--efficiency", type=float, default=Cluster.efficiency,
+                   help="achieved fraction of the dense peak at large micro-batches (default %(default)s, fitted "
+                        "to GPT-2 medium on one H100; see megatron/planning/speed.py)")
+    g.add_argument("--allocator-overhead", type=float, default=Cluster.allocator_overhead,
+                   help="memory lost to fragmentation (default %(default)s)")
+    g.add_argument("--hop-latency-ms", type=float, default=Cluster.hop_latency_ms,
+                   help="one pipeline message besides its bytes (default %(default)s, NCCL point-to-point, "
+                        "assumed)")
+    g.add_argument("--instruction-ms", type=float, default=Cluster.instruction_ms,
+                   help="stage time of one pipeline send or receive instruction (default %(default)s: on a GPU "
+                        "the engine runs ahead of the queued kernels; bench/plan_timeline.py measures it on CPU)")
     g.add_argument("--no-sequence-parallel", action="store_true", help="leave SP out of the search")
     g.add_argument("--top", type=int, default=20)
     g.add_argument("--json", action="store_true", help="all candidates as JSON")

@@ -17,21 +17,21 @@
 Efficiency x n / (n + 3700) for n = b s tokens per micro-batch (`gemm_efficiency`) is fitted to one GPU:
 GPT-2 medium, bf16, flash attention, one H100 through `bench/gpu_throughput.py` reached 25.8 % of the dense
 peak at n = 8192 and 30.6 % at n = 16384 (model FLOPs, the whole iteration: optimizer step, loss and the engine
-included), which 0.38 x n / (n + 3700) reproduces (26.2 %, 31.0 %). Bandwidths are stated assumptions. Selective recomputation adds the
-attention core's forward FLOPs, full recomputation a forward of the layers (the flops convention above).
+included), which 0.38 x n / (n + 3700) reproduces (26.2 %, 31.0 %). Bandwidths are stated assumptions.
+Selective recomputation adds the attention core's forward FLOPs, full recomputation a forward of the layers
+(the flops convention above).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
 
-from tds.pipe.instructions import COMPUTE_OPS, train_schedule
+from tds.pipe.instructions import train_schedule
 from tds.pipe.schedule_sim import Costs, simulate_timed
+from tds.pipe.timeline import compute_window
 
 from .memory import ELEMENT_BYTES, Layout
 from .model_shape import ModelShape
-
-_COMPUTE = {op.value for op in COMPUTE_OPS}
 
 __all__ = ["Cluster", "StepTime", "predict_step", "model_flops", "bubble_fraction", "exposed_hops", "GPUS"]
 
@@ -90,9 +90,7 @@ def model_flops(m: ModelShape, lay: Layout) -> float:
 
 def _window(schedule: str, pp: int, gas: int, v: int, costs: Costs) -> float:
     """First compute start .. last compute end of the simulated batch."""
-    lists = [train_schedule(schedule, pp, s, gas, v) for s in range(pp)]
-    compute = [sp for sp in simulate_timed(lists, costs) if sp.op in _COMPUTE]
-    return max(sp.end for sp in compute) - min(sp.start for sp in compute)
+    return compute_window(simulate_timed([train_schedule(schedule, pp, s, gas, v) for s in range(pp)], costs))
 
 
 @lru_cache(maxsize=None)

@@ -25,7 +25,8 @@ import torch.distributed as dist
 
 from .instructions import COMPUTE_OPS, Instruction
 
-__all__ = ["Span", "TimelineRecorder", "StageTimeline", "write_trace", "read_trace", "bubble_fractions"]
+__all__ = ["Span", "TimelineRecorder", "StageTimeline", "write_trace", "read_trace", "bubble_fractions",
+           "compute_window"]
 
 _COMPUTE = {op.value for op in COMPUTE_OPS}
 
@@ -190,15 +191,29 @@ def read_trace(path: str) -> tuple[list[Span], dict]:
     return spans, doc.get("otherData", {})
 
 
-def bubble_fractions(spans: Iterable[Span], batch: int | None = None) -> dict[int, float]:
-    """{stage: idle fraction} of one batch (default: the first recorded), window as in the module docstring."""
-    spans = list(spans)
-    if batch is None:
-        batch = min(s.batch for s in spans)
+def _compute_spans(spans: list[Span], batch: int | None) -> tuple[int, list[Span]]:
+    """(the batch, default the first recorded; its F, B and W spans)."""
+    batch = min(s.batch for s in spans) if batch is None else batch
     compute = [s for s in spans if s.batch == batch and s.op in _COMPUTE]
     if not compute:
         raise ValueError(f"batch {batch} has no forward/backward spans")
-    window = max(s.end for s in compute) - min(s.start for s in compute)
+    return batch, compute
+
+
+def _extent(compute: list[Span]) -> float:
+    return max(s.end for s in compute) - min(s.start for s in compute)
+
+
+def compute_window(spans: Iterable[Span], batch: int | None = None) -> float:
+    """First compute start .. last compute end over all stages of one batch (default: the first recorded)."""
+    return _extent(_compute_spans(list(spans), batch)[1])
+
+
+def bubble_fractions(spans: Iterable[Span], batch: int | None = None) -> dict[int, float]:
+    """{stage: idle fraction} of one batch (default: the first recorded), window as in the module docstring."""
+    spans = list(spans)
+    batch, compute = _compute_spans(spans, batch)
+    window = _extent(compute)
     stages = sorted({s.stage for s in spans if s.batch == batch})
     busy = {st: sum(s.end - s.start for s in compute if s.stage == st) for st in stages}
     return {st: 1.0 - busy[st] / window for st in stages}
