@@ -9,6 +9,7 @@ when the iteration started. CPU torch has no such counter; there the measurement
                         and other (RNG states, the data iterator's tensors, ...)
     rise to the peak    torch.profiler with profile_memory=True records every allocation and free of the CPU
                         allocator during the iteration; the largest running sum of those events, in time order
+                        (frees on gloo's threads go unrecorded: each is counted when its address is reused)
 
     peak = live at the start + rise to the peak
 
@@ -111,11 +112,30 @@ def classify(module: torch.nn.Module, optimizer) -> MemoryPeak:
 
 
 def _rise(prof) -> int:
-    events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    events.sort(key=lambda e: e.start_ns())
+    """The largest running sum of the CPU allocator's events, in time order, pairing each free with its block.
+
+    The profiler records allocations and frees on the thread that runs the iteration only. Gloo drops its last
+    reference to a collective's input and output buffers on its own worker thread when the work completes, so
+    those frees are never recorded (the sum would keep every such buffer and vary from run to run with the
+    threads' timing). A block the allocator hands out again at an address still counted live was freed
+    unseen: it is counted freed there, which is as late as it can have been, so the rise stays an upper bound.
+    """
+    from torch._C._profiler import _EventType
+    allocations, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
+    while stack:
+        node = stack.pop()
+        if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+            allocations.append((node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size))
+        stack.extend(node.children)
+    allocations.sort(key=lambda a: a[0])
+    live: Dict[int, int] = {}
     running = peak = 0
-    for e in events:
-        running += e.nbytes()
+    for _, ptr, nbytes in allocations:
+        if nbytes > 0:
+            running += nbytes - live.pop(ptr, 0)  # an address still live was freed off this thread
+            live[ptr] = nbytes
+        else:
+            running += nbytes if ptr not in live else -live.pop(ptr)  # blocks from before the iteration too
         peak = max(peak, running)
     return peak
 

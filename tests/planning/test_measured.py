@@ -30,6 +30,13 @@ def test_pipeline_two_stages_within_tolerance(tmp_path):
     _check("gpt", 2, ["--gas", "4", "--pipe-parallel-size", "2", "--zero-stage", "0"], tmp_path)
 
 
+def test_sequence_parallel_within_tolerance(tmp_path):
+    """The all-to-alls' buffers die on gloo's thread, where the profiler records no free: without pairing
+    addresses (memory_log._rise) this layout measured 10-20 % above the prediction, differently every run."""
+    _check("gpt", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel", "--zero-stage", "0"],
+           tmp_path)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model,world,extra", [
     ("gpt", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--zero-stage", "0"]),
