@@ -10,8 +10,9 @@ formula against `torch.autograd.graph.saved_tensors_hooks` on the real layers). 
     split over tp        q, k, v, context 4 bsw e; MLP in and GELU out 2 bsf e   / t
     attention core       softmax, dropout mask, dropped probabilities        3 a b s^2 e / t
 
-which is Korthikanti et al. (2022)'s sbh(10 + 24/t + 5as/(ht)) with this code's dtype for the dropout masks
-(e bytes, not 1) and SDPA's math path on CPU. A T5 layer (RMSNorm saves input and normalised input; the inner
+which is Korthikanti et al. (2022)'s sbh(10 + 24/t + 5as/(ht)) with SDPA's math path on CPU and this code's
+dtype for the dropout masks: e bytes on CPU, 1 on CUDA (bool) but for SeededDropout's sequence-parallel slices
+(e bytes on both). T5's masks are counted at e bytes on both (no GPU measurement of T5 yet). A T5 layer (RMSNorm saves input and normalised input; the inner
 dropout of the MLP keeps mask and output) saves 8 bsh e replicated, (4 bsw + 3 bsf) e / t split (gated: 6 bsf),
 3 a b s^2 e / t of attention core and the bucket index (s^2 int64) -- RMSNorm computes in fp32, so its input
 and normalised input are kept at 4 bytes in bf16 too; a decoder layer adds cross attention:
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 from .model_shape import ModelShape, Spec
 
-__all__ = ["ActivationOptions", "spec_activation_bytes", "layer_bytes"]
+__all__ = ["ActivationOptions", "spec_activation_bytes", "layer_bytes", "recomputed_core_bytes"]
 
 STATS = 4  # LayerNorm mean / rstd and RMSNorm rstd are kept in fp32
 
@@ -46,13 +47,20 @@ class ActivationOptions:
     attention: str = "math"     # math: SDPA's math path (CPU, s^2 probabilities); fused: GPU memory-efficient
 
 
+def _mask_bytes(o: ActivationOptions) -> int:
+    """Bytes per element of a GPT-2 hidden dropout mask: CUDA's dropout keeps a bool mask (`attention="fused"`
+    stands for a GPU), CPU's keeps it in the activations' dtype, and so does SeededDropout's own mask for a
+    sequence-parallel slice (megatron/model/rng.py), on either."""
+    return 1 if o.attention == "fused" and not o.sequence_parallel else o.element_bytes
+
+
 def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t5: bool) -> float:
     h, w, f, a, e, t = m.hidden, m.width, m.ffn, m.heads, o.element_bytes, o.tp
     qkv_e = 4 if o.attention == "math" else e  # CPU's math SDPA keeps fp32 copies of q, k, v in bf16
     if t5:  # RMSNorm computes in fp32: input and normalised input kept at 4 bytes; outputs and masks at e
         replicated = 4 * b * s * h * 4 + 4 * b * s * h * e
-    else:  # 2 LayerNorm inputs (no fp32 copies: torch's kernels accumulate in fp32), LN outs, dropout masks
-        replicated = 6 * b * s * h * e
+    else:  # 2 LayerNorm inputs (no fp32 copies: torch's kernels accumulate in fp32), LN outs, 2 dropout masks
+        replicated = 4 * b * s * h * e + 2 * b * s * h * _mask_bytes(o)
     mlp = (6 if m.gated else 3) * b * s * f if t5 else 2 * b * s * f
     # selective: the recomputed core keeps q, k, v as views of the qkv output (e bytes), not SDPA's copies
     qkv_saved = e if o.recompute == "selective" else qkv_e
@@ -92,6 +100,19 @@ def layer_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> float:
     return 0.0
 
 
+def recomputed_core_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> float:
+    """Selective recomputation: what a layer's attention core holds again while its backward runs -- the bytes
+    selective saved (SDPA's math path; 0 where the fused kernels keep no s^2 tensors), and with tp > 1 the whole
+    (a, b, s, s) dropout mask SeededDropout draws before keeping this rank's heads (megatron/model/rng.py)."""
+    if o.recompute != "selective" or o.attention != "math" or spec.kind not in ("layer", "enc", "dec"):
+        return 0.0
+    saved = layer_bytes(spec, m, ActivationOptions(o.micro_batch, o.tp, o.element_bytes, o.sequence_parallel,
+                                                   "none", o.attention)) - layer_bytes(spec, m, o)
+    s = m.decoder_seq if spec.kind == "dec" else m.seq
+    whole_mask = m.heads * o.micro_batch * s * s * 4 if o.tp > 1 else 0  # drawn in fp32 (attention_core)
+    return saved + whole_mask
+
+
 def spec_activation_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> float:
     """Saved bytes of any layer spec for one micro-batch, without full recomputation.
 
@@ -107,7 +128,7 @@ def spec_activation_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> fl
     sp = t if o.sequence_parallel else 1  # sequence parallelism splits the hidden states outside the GEMMs
     if spec.kind == "embed":
         if m.model_type == "gpt":
-            return 8 * b * m.seq + 8 * m.seq + b * m.seq * h * e / sp
+            return 8 * b * m.seq + 8 * m.seq + b * m.seq * h * _mask_bytes(o) / sp
         return 8 * b * (m.seq + s_out) + b * (m.seq + s_out) * h * e / sp
     if spec.kind == "norm":
         s = s_out if m.model_type == "gpt" else m.seq  # approximate: both T5 norms sized by their own stack

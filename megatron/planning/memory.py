@@ -18,13 +18,14 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        gradient accumulators 14 Psi (measured with --log-memory: 4 + 8 + 2); gradients during
                        the iteration: the parameters' bf16 gradients 2 Psi before they are folded in and
                        released (DeepSpeed's clear_lp_grads). Checked on CPU (bench/memory_error.py) and on an
-                       H100 (bench/gpu_throughput.py: GPT-2 medium, within +4.5 to +8.7 %)
+                       H100 (bench/gpu_throughput.py: GPT-2 medium, within +4.4 to +6.2 %)
 
 Activations: `activations.spec_activation_bytes` per chunk and micro-batch, run through this stage's
 instruction list (`tds.pipe.instructions.train_schedule`): + at each FORWARD, - at each BACKWARD (ZB-H1:
 most at B, the linears' inputs at W), so the peak is the schedule's own in-flight count weighted by what each
 chunk holds. Plus, while a micro-batch runs backward, its working set: the gradient of one layer's
-activations (~ one layer's saved bytes), and with full recomputation one checkpointed chunk recomputed.
+activations (~ one layer's saved bytes), with full recomputation one checkpointed chunk recomputed, with
+selective recomputation one layer's attention core recomputed (CPU's math path; nothing on GPUs).
 Boundary buffers: the stage output kept for backward (b s h e / t per in-flight micro-batch, not on the last
 stage) and the received gradient.
 
@@ -39,7 +40,7 @@ from typing import Dict, List
 
 from tds.pipe.instructions import Instruction, Op, train_schedule
 
-from .activations import ActivationOptions, layer_bytes, spec_activation_bytes
+from .activations import ActivationOptions, layer_bytes, recomputed_core_bytes, spec_activation_bytes
 from .model_shape import ModelShape, layer_specs, partition, stage_chunks
 
 __all__ = ["Layout", "StageMemory", "stage_memory", "predict_memory", "DEFAULT_REDUCE_BUCKET"]
@@ -173,7 +174,9 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
             return others + inputs + kept + boundary, max(logits_grad, recomputed + mlp_grads), hold
         inputs = -(-len(layers) // k) * b * m.seq * h * e
         return others + inputs + boundary, max(logits_grad, k * biggest + mlp_grads - head), hold
-    return others + sum(per_layer) + boundary, max(mlp_grads, logits_grad), hold
+    # selective: a layer's attention core is recomputed while its backward runs, after the MLP's gradients are freed
+    recomputed = max((recomputed_core_bytes(s, m, o) for s in layers), default=0.0)
+    return others + sum(per_layer) + boundary, max(mlp_grads, recomputed, logits_grad), hold
 
 
 def _activation_peak(lay: Layout, chunks: List[tuple], stage: int) -> tuple[float, int, float]:

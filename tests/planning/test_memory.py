@@ -3,7 +3,7 @@ autograd really saves in megatron.model's layers (saved_tensors_hooks)."""
 import pytest
 import torch
 
-from megatron.planning.activations import ActivationOptions, layer_bytes
+from megatron.planning.activations import ActivationOptions, layer_bytes, recomputed_core_bytes
 from megatron.planning.memory import Layout, predict_memory
 from megatron.planning.model_shape import ModelShape, Spec, layer_specs, partition
 
@@ -61,6 +61,34 @@ def test_recompute_and_sequence_parallel_reduce_activations():
     sel = predict_memory(GPT, Layout(tp=2, recompute="selective", zero_stage=0))[0]
     full = predict_memory(GPT, Layout(tp=2, recompute="full", zero_stage=0))[0]
     assert full.activations < sel.activations < base.activations and sp.activations < base.activations
+
+
+def test_gpu_hidden_dropout_masks_counted_as_bool_outside_sequence_parallel():
+    """CUDA's dropout keeps a bool mask; CPU's, and SeededDropout's sequence-parallel slices on either, keep the
+    activations' dtype: on a GPU a layer's two hidden masks and GPT's embedding mask cost b s h bytes each."""
+    from megatron.planning.activations import spec_activation_bytes
+    b, s, h = 2, GPT.seq, GPT.hidden
+    for e in (4, 2):
+        gpu = ActivationOptions(b, 1, e, attention="fused")
+        slices = ActivationOptions(b, 1, e, sequence_parallel=True, attention="fused")  # at t = 1: masks only
+        assert layer_bytes(Spec("layer", 0), GPT, slices) - layer_bytes(Spec("layer", 0), GPT, gpu) \
+            == 2 * b * s * h * (e - 1)
+        assert spec_activation_bytes(Spec("embed", 0), GPT, gpu) == 8 * b * s + 8 * s + b * s * h
+        assert spec_activation_bytes(Spec("embed", 0), GPT, ActivationOptions(b, 1, e)) \
+            == 8 * b * s + 8 * s + b * s * h * e
+
+
+def test_selective_recomputation_working_set_is_the_recomputed_core():
+    """CPU's math path: in backward one layer's attention core is recomputed (what selective did not save, plus
+    the whole (a, b, s, s) fp32 dropout mask drawn before a tp rank keeps its heads); GPUs' fused kernels: none."""
+    b, s, a = 2, GPT.seq, GPT.heads
+    core = 3 * a * b * s * s * 4 / 2  # probabilities, mask, dropped probabilities; this rank's heads at tp = 2
+    cpu = predict_memory(GPT, Layout(tp=2, micro_batch=b, recompute="selective", zero_stage=0, attention="math"))[0]
+    assert recomputed_core_bytes(Spec("layer", 0), GPT, ActivationOptions(b, 2, 4, recompute="selective")) \
+        == core + a * b * s * s * 4
+    assert cpu.working >= core + a * b * s * s * 4
+    gpu = ActivationOptions(b, 2, 4, recompute="selective", attention="fused")
+    assert recomputed_core_bytes(Spec("layer", 0), GPT, gpu) == 0
 
 
 def _saved_bytes(layer, *inputs):
