@@ -196,7 +196,8 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "step time) without building the model, and exit; a layout that cannot fit in "
                         "--gpu-memory-gb is refused in one line naming the part that overflows")
     g.add_argument("--gpu-memory-gb", type=float, default=None,
-                   help="memory per GPU for --dry-run and the start-up prediction (default 80)")
+                   help="memory per GPU for --dry-run and the start-up prediction (default 80); given, --dry-run "
+                        "plans for GPUs (fused attention) also on a machine without one")
     g.add_argument("--log-memory", action="store_true",
                    help="measure iteration 2's peak memory per rank (tensor storages live at its start + the "
                         "allocator's rise during it, megatron/training/memory_log.py) and print one line per rank "

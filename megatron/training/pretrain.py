@@ -152,11 +152,14 @@ def predicted_peak(args: argparse.Namespace, vocab_size: int) -> str:
 
 def dry_run(args: argparse.Namespace) -> None:
     """--dry-run: the prediction per stage without building the model (the tokenizer gives the vocabulary);
-    a layout that does not fit raises the one-line UserError naming the part and the best alternative."""
+    a layout that does not fit raises the one-line UserError naming the part and the best alternative. With
+    --gpu-memory-gb it plans for GPUs (fused attention) wherever it runs; without, for this machine's device."""
     from megatron.planning.report import dry_run_lines
     from megatron.planning.search import plan_for_args
     vocab = build_tokenizer_from_args(args).vocab_size
-    own, best = plan_for_args(args, vocab, args.gpu_memory_gb or 80.0, attention=_attention())
+    # a GPU named by its memory is planned for as a GPU, also from a machine without one (a login node)
+    attention = "fused" if args.gpu_memory_gb else _attention()
+    own, best = plan_for_args(args, vocab, args.gpu_memory_gb or 80.0, attention=attention)
     lines = dry_run_lines(own, best)
     if not own.fits:
         raise UserError(lines[0])

@@ -44,6 +44,23 @@ def test_dry_run_refuses_a_layout_that_cannot_fit(data, monkeypatch):
     assert "best layout that fits: tp" in line
 
 
+def test_dry_run_with_gpu_memory_plans_for_gpus_on_a_cpu_machine(data, monkeypatch, capsys):
+    """A login node has no GPU: --gpu-memory-gb names one, so the prediction is the fused-attention one."""
+    from megatron.config.arguments import parse_args
+    from megatron.planning.report import size
+    from megatron.planning.search import plan_for_args
+    from megatron.training.pretrain import build_tokenizer_from_args
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    argv = _argv(data, "--gpu-memory-gb", "24")
+    run(argv, spec_for("gpt"), DEFAULTS)
+    out = capsys.readouterr().out
+    args = parse_args(argv, defaults=DEFAULTS, world_size=1)
+    vocab = build_tokenizer_from_args(args).vocab_size
+    gpu, cpu = (plan_for_args(args, vocab, 24, attention=a)[0].stages[0].peak for a in ("fused", "math"))
+    assert gpu != cpu
+    assert f"peak {size(gpu)} per rank" in out and f"peak {size(cpu)} per rank" not in out, out
+
+
 def _printed_by_training(argv, world_size):
     """Train on this rank; what it printed (captured here: a forkserver child's stdout is the fd the server
     inherited when an earlier test started it, which pytest's capture of this test never sees)."""
