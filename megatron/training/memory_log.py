@@ -121,13 +121,13 @@ def _rise(prof) -> int:
     unseen: it is counted freed there, which is as late as it can have been, so the rise stays an upper bound.
     """
     from torch._C._profiler import _EventType
-    allocations, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
-    while stack:
+    allocations, stack = [], list(reversed(prof.profiler.kineto_results.experimental_event_tree()))
+    while stack:  # depth first in recorded order, so that events of the same nanosecond keep theirs
         node = stack.pop()
         if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
             allocations.append((node.start_time_ns, node.extra_fields.ptr, node.extra_fields.alloc_size))
-        stack.extend(node.children)
-    allocations.sort(key=lambda a: a[0])
+        stack.extend(reversed(node.children))
+    allocations.sort(key=lambda a: a[0])  # stable
     live: Dict[int, int] = {}
     running = peak = 0
     for _, ptr, nbytes in allocations:
