@@ -62,7 +62,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "dropout), whose stored scores grow with s^2 (the 5as/h term of Korthikanti et al.). "
                         "scaled_dot_product_attention stores those only in its math kernel (CPU with "
                         "--attention-dropout > 0); its fused kernels (flash / memory-efficient on GPUs, the CPU "
-                        "flash kernel without dropout) store none, and selective is then a no-op")
+                        "flash kernel without dropout) store none, and selective is then a no-op (on GPUs it does not "
+                        "checkpoint the core at all)")
     g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
                    help="with --recompute-granularity full: uniform (default) recomputes every run of "
                         "--recompute-num-layers layers; block recomputes the first --recompute-num-layers layers of "

@@ -5,7 +5,8 @@
   recomputation (dropout replayed).
 - Selective keeps the s^2 attention tensors out of the saved activations where SDPA stores them (CPU, attention
   dropout on): saved bytes drop by at least the (b, n, s, s) probabilities; with SDPA's fused kernel (no
-  dropout) it saves nothing, as `--help` says.
+  dropout) it saves nothing, as `--help` says; where SDPA reports a fused kernel (GPUs) the core is not
+  checkpointed at all.
 - Pipe models at pp = 2, dropout on: selective and full block equal the single process (fp32 < 1e-5), and
   block marks the first N transformer layers of each stage.
 - The flags resolve as Megatron's, the aliases included; a method without full granularity is an error.
@@ -76,6 +77,26 @@ def test_selective_drops_the_attention_scores(attention_dropout):
         assert full - selective >= b * n * s * s * 4, (full, selective)  # at least the fp32 probabilities
     else:
         assert full - selective < b * n * s * s, (full, selective)  # the fused kernel stored no s^2 tensor
+
+
+def test_selective_leaves_a_fused_kernel_core_alone(monkeypatch):
+    """Where SDPA reports a fused kernel (a GPU) the core is not checkpointed: it stores no s^2 tensor, and a
+    recomputed flash forward only costs time. The decision is SDPA's own (`_fused_kernel`); here it is forced."""
+    from megatron.model import attention
+    from megatron.model.transformer import TransformerLayer
+    b, s, h, n = 2, 64, 32, 4
+    cfg = common.gpt2_config(seq_length=s, hidden_size=h, num_attention_heads=n, hidden_dropout=0.1,
+                             attention_dropout=0.1, recompute_granularity="selective")
+    layer, x = TransformerLayer(cfg, 1), torch.randn(b, s, h, requires_grad=True)
+    checkpointed = []
+    real = attention.replay_checkpoint
+    monkeypatch.setattr(attention, "replay_checkpoint", lambda *a: checkpointed.append(1) or real(*a))
+    layer(x)
+    assert checkpointed == [1]  # CPU, attention dropout on: SDPA's kernel would keep the s^2 tensors
+    assert not attention._fused_kernel(layer.self_attention.attention_dropout, x, x, x, None)  # CPU: never
+    monkeypatch.setattr(attention, "_fused_kernel", lambda *a: True)
+    layer(x)
+    assert checkpointed == [1]
 
 
 def _pipe_jobs() -> list:
