@@ -41,6 +41,8 @@ CONFIGS = {
     "medium mb8 bf16": ["--micro-batch-size", "8", "--bf16"],
     "medium mb16 bf16": ["--micro-batch-size", "16", "--bf16"],
     "medium mb16 bf16 full recompute": ["--micro-batch-size", "16", "--bf16", "--recompute-granularity", "full"],
+    "medium mb16 bf16 selective recompute": ["--micro-batch-size", "16", "--bf16", "--recompute-granularity",
+                                             "selective"],
     "medium mb8 fp16": ["--micro-batch-size", "8", "--fp16"],
 }
 VOCAB = 50257

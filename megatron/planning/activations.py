@@ -18,12 +18,13 @@ dropout of the MLP keeps mask and output) saves 8 bsh e replicated, (4 bsw + 3 b
 and normalised input are kept at 4 bytes in bf16 too; a decoder layer adds cross attention:
 4 b s_d h e replicated, (2 b s_d w + 2 b s_e w) e / t split and 3 a b s_d s_e e / t.
 
-On CPU, SDPA runs its math path: in bf16 it keeps q, k, v and the three s^2 tensors in fp32 (qkv_e = 4). On GPU (`attention="fused"`) the memory-efficient kernel keeps the
-output and the log-sum-exp instead of the s^2 tensors. With micro-batch 1 SDPA keeps v as a view of the fused
+On CPU, SDPA runs its math path: in bf16 it keeps q, k, v and the three s^2 tensors in fp32 (qkv_e = 4). On GPU
+(`attention="fused"`) the flash / memory-efficient kernels keep the log-sum-exp instead of the s^2 tensors, and
+their output, laid out (b, s, a, d), is the context itself after the head merge (a view): measured on an H100. With micro-batch 1 SDPA keeps v as a view of the fused
 qkv output, so its storage (3 bsw) stays alive: the formulas assume b >= 2.
 
 Sequence parallelism (Korthikanti §4.2.2) divides the replicated part by t as well. Selective recomputation
-drops the attention core term (recomputed in backward). Full recomputation keeps only each checkpointed
+drops the attention core term (recomputed in backward) on the math path; with fused kernels it changes nothing. Full recomputation keeps only each checkpointed
 chunk's input (b s h e) and, during the backward, one chunk's activations while it is recomputed.
 """
 from __future__ import annotations
@@ -54,6 +55,16 @@ def _mask_bytes(o: ActivationOptions) -> int:
     return 1 if o.attention == "fused" and not o.sequence_parallel else o.element_bytes
 
 
+def _core_bytes(a: int, b: int, q: int, k: int, qkv_e: int, t: int, o: ActivationOptions) -> float:
+    """The attention core's own saved bytes. Math path: probabilities, dropout mask, dropped probabilities
+    (3 a b q k, none under selective recomputation). Fused kernels (flash / memory-efficient on a GPU): the
+    log-sum-exp, selective or not (the core is not recomputed there); their output is laid out (b, q, a, d),
+    so the head merge is a view of it and it is the context the output projection keeps (counted there)."""
+    if o.attention == "fused":
+        return a * b * q * 4 / t
+    return 0 if o.recompute == "selective" else 3 * a * b * q * k * qkv_e / t
+
+
 def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t5: bool) -> float:
     h, w, f, a, e, t = m.hidden, m.width, m.ffn, m.heads, o.element_bytes, o.tp
     qkv_e = 4 if o.attention == "math" else e  # CPU's math SDPA keeps fp32 copies of q, k, v in bf16
@@ -65,9 +76,7 @@ def _self_attention_layer(b: int, s: int, m: ModelShape, o: ActivationOptions, t
     # selective: the recomputed core keeps q, k, v as views of the qkv output (e bytes), not SDPA's copies
     qkv_saved = e if o.recompute == "selective" else qkv_e
     split = (3 * b * s * w * qkv_saved + (b * s * w + mlp) * e) / t
-    core = 0 if o.recompute == "selective" or o.attention == "fused" else 3 * a * b * s * s * qkv_e / t
-    if o.attention == "fused":  # memory-efficient SDPA on GPU: output and logsumexp instead of the s^2 terms
-        core = 0 if o.recompute == "selective" else (b * s * w * e + a * b * s * 4) / t
+    core = _core_bytes(a, b, s, s, qkv_e, t, o)
     # LayerNorm's mean and rstd: fp32 on CUDA, the input's dtype on CPU (`attention="math"` stands for CPU)
     norm_stats = 4 * b * s * (STATS if o.attention == "fused" else e)
     stats = 2 * b * s * STATS + 8 * s * s + (0 if e == 4 else 2 * 4 * h) if t5 else norm_stats
@@ -82,9 +91,7 @@ def _cross_attention(b: int, s_d: int, s_e: int, m: ModelShape, o: ActivationOpt
     qkv_saved = e if o.recompute == "selective" else qkv_e
     replicated = (2 * b * s_d * h * 4 + 2 * b * s_d * h * e) / (t if o.sequence_parallel else 1)
     split = ((b * s_d * w + 2 * b * s_e * w) * qkv_saved + b * s_d * w * e) / t  # q, k, v; context
-    core = 0 if o.recompute == "selective" else 3 * a * b * s_d * s_e * qkv_e / t
-    if o.attention == "fused":
-        core = 0 if o.recompute == "selective" else (b * s_d * w * e + a * b * s_d * 4) / t
+    core = _core_bytes(a, b, s_d, s_e, qkv_e, t, o)
     return replicated + split + core + b * s_d * STATS + (0 if e == 4 else 4 * h)
 
 

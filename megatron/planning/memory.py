@@ -18,7 +18,7 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        gradient accumulators 14 Psi (measured with --log-memory: 4 + 8 + 2); gradients during
                        the iteration: the parameters' bf16 gradients 2 Psi before they are folded in and
                        released (DeepSpeed's clear_lp_grads). Checked on CPU (bench/memory_error.py) and on an
-                       H100 (bench/gpu_throughput.py: GPT-2 medium, within +4.4 to +6.2 %)
+                       H100 (bench/gpu_throughput.py: GPT-2 medium, within +2.3 to +4.4 %)
 
 Activations: `activations.spec_activation_bytes` per chunk and micro-batch, run through this stage's
 instruction list (`tds.pipe.instructions.train_schedule`): + at each FORWARD, - at each BACKWARD (ZB-H1:
