@@ -96,7 +96,22 @@ def _exchange(send: torch.Tensor, group) -> torch.Tensor:
 #   all-gather      send this part to every rank                 (p-1)/p N per rank, as a ring all-gather
 #   reduce-scatter  send chunk j to rank j, sum the p received   (p-1)/p N per rank, as a ring reduce-scatter
 # so the volume is exactly that of the all-gather and reduce-scatter they stand for. Other backends (NCCL) use
-# all_gather_into_tensor and reduce_scatter_tensor.
+# all_gather_into_tensor and reduce_scatter_tensor (which gloo runs too: tests/mpu/test_mappings.py forces them).
+
+
+def _by_all_to_all(x: torch.Tensor) -> bool:
+    """Whether the sequence collectives of `x` run as all-to-alls: CPU tensors (gloo)."""
+    return x.device.type == "cpu"
+
+
+def _gather_into(part: torch.Tensor, group, async_op: bool = False):
+    """(p, *part.shape) of every rank's `part` in rank order, by all_gather_into_tensor into p parts stacked
+    along dim 0 (the layout NCCL and gloo both accept); with async_op, (parts, work)."""
+    size = dist.get_world_size(group)
+    flat = part.new_empty(size * part.shape[0], *part.shape[1:])
+    work = dist.all_gather_into_tensor(flat, part, group=group, async_op=async_op)
+    parts = flat.view(size, *part.shape)
+    return (parts, work) if async_op else parts
 
 
 def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
@@ -105,11 +120,9 @@ def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     if size == 1:
         return x
     x = x.contiguous()
-    if x.device.type == "cpu":
+    if _by_all_to_all(x):
         return _from_chunks(_exchange(x.unsqueeze(0).expand(size, *x.shape).contiguous(), group))
-    parts = x.new_empty(size, *x.shape)  # (p, b, s/p, h)
-    dist.all_gather_into_tensor(parts, x, group=group)
-    return _from_chunks(parts)
+    return _from_chunks(_gather_into(x, group))  # (p, b, s/p, h) -> (b, s, h)
 
 
 def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
@@ -118,7 +131,7 @@ def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
     if size == 1:
         return x
     chunks = _to_chunks(x, size)  # (p, b, s/p, h): chunk j for rank j
-    if x.device.type == "cpu":
+    if _by_all_to_all(x):
         return _exchange(chunks, group).sum(0)  # the p partial sums of this rank's part, added
     out = torch.empty_like(chunks[0])
     dist.reduce_scatter_tensor(out, chunks.flatten(0, 1), group=group)
@@ -138,15 +151,14 @@ def gather_and_reduce_scatter_seq(part: torch.Tensor, compute_full: Optional[Cal
     if size == 1:
         return part, (compute_full() if compute_full is not None else None)
     part = part.contiguous()
-    if part.device.type == "cpu":
+    if _by_all_to_all(part):
         full = compute_full() if compute_full is not None else None
         if full is None or full.dtype != part.dtype or full.shape[2:] != part.shape[2:]:
             return _gather_seq(part, group), (None if full is None else _reduce_scatter_seq(full, group))
         send = torch.stack([part.unsqueeze(0).expand(size, *part.shape), _to_chunks(full, size)], dim=1)
         received = _exchange(send, group)  # (p, 2, b, s/p, h): [i, 0] rank i's part, [i, 1] its sums of mine
         return _from_chunks(received[:, 0]), received[:, 1].sum(0)
-    parts = part.new_empty(size, *part.shape)
-    work = dist.all_gather_into_tensor(parts, part, group=group, async_op=True)
+    parts, work = _gather_into(part, group, async_op=True)
     reduced = _reduce_scatter_seq(compute_full(), group) if compute_full is not None else None
     work.wait()
     return _from_chunks(parts), reduced

@@ -6,6 +6,8 @@
   part, a tp rank's heads or inner columns) keeps the single process's mask of that slice (`rng`).
 - Every dropout on: sequence parallelism changes no mask, so at tp = 2 the run with it equals the run without
   it, GPT-2 and T5.
+- The collectives other backends use (all_gather_into_tensor, reduce_scatter_tensor: the GPU path), forced on
+  gloo: GPT-2 and T5 at (2, 2, 1) equal the single process too.
 - A sequence length that tp does not divide is a one-line error naming both numbers.
 - slow: tp in {2, 4} x pp in {1, 2} (every schedule at pp = 2: 1f1b, gpipe, interleaved with 2 chunks, zb-h1)
   x dp in {1, 2}, ZeRO-1 at dp = 2, 20 steps, GPT-2 and T5 (every dropout on at dp = 1).
@@ -53,6 +55,24 @@ def test_sequence_parallel_matches_single_process():
             dict(kind="t5", tp=2, pp=2, dp=1, config_kw=ALL_DROPOUT, **sp),
             dict(kind="gpt2", tp=4, pp=1, dp=1, config_kw=ALL_DROPOUT, **sp)]
     per_rank = run_distributed(common.run_jobs, 4, jobs, timeout=500)
+    _check_against_reference(jobs, per_rank, {})
+
+
+def _run_jobs_through_collectives(jobs: list) -> list:
+    """common.run_jobs with the sequence collectives of other backends (NCCL's all_gather_into_tensor and
+    reduce_scatter_tensor, which gloo runs too) in place of the CPU all-to-alls."""
+    from megatron.mpu import mappings
+    mappings._by_all_to_all = lambda x: False
+    return common.run_jobs(jobs)
+
+
+@pytest.mark.long
+def test_sequence_parallel_through_other_backends_collectives_matches_single_process():
+    """The path a GPU run takes (never the CPU's): GPT-2 and T5 at (2, 2, 1), every dropout on."""
+    sp = dict(steps=STEPS, sequence_parallel=True)
+    jobs = [dict(kind="gpt2", tp=2, pp=2, dp=1, config_kw=ALL_DROPOUT, **sp),
+            dict(kind="t5", tp=2, pp=2, dp=1, config_kw=ALL_DROPOUT, **sp)]
+    per_rank = run_distributed(_run_jobs_through_collectives, 4, jobs, timeout=500)
     _check_against_reference(jobs, per_rank, {})
 
 

@@ -69,12 +69,16 @@ def test_identity_without_distributed():
         assert torch.equal(g, torch.ones_like(x))
 
 
-def _check_sequence(tp: int):
+def _check_sequence(tp: int, all_to_all: bool = True):
     """The sequence-parallel mappings and the column GEMM on (b, s, h) = (2, 8, 3) against sums and
-    concatenations of every peer's values, forward and backward."""
+    concatenations of every peer's values, forward and backward. all_to_all=False: through the collectives
+    other backends (NCCL) use, all_gather_into_tensor and reduce_scatter_tensor, which gloo runs too."""
     import torch.nn.functional as F
 
+    from megatron.mpu import mappings
     from megatron.mpu.sequence_parallel import sequence_parallel_linear
+    if not all_to_all:
+        mappings._by_all_to_all = lambda x: False
     state = mpu.initialize_model_parallel(tp)
     me, peers = state.global_rank, state.tp_ranks
     tp_rank = mpu.get_model_parallel_rank()
@@ -115,7 +119,9 @@ def _check_sequence(tp: int):
     return True
 
 
+@pytest.mark.parametrize("all_to_all", [True, False], ids=["all-to-all", "collectives"])
 @pytest.mark.parametrize("tp", [2, 4])
-def test_sequence_parallel_mappings_world4(tp):
-    """World 4: tp 2 (two groups, a collective over the wrong one would mix them) and tp 4."""
-    assert run_distributed(_check_sequence, 4, tp) == [True] * 4
+def test_sequence_parallel_mappings_world4(tp, all_to_all):
+    """World 4: tp 2 (two groups, a collective over the wrong one would mix them) and tp 4; the CPU path and the
+    path of other backends (NCCL's collectives, run here on gloo)."""
+    assert run_distributed(_check_sequence, 4, tp, all_to_all) == [True] * 4
