@@ -104,10 +104,9 @@ def _by_all_to_all(x: torch.Tensor) -> bool:
     return x.device.type == "cpu"
 
 
-def _gather_into(part: torch.Tensor, group, async_op: bool = False):
+def _gather_into(part: torch.Tensor, group, size: int, async_op: bool = False):
     """(p, *part.shape) of every rank's `part` in rank order, by all_gather_into_tensor into p parts stacked
     along dim 0 (the layout NCCL and gloo both accept); with async_op, (parts, work)."""
-    size = dist.get_world_size(group)
     flat = part.new_empty(size * part.shape[0], *part.shape[1:])
     work = dist.all_gather_into_tensor(flat, part, group=group, async_op=async_op)
     parts = flat.view(size, *part.shape)
@@ -122,7 +121,7 @@ def _gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     x = x.contiguous()
     if _by_all_to_all(x):
         return _from_chunks(_exchange(x.unsqueeze(0).expand(size, *x.shape).contiguous(), group))
-    return _from_chunks(_gather_into(x, group))  # (p, b, s/p, h) -> (b, s, h)
+    return _from_chunks(_gather_into(x, group, size))  # (p, b, s/p, h) -> (b, s, h)
 
 
 def _reduce_scatter_seq(x: torch.Tensor, group) -> torch.Tensor:
@@ -158,7 +157,7 @@ def gather_and_reduce_scatter_seq(part: torch.Tensor, compute_full: Optional[Cal
         send = torch.stack([part.unsqueeze(0).expand(size, *part.shape), _to_chunks(full, size)], dim=1)
         received = _exchange(send, group)  # (p, 2, b, s/p, h): [i, 0] rank i's part, [i, 1] its sums of mine
         return _from_chunks(received[:, 0]), received[:, 1].sum(0)
-    parts, work = _gather_into(part, group, async_op=True)
+    parts, work = _gather_into(part, group, size, async_op=True)
     reduced = _reduce_scatter_seq(compute_full(), group) if compute_full is not None else None
     work.wait()
     return _from_chunks(parts), reduced

@@ -29,7 +29,7 @@ chunk's input (b s h e) and, during the backward, one chunk's activations while 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .model_shape import ModelShape, Spec
 
@@ -113,8 +113,7 @@ def recomputed_core_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> fl
     (a, b, s, s) dropout mask SeededDropout draws before keeping this rank's heads (megatron/model/rng.py)."""
     if o.recompute != "selective" or o.attention != "math" or spec.kind not in ("layer", "enc", "dec"):
         return 0.0
-    saved = layer_bytes(spec, m, ActivationOptions(o.micro_batch, o.tp, o.element_bytes, o.sequence_parallel,
-                                                   "none", o.attention)) - layer_bytes(spec, m, o)
+    saved = layer_bytes(spec, m, replace(o, recompute="none")) - layer_bytes(spec, m, o)
     s = m.decoder_seq if spec.kind == "dec" else m.seq
     whole_mask = m.heads * o.micro_batch * s * s * 4 if o.tp > 1 else 0  # drawn in fp32 (attention_core)
     return saved + whole_mask
