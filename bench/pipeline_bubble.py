@@ -144,8 +144,31 @@ def formula(schedule: str, v: int, m: int) -> float:
     return (P - 1) / ({"1f1b": 1, "interleaved": v, "zb-h1": 3}[schedule] * m + P - 1)
 
 
+def bare_hop_ms(ms: float, rounds: int = 40) -> float | None:
+    """Median one-way time (ms) of a bare gloo send/recv whose receiver waits idle in its posted receive, as a
+    stage waits in the bubble: ranks (0, 1) and (2, 3) ping-pong an activation-sized message, each side
+    sleeping `ms` before it answers; the time runs from the sender's stamp to the receiver's wait returning.
+    No engine is involved: this is the machine's and gloo's floor for one hop. Rank 0 returns it."""
+    import torch.distributed as dist
+    peer = dist.get_rank() ^ 1
+    msg, latencies = torch.zeros(MBS, HIDDEN, dtype=torch.float64), []
+    for k in range(rounds):
+        if (k % 2 == 0) == (dist.get_rank() % 2 == 0):
+            time.sleep(ms / 1e3)
+            msg[0, 0] = time.perf_counter()  # one clock for every process on this host (CLOCK_MONOTONIC)
+            dist.send(msg, peer)
+        else:
+            dist.recv(msg, peer)
+            latencies.append(time.perf_counter() - msg[0, 0].item())
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, latencies)
+    merged = sorted(x for part in everyone for x in part[2:])  # each side's first answer warms up
+    return merged[len(merged) // 2] * 1e3 if dist.get_rank() == 0 else None
+
+
 def run(args, folder: str) -> dict:
-    return {ms: {(s, v, m): measure(s, v, m, ms, folder) for m in args.micro_batches for s, v in SCHEDULES}
+    return {ms: {"bare_hop_ms": bare_hop_ms(ms),
+                 **{(s, v, m): measure(s, v, m, ms, folder) for m in args.micro_batches for s, v in SCHEDULES}}
             for ms in args.ms}
 
 
@@ -177,12 +200,17 @@ def report(results: dict, ms: float, args) -> bool:
     print(f"{'schedule':12s} {'m':>3s} {'measured':>9s} {'formula':>8s} {'rel.err':>8s} {'idle/stage':>11s} "
           f"{'as hop':>7s}  peak live activations per stage (pending W)")
     ok = True
+    hop = results.pop("bare_hop_ms")
     for (s, v, m), r in results.items():
         f = formula(s, v, m)
         err = abs(r["bubble"] - f) / f
         pend = f" ({r['peak_pending_w']})" if s == "zb-h1" else ""
         print(f"{s + (f' v={v}' if v > 1 else ''):12s} {m:3d} {r['bubble']:9.4f} {f:8.4f} {err:8.1%} "
               f"{r['idle_s'] * 1e3:8.0f} ms {hop_latency(s, v, m, ms, r['bubble']):5.2f}ms  {r['peak_live']}{pend}")
+    floor = ", ".join(f"{s}{f' v={v}' if v > 1 else ''} m={m} {simulated(s, v, m, ms, hop) / formula(s, v, m) - 1:+.1%}"
+                      for m in args.micro_batches for s, v in SCHEDULES)
+    print(f"bare gloo hop on this machine, this run (idle receiver, no engine): median {hop:.2f} ms; the simulator "
+          f"with that hop and no engine cost is over the formula by: {floor}")
     print("checks:")
     for m in args.micro_batches:
         one, inter, zb = (results[(s, v, m)] for s, v in SCHEDULES)

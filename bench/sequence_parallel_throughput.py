@@ -12,10 +12,18 @@ ratio is the median of its SP run's intervals over the median of its run without
 median of the rounds' ratios (the two runs of a round are back to back, so load from other jobs that changes
 between rounds cancels). Also printed: each side's median over all rounds and their ratio. The issue's gate:
 >= 0.95.
+
+Where the time goes, also printed per run: the collectives rank 0 called per iteration (torch.distributed's, by
+name: the tensor-parallel ones of the layers, ZeRO's and the loss's) and the CPU seconds of all 8 processes
+(`time.process_time`, every thread, for the whole run: waiting costs none). Sequence parallelism moves the bytes
+of the all-reduce it replaces but in two collectives (a reduce-scatter after each row-parallel linear, an
+all-gather before each column-parallel one, the LayerNorm between them), so where each collective costs a fixed
+latency, as gloo's ~1 ms on 2 shared cores, the count shows in the wall time and not in the CPU time.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import io
 import os
@@ -23,6 +31,7 @@ import re
 import statistics
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))  # tests' corpus
 
@@ -42,20 +51,41 @@ def job_argv(data: dict, iters: int, log_interval: int) -> list:
             "--split", "98,1,1"]
 
 
-def rank_run(argv: list) -> list:
-    """pretrain on this rank with its output captured; every rank returns the logged tokens/s values."""
+COLLECTIVES = ("all_reduce", "all_to_all_single", "all_gather_into_tensor", "reduce_scatter_tensor", "all_gather",
+               "reduce_scatter", "broadcast")
+
+
+def count_collectives() -> collections.Counter:
+    """Count this process's calls of torch.distributed's collectives from now on, by name (callers look them up
+    on the module at each call, as `dist.all_reduce(...)`)."""
+    import torch.distributed as dist
+    counts = collections.Counter()
+    for name in COLLECTIVES:
+        def counted(*args, _call=getattr(dist, name), _name=name, **kwargs):
+            counts[_name] += 1
+            return _call(*args, **kwargs)
+        setattr(dist, name, counted)
+    return counts
+
+
+def rank_run(argv: list) -> tuple:
+    """pretrain on this rank with its output captured. Returns (the logged tokens/s values, rank 0's collectives
+    per iteration by name, the CPU seconds of all ranks)."""
     import torch.distributed as dist
 
     from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
     from megatron.model.specs import spec_for
     from megatron.training.pretrain import pretrain
-    out = io.StringIO()
+    args = parse_args(argv, defaults=ENTRY_DEFAULTS["gpt"], world_size=dist.get_world_size())
+    out, counts, cpu = io.StringIO(), count_collectives(), time.process_time()
     with contextlib.redirect_stdout(out):
-        pretrain(parse_args(argv, defaults=ENTRY_DEFAULTS["gpt"], world_size=dist.get_world_size()), spec_for("gpt"))
+        pretrain(args, spec_for("gpt"))
+    cpu = time.process_time() - cpu
+    per_iter = {name: n / args.train_iters for name, n in counts.items()}
     values = [float(v) for v in TOKENS.findall(out.getvalue())]
     everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, values)
-    return max(everyone, key=len)
+    dist.all_gather_object(everyone, (values, cpu))
+    return max((v for v, _ in everyone), key=len), per_iter, sum(c for _, c in everyone)
 
 
 def main() -> None:
@@ -68,17 +98,21 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = build_data(tmp, max_mb=1.0, vocab_size=2048)
         argv = job_argv(data, opts.iters, opts.log_interval)
-        seen, ratios = {False: [], True: []}, []
+        seen, ratios, cpus = {False: [], True: []}, [], {False: [], True: []}
         for r in range(opts.rounds):
             medians = {}
             for sp in ((False, True) if r % 2 == 0 else (True, False)):
-                values = run_on_ranks(rank_run, 8, argv + (["--sequence-parallel"] if sp else []))
+                values, per_iter, cpu = run_on_ranks(rank_run, 8, argv + (["--sequence-parallel"] if sp else []))
                 seen[sp] += values[1:]
+                cpus[sp].append(cpu)
                 medians[sp] = statistics.median(values[1:])
-                print(f"round {r} SP {'on ' if sp else 'off'}: tokens/s per interval {[round(v) for v in values]}",
-                      flush=True)
+                calls = ", ".join(f"{name} {n:g}" for name, n in sorted(per_iter.items()))
+                print(f"round {r} SP {'on ' if sp else 'off'}: tokens/s per interval {[round(v) for v in values]}; "
+                      f"collectives per iteration on rank 0: {sum(per_iter.values()):g} ({calls}); CPU of all ranks "
+                      f"{cpu:.1f} s", flush=True)
             ratios.append(medians[True] / medians[False])
-            print(f"round {r} ratio SP / no SP {ratios[-1]:.3f}", flush=True)
+            print(f"round {r} ratio SP / no SP {ratios[-1]:.3f}, CPU seconds SP / no SP "
+                  f"{cpus[True][-1] / cpus[False][-1]:.3f}", flush=True)
     off, on = statistics.median(seen[False]), statistics.median(seen[True])
     print(f"default job (tp, pp, dp) = (2, 2, 2), 8 CPU processes: without SP {off:.0f} tokens/s, with SP "
           f"{on:.0f} tokens/s (medians over all rounds, ratio {on / off:.3f}); median of the rounds' ratios "
