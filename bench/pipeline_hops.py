@@ -44,22 +44,34 @@ def _instrument(log: list) -> None:
     from tds.pipe import p2p
     from tds.pipe.executor import StageExecutor
     clock = time.perf_counter
-
-    def timed(name, call):
-        def wrapper(self, ins, *args, **kwargs):
-            start = clock()
-            result = call(self, ins, *args, **kwargs)
-            what = name if isinstance(name, str) else name(ins)
-            log.append((what, getattr(ins, "micro_batch", -1), getattr(ins, "chunk", -1), start, clock()))
-            return result
-        return wrapper
-    for name in TIMED:
-        setattr(StageExecutor, name, timed(name, getattr(StageExecutor, name)))
     send, wait = p2p.P2P.send, p2p.P2P.wait_recv
-    sent, received = (lambda ins: f"sent {ins.op.name}"), (lambda ins: f"received {ins.op.name}")
-    p2p.P2P.send = lambda self, t, peer, what, header=False: timed(sent, lambda s, w: send(s, t, peer, w, header))(
-        self, what)
-    p2p.P2P.wait_recv = lambda self, posted, what: timed(received, lambda s, w: wait(s, posted, w))(self, what)
+
+    def logged(event: str, ins, start: float) -> None:
+        log.append((event, getattr(ins, "micro_batch", -1), getattr(ins, "chunk", -1), start, clock()))
+
+    def handler(name: str):
+        call = getattr(StageExecutor, name)
+
+        def timed(self, ins, state):
+            start = clock()
+            call(self, ins, state)
+            logged(name, ins, start)
+        return timed
+
+    def timed_send(self, t, peer, what, header=False):
+        start = clock()
+        send(self, t, peer, what, header)
+        logged(f"sent {what.op.name}", what, start)
+
+    def timed_wait(self, posted, what):
+        start = clock()
+        received = wait(self, posted, what)
+        logged(f"received {what.op.name}", what, start)
+        return received
+
+    for name in TIMED:
+        setattr(StageExecutor, name, handler(name))
+    p2p.P2P.send, p2p.P2P.wait_recv = timed_send, timed_wait
 
 
 def ranks(schedules: list, ms: float) -> dict | None:

@@ -98,13 +98,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         data = build_data(tmp, max_mb=1.0, vocab_size=2048)
         argv = job_argv(data, opts.iters, opts.log_interval)
-        seen, ratios, cpus = {False: [], True: []}, [], {False: [], True: []}
+        seen, ratios = {False: [], True: []}, []
         for r in range(opts.rounds):
-            medians = {}
+            medians, cpus = {}, {}
             for sp in ((False, True) if r % 2 == 0 else (True, False)):
                 values, per_iter, cpu = run_on_ranks(rank_run, 8, argv + (["--sequence-parallel"] if sp else []))
                 seen[sp] += values[1:]
-                cpus[sp].append(cpu)
+                cpus[sp] = cpu
                 medians[sp] = statistics.median(values[1:])
                 calls = ", ".join(f"{name} {n:g}" for name, n in sorted(per_iter.items()))
                 print(f"round {r} SP {'on ' if sp else 'off'}: tokens/s per interval {[round(v) for v in values]}; "
@@ -112,7 +112,7 @@ def main() -> None:
                       f"{cpu:.1f} s", flush=True)
             ratios.append(medians[True] / medians[False])
             print(f"round {r} ratio SP / no SP {ratios[-1]:.3f}, CPU seconds SP / no SP "
-                  f"{cpus[True][-1] / cpus[False][-1]:.3f}", flush=True)
+                  f"{cpus[True] / cpus[False]:.3f}", flush=True)
     off, on = statistics.median(seen[False]), statistics.median(seen[True])
     print(f"default job (tp, pp, dp) = (2, 2, 2), 8 CPU processes: without SP {off:.0f} tokens/s, with SP "
           f"{on:.0f} tokens/s (medians over all rounds, ratio {on / off:.3f}); median of the rounds' ratios "
