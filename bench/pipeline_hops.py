@@ -11,8 +11,8 @@ those hops, on one clock (`time.perf_counter` is CLOCK_MONOTONIC, one clock for 
                                    socket at once (on loopback the kernel delivers it inside the call)
     sent -> receive returned       the transport and the waiting stage's wake-up (gloo's event thread reads the
                                    message and wakes the waiting thread)
-    unpacking                      the rest of `recv_activations` (the arrival's autograd function, posting the
-                                   next receive ahead)
+    unpacking                      the rest of `recv_activations` (reading the flag: the tuple was built when
+                                   the receive was posted)
     -> next F                      the executor up to the next F
 
 Each is timed by wrapping the executor's handlers and `P2P.send` / `P2P.wait_recv` (batch 3 of 3; the first
@@ -60,8 +60,9 @@ def _instrument(log: list) -> None:
 
     def timed_send(self, t, peer, what, header=False):
         start = clock()
-        send(self, t, peer, what, header)
+        work = send(self, t, peer, what, header)
         logged(f"sent {what.op.name}", what, start)
+        return work
 
     def timed_wait(self, posted, what):
         start = clock()

@@ -24,7 +24,14 @@ F = FLAG + max(S, H) bytes, S = packed payload size of the predicted layout, H =
                                    follows, and both sides now predict the new layout
 
 So shapes and dtypes may change between any two micro-batches with no flag from the user, and a steady
-run pays FLAG bytes per hop and no extra message. Before the first hop an undeclared receiver does not know
+run pays FLAG bytes per hop and no extra message.
+
+The steady state costs a stage little Python where it matters: between a message's arrival and the work that
+waits for it. The sender writes each tensor once into a first message built for the layout (flag and padding
+already zero), reused once the transport has sent it (`P2P.sent`). The receiver, when it posts a first
+message's receive (`post_activations`: the executor posts the next one after the stage's next send or before
+its next wait, not on a hop's arrival), also builds what the message becomes if the layout holds: the views
+shaped as the tensors, passed through `_Arrival` when training; on arrival it reads the flag and hands them over. Before the first hop an undeclared receiver does not know
 the tuple length n, so that one message is sized for meta.MAX_INFERRED positions. Gradient hops need no
 exchange: the receiver knows the shapes of the outputs it sent.
 
@@ -78,6 +85,16 @@ class _Arrival(torch.autograd.Function):
 
 
 @dataclass
+class _Inbound:
+    """A first-message receive posted ahead: P2P.post_recv's handle, the flag's view, the mode it was posted
+    in and, where the layout was predicted, the tuple the message becomes if the flag says it held."""
+    posted: tuple
+    flag: torch.Tensor
+    training: bool
+    value: object = None
+
+
+@dataclass
 class Boundary:
     p2p: P2P
     declared: list[meta.TensorDecl] | None   # the model's declaration, or None: inferred per boundary
@@ -89,7 +106,8 @@ class Boundary:
     send_decls: list[meta.TensorDecl] | None = None  # undeclared: the outgoing layout inferred when training
     _sent_layout: tuple | None = field(default=None, repr=False)   # (specs, was_tuple, grads) last sent
     _recv_layout: tuple | None = field(default=None, repr=False)   # (specs, was_tuple, grads) last received
-    _next_first: tuple | None = field(default=None, repr=False)    # receive posted ahead of time
+    _next_first: _Inbound | None = field(default=None, repr=False)  # receive posted ahead of time
+    _outbox: list = field(default_factory=list, repr=False)  # steady-state messages: [(buf, views, work, gen)]
     _told_unused: bool = field(default=False, repr=False)
     # derived from the layouts above when they change (not per hop): first-message bytes, wire, partitioning
     _sent_size: int = field(default=0, repr=False)
@@ -189,10 +207,11 @@ class Boundary:
         """Check `value` against the layout, then send it to `peer` (one message if the layout holds)."""
         tensors, was_tuple = meta.as_tuple(value)
         if self._as_last_sent(tensors, was_tuple):  # the steady state: checked when the layout was set
-            parts = [self._split(d.partitioned, t.detach()) for d, t in zip(self.decls, tensors)]
-            msg = meta.pack(parts, prefix=FLAG, total=self._sent_size)
-            msg[:8].view(torch.int64).fill_(0)
-            self.p2p.send(msg, peer, what)
+            msg, views = self._steady_message()
+            for view, d, t in zip(views, self.decls, tensors):  # (a split view is this rank's flat chunk)
+                view.copy_(self._split(True, t.detach()) if d.partitioned and self.tp_size > 1 else t.detach())
+            generation = self.p2p.batches_done
+            self._outbox.append((msg, views, self.p2p.send(msg, peer, what), generation))
             return
         try:
             decls, settled = self._outgoing(tensors)
@@ -214,6 +233,20 @@ class Boundary:
         self.p2p.send(msg, peer, what, header=True)
         self.p2p.send(meta.pack(parts), peer, what)
         self._sent_layout, self._sent_size = layout, self._first_size(layout)
+        self._outbox = []
+
+    def _steady_message(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """A first message [flag=0 | payload | padding] of the last sent layout and its payload views (shaped as
+        the tensors, or flat chunks where partitioned), to be filled: the oldest one sent before, once the
+        transport has sent it, else a new one. So a steady hop writes each tensor once into a ready buffer."""
+        if self._outbox and self.p2p.sent(self._outbox[0][2], self._outbox[0][3]):
+            msg, views, _, _ = self._outbox.pop(0)
+            return msg, views
+        specs = self._sent_layout[0]
+        msg = torch.zeros(self._sent_size, dtype=torch.uint8, device=self.device)  # flag 0, zero padding
+        flats = meta.unpack(msg[FLAG:], self._wire(specs))
+        split = [p and self.tp_size > 1 for p in self._partitioned(len(specs))]
+        return msg, [f if part else f.view(shape) for f, part, (_, shape) in zip(flats, split, specs)]
 
     def _as_last_sent(self, tensors: tuple, was_tuple: bool) -> bool:
         """Whether `tensors` has the dtypes and shapes of the last hop, whose grad bits were settled, and (when
@@ -228,19 +261,36 @@ class Boundary:
                 return False
         return True
 
-    def _post_first(self, peer: int) -> tuple:
-        size = self._recv_size if self._recv_layout is not None else self._first_size(None)
-        return self.p2p.post_recv(torch.empty(size, dtype=torch.uint8, device=self.device), peer)
+    def post_activations(self, peer: int, training: bool) -> None:
+        """Post the next activation receive ahead of its instruction, so its transfer does not wait for this
+        stage to reach the receive; `training` as `recv_activations`' (the same batch's)."""
+        if self._next_first is None:
+            self._next_first = self._post_first(peer, training)
 
-    def recv_activations(self, peer: int, what: object, training: bool, more: bool = False):
-        """Receive one tuple; positions with grad require grad when `training`.
+    def _post_first(self, peer: int, training: bool) -> _Inbound:
+        """Post a first message's receive; where the layout is predicted (and nothing partitioned has to be
+        gathered on arrival) also build the tuple it will become, so that arrival costs one flag read."""
+        layout = self._recv_layout
+        size = self._recv_size if layout is not None else self._first_size(None)
+        buf = torch.empty(size, dtype=torch.uint8, device=self.device)
+        posted = _Inbound(self.p2p.post_recv(buf, peer), buf[:8].view(torch.int64), training)
+        if layout is not None and not (self.tp_size > 1 and any(self._recv_parts)):
+            specs, was_tuple, grads = layout
+            flats = meta.unpack(buf[FLAG:], self._recv_wire)
+            out = [flat.view(shape) for flat, (_, shape) in zip(flats, specs)]
+            if training:
+                self._arrive(out, self._incoming_grads(specs, grads), self._recv_parts)
+            posted.value = tuple(out) if was_tuple else out[0]
+        return posted
 
-        With `more=True` (another activation follows in this batch) the next hop's first receive is
-        posted right away, so its transfer does not wait for this stage to reach the next receive.
-        """
-        posted, self._next_first = self._next_first or self._post_first(peer), None
-        first = self.p2p.wait_recv(posted, what)
-        if first[:8].view(torch.int64).item() == 0:
+    def recv_activations(self, peer: int, what: object, training: bool):
+        """Receive one tuple (posted ahead by `post_activations`, or now); positions with grad require grad when
+        `training`."""
+        posted, self._next_first = self._next_first or self._post_first(peer, training), None
+        first = self.p2p.wait_recv(posted.posted, what)
+        if posted.flag.item() == 0:
+            if posted.value is not None and posted.training == training:  # the steady state
+                return posted.value
             specs, was_tuple, grads = self._recv_layout
             flats = meta.unpack(first[FLAG:], self._recv_wire)
         else:
@@ -255,8 +305,6 @@ class Boundary:
         out = [self._assemble(p, flat, shape) for p, (_, shape), flat in zip(parts, specs, flats)]
         if training:
             self._arrive(out, self._incoming_grads(specs, grads), parts)
-        if more:
-            self._next_first = self._post_first(peer)
         return tuple(out) if was_tuple else out[0]
 
     def _incoming_grads(self, specs: list, grads: tuple | None) -> list[bool]:

@@ -63,6 +63,7 @@ class BatchState:
     compute_loss: bool = True
     keep_logits: bool = False
     last_recv: Unit = (-1, -1)  # the batch's last activation receive: no receive is posted ahead after it
+    activation_due: bool = False  # the next activation receive is to be posted ahead (`_post_ahead`)
     grad_order: list = field(default_factory=list)   # the units of the batch's gradient receives, in order
     grads_posted: dict = field(default_factory=dict)  # unit -> gradient receive posted ahead
     inputs: dict = field(default_factory=dict)
@@ -202,8 +203,8 @@ class StageExecutor:
 
     def _exec_recv_act(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
-        more = unit != state.last_recv and self.ctx.receive_ahead
-        state.inputs[unit] = self.ctx.boundary.recv_activations(self.ctx.prev_rank, ins, state.training, more)
+        state.inputs[unit] = self.ctx.boundary.recv_activations(self.ctx.prev_rank, ins, state.training)
+        state.activation_due = unit != state.last_recv and self.ctx.receive_ahead
 
     def _exec_forward(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
@@ -245,19 +246,28 @@ class StageExecutor:
         if self.ctx.finite is not None:
             self.ctx.finite.watch("forward", (out,) if torch.is_tensor(out) else out)
         self.ctx.boundary.send_activations(out, self.ctx.next_rank, ins)
-        self._post_grads_ahead(state)
+        self._post_ahead(state)
 
     def _exec_recv_grad(self, ins: Instruction, state: BatchState) -> None:
         unit = (ins.micro_batch, ins.chunk)
+        self._post_ahead(state)  # before this wait, not after it
         posted = state.grads_posted.pop(unit, None)
         if posted is None and state.grad_order and state.grad_order[0] == unit:
             state.grad_order.pop(0)  # received now, not ahead
         state.grads[unit] = self.ctx.boundary.recv_grads(state.outputs[unit], self.ctx.next_rank, ins, posted)
+
+    def _post_ahead(self, state: BatchState) -> None:
+        """Post the receives that are due ahead of their instructions: the next activation once the last one
+        arrived, and `_post_grads_ahead`'s. Called after a send and before a wait, so that the posting does
+        not delay a stage between a message's arrival and the work it waits for."""
+        if state.activation_due:
+            state.activation_due = False
+            self.ctx.boundary.post_activations(self.ctx.prev_rank, state.training)
         self._post_grads_ahead(state)
 
     def _post_grads_ahead(self, state: BatchState) -> None:
         """Post the gradient receives of the units whose activations left, in the order the schedule receives
-        them, so that a gradient is taken in while the stage computes (as activations are, `recv_activations`)."""
+        them, so that a gradient is taken in while the stage computes."""
         if not self.ctx.receive_ahead:
             return
         order = state.grad_order
@@ -346,6 +356,7 @@ class StageExecutor:
 
     def _exec_send_grad(self, ins: Instruction, state: BatchState) -> None:
         self.ctx.boundary.send_grads(state.inputs.pop((ins.micro_batch, ins.chunk)), self.ctx.prev_rank, ins)
+        self._post_ahead(state)
 
     def _exec_reduce_tied(self, ins: Instruction, state: BatchState) -> None:
         """Sum tied-weight gradients over the groups that share them, in the module's order on every rank: one

@@ -46,6 +46,7 @@ class P2P:
     group: object
     pending: list = field(default_factory=list)
     stats: P2PStats = field(default_factory=P2PStats)
+    batches_done: int = 0  # how often `wait_sends` ran: a send of an earlier generation has completed
     _group_rank: dict = field(default_factory=dict, repr=False)  # global rank -> rank in `group`
 
     def _peer(self, peer: int) -> tuple:
@@ -65,17 +66,24 @@ class P2P:
             self.stats.payload_msgs += 1
             self.stats.payload_bytes += n
 
-    def send(self, t: torch.Tensor, peer: int, what: object, header: bool = False) -> None:
-        """Start sending contiguous `t` to global rank `peer`; `t` is kept alive until the send completes."""
-        t = t.contiguous()
+    def send(self, t: torch.Tensor, peer: int, what: object, header: bool = False):
+        """Start sending contiguous `t` to global rank `peer`; `t` is kept alive until the send completes.
+        Returns the send's work: `t` may be written again once `sent(work, generation)` says so."""
         self._count(t, header)
         group, rank = self._peer(peer)
         try:
             work = group.send([t], rank, 0)
         except RuntimeError as e:
             raise self._error(what, peer, "send", e) from e
+        # sends to a peer complete in order: drop the oldest while done (gloo's are only done once waited for)
+        while self.pending and self.pending[0][0].is_completed():
+            self.pending.pop(0)
         self.pending.append((work, t, what, peer))
-        self.pending = [p for p in self.pending if not p[0].is_completed()]
+        return work
+
+    def sent(self, work, generation: int) -> bool:
+        """Whether the send `work`, started when `batches_done` was `generation`, has completed."""
+        return generation < self.batches_done or work.is_completed()
 
     def post_recv(self, t: torch.Tensor, peer: int, header: bool = False):
         """Start receiving into `t` from global rank `peer`; finish with `wait_recv`."""
@@ -106,6 +114,7 @@ class P2P:
                 work.wait(timeout=datetime.timedelta(seconds=self.timeout_s))
             except RuntimeError as e:
                 raise self._error(what, peer, "send", e) from e
+        self.batches_done += 1
 
     def _error(self, what: object, peer: int, verb: str, e: Exception) -> PipelineCommError:
         return PipelineCommError(f"pipeline stage {self.stage_id}, instruction {what}: {verb} with rank {peer} "

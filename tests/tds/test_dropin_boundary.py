@@ -25,6 +25,8 @@ class Wire:
 
 
 class FakeP2P:
+    batches_done = 0
+
     def __init__(self, stage_id: int, wire: Wire):
         self.stage_id, self.wire, self.headers, self.sizes = stage_id, wire, 0, []
 
@@ -32,6 +34,9 @@ class FakeP2P:
         self.headers += header
         self.sizes.append(t.numel() * t.element_size())
         self.wire.inbox[(self.stage_id, peer)].append(t.detach().clone())
+
+    def sent(self, work, generation):
+        return True  # the message was copied when sent: its buffer may be written again
 
     def post_recv(self, buf, peer, header=False):
         return buf, peer
@@ -195,3 +200,47 @@ def test_declared_layout_stays_the_source_of_truth():
     assert [t.requires_grad for t in got] == [True, False] and b1._recv_layout[2] == (True, False)
     with pytest.raises(meta.PipelineLayoutError, match=r"position 1: declared type 'float'.*got dtype torch.int64"):
         b0.send_activations((a * 2, (a > 0).long()), 1, "send")
+
+
+def test_steady_hops_reuse_one_message_and_receives_posted_ahead_survive_a_layout_change():
+    """Steady hops: the sender fills one reused first message, the receiver's tuple is built when its receive
+    is posted ahead (as the executor posts it); every micro-batch still gets its own values (earlier ones not
+    overwritten) and gradients, and a receive posted ahead for one layout takes a hop whose shape changed from
+    its header."""
+    b0, b1 = chain(2)
+    w0 = W0.clone().requires_grad_()
+    g = torch.Generator().manual_seed(7)
+    outs, received = [], []
+    b1.post_activations(0, True)
+    for rows in (2, 2, 2, 3, 3):
+        out = stage0(torch.randn(rows, 4, generator=g), w0)
+        b0.send_activations(out, 1, "send")
+        got = b1.recv_activations(0, "recv", True)
+        b1.post_activations(0, True)
+        assert got[0].requires_grad and got[0].grad_fn is not None  # not a leaf: in place allowed
+        outs.append(out)
+        received.append(got)
+    assert b0.p2p.headers == 2 and len(b0._outbox) == 1  # first hop and the shape change; one message reused
+    for out, got in zip(outs, received):
+        assert all(torch.equal(a, b) for a, b in zip(out, got))
+        (got[0] ** 2).sum().backward()
+        (grad,) = hop_back(b1, b0, got, out)
+        assert torch.equal(grad, 2 * out[0].detach())
+
+
+def test_p2p_send_is_done_when_its_work_says_so_or_a_batch_ended():
+    """A steady message may be written again once its send completed: gloo's work only says so after a wait,
+    which `wait_sends` does for every send at the end of a batch."""
+    from tds.pipe.p2p import P2P
+
+    class Work:
+        def __init__(self, done):
+            self.done = done
+
+        def is_completed(self):
+            return self.done
+
+    p2p = P2P(stage_id=0, timeout_s=1.0, group=None)
+    assert p2p.sent(Work(True), 0) and not p2p.sent(Work(False), 0)
+    p2p.wait_sends()
+    assert p2p.sent(Work(False), 0) and not p2p.sent(Work(False), 1)
