@@ -141,7 +141,9 @@ def measure(schedule: str, v: int, m: int, ms: float, folder: str) -> dict | Non
         window = compute_window(spans, batch)
         out["bubble"].append(sum(fractions.values()) / len(fractions))
         out["idle"].append(sum(f * window for f in fractions.values()) / len(fractions))
-    return {"bubble": sum(out["bubble"]) / 2, "idle_s": sum(out["idle"]) / 2,
+    durations = [{(s.stage, s.op, s.micro_batch, s.chunk): s.end - s.start for s in spans
+                  if s.batch == batch and s.op.startswith(("forward", "backward"))} for batch in (2, 3)]
+    return {"bubble": sum(out["bubble"]) / 2, "idle_s": sum(out["idle"]) / 2, "durations": durations,
             "peak_live": [p[0] for p in peaks], "peak_pending_w": [p[1] for p in peaks]}
 
 
@@ -182,14 +184,26 @@ def run_with_hops(args, folder: str) -> tuple[dict, dict]:
     return run(args, folder), hops
 
 
-def simulated(schedule: str, v: int, m: int, ms: float, hop_ms: float) -> float:
-    """Mean bubble of the schedule simulator (`tds.pipe.schedule_sim`) with these op times and `hop_ms` per hop."""
+def simulated(schedule: str, v: int, m: int, ms: float, hop_ms: float, durations: dict | None = None) -> float:
+    """Mean bubble of the schedule simulator (`tds.pipe.schedule_sim`) with these op times (or the measured ones,
+    `durations` in seconds, as `measure` returns them per batch) and `hop_ms` per hop."""
     from tds.pipe.instructions import train_schedule
     from tds.pipe.schedule_sim import Costs, simulate_timed
     from tds.pipe.timeline import bubble_fractions
     lists = [train_schedule(schedule, P, s, m, v) for s in range(P)]
-    fractions = bubble_fractions(simulate_timed(lists, Costs(ms / v, ms / v, ms / v, hop_ms)), 0)
+    if durations is not None:
+        costs = Costs(comm=hop_ms / 1e3)
+    else:
+        costs = Costs(ms / v, ms / v, ms / v, hop_ms)
+    fractions = bubble_fractions(simulate_timed(lists, costs, durations=durations), 0)
     return sum(fractions.values()) / P
+
+
+def replayed(schedule: str, v: int, m: int, result: dict, hop_ms: float) -> float:
+    """The simulator's bubble with the F, B and W times this run measured (mean of its two batches) and `hop_ms`
+    per hop: what the layers' own variation (sleeps waking late, unevenly) and the bare hop leave of the
+    formula's bubble, with no engine cost."""
+    return sum(simulated(schedule, v, m, 0.0, hop_ms, d) for d in result["durations"]) / len(result["durations"])
 
 
 def hop_latency(schedule: str, v: int, m: int, ms: float, bubble: float) -> float:
@@ -220,6 +234,12 @@ def report(results: dict, ms: float, hop: float, args) -> bool:
                       for m in args.micro_batches for s, v in SCHEDULES)
     print(f"bare gloo hop on this machine, this run (idle receiver, no engine): median {hop:.2f} ms; the simulator "
           f"with that hop and no engine cost is over the formula by: {floor}")
+    replay = ", ".join(f"{s}{f' v={v}' if v > 1 else ''} m={m} "
+                       f"{replayed(s, v, m, results[(s, v, m)], 0.0) / formula(s, v, m) - 1:+.1%} / "
+                       f"{replayed(s, v, m, results[(s, v, m)], hop) / formula(s, v, m) - 1:+.1%}"
+                       for m in args.micro_batches for s, v in SCHEDULES)
+    print(f"the simulator replaying this run's measured F, B and W times, with free hops / the bare hop and no "
+          f"engine cost, is over the formula by: {replay}")
     print("checks:")
     for m in args.micro_batches:
         one, inter, zb = (results[(s, v, m)] for s, v in SCHEDULES)

@@ -45,11 +45,14 @@ class Costs:
                 Op.BACKWARD_INPUT: self.backward_input, Op.BACKWARD_WEIGHT: self.backward_weight}.get(op, 0.0)
 
 
-def simulate_timed(stage_lists: list[list[Instruction]], costs: Costs = Costs(), batch: int = 0) -> list[Span]:
+def simulate_timed(stage_lists: list[list[Instruction]], costs: Costs = Costs(), batch: int = 0,
+                   durations: dict | None = None) -> list[Span]:
     """Spans of every instruction of every stage (receives span their wait).
 
     Times the order `schedule.simulate` finds (which raises RuntimeError on a deadlock or crossed messages):
     in it every receive comes after its send, so one pass over it knows each message's arrival time.
+    `durations` ({(stage, op name, micro_batch, chunk): seconds}, e.g. a measured timeline's F, B and W spans)
+    replaces the compute ops' costs where it has them: a replay of measured op times with `costs`' hops.
     """
     p = len(stage_lists)
     arrivals: dict[tuple[int, int], deque] = {}  # (from stage, to stage) -> arrival times in sending order
@@ -63,6 +66,8 @@ def simulate_timed(stage_lists: list[list[Instruction]], costs: Costs = Costs(),
         elif ins.op in (Op.SEND_ACT, Op.SEND_GRAD):
             clock[s] += costs.instruction
             arrivals.setdefault((s, route(ins, s, p)[0]), deque()).append(clock[s] + costs.comm)
+        elif durations is not None and (s, ins.op.value, ins.micro_batch, ins.chunk) in durations:
+            clock[s] += durations[(s, ins.op.value, ins.micro_batch, ins.chunk)]
         else:
             clock[s] += costs.of(ins.op)
         spans.append(Span(s, ins.op.value, ins.micro_batch, ins.chunk, start, clock[s], batch))

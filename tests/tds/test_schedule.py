@@ -232,3 +232,18 @@ def test_instruction_cost_occupies_the_stage():
         assert sum(s.end - s.start for s in spans if s.op.startswith(("forward", "backward"))) == pytest.approx(3 * p)
     plain = _bubbles("1f1b", 4, 8, costs=Costs(1, 1, 1, comm=0.25))
     assert all(b > plain[s] for s, b in _bubbles("1f1b", 4, 8, costs=c).items())
+
+
+def test_replayed_durations_replace_the_costs():
+    """`durations` replays measured compute spans: a run's own spans give back its spans exactly, and one
+    forward on the first stage made longer by d delays GPipe's last op by d (every stage waits for it)."""
+    lists = pipeline("gpipe", 4, 4)
+    spans = simulate_timed(lists, Costs(1, 1, 1, comm=0.25))
+    measured = {(s.stage, s.op, s.micro_batch, s.chunk): s.end - s.start for s in spans
+                if s.op.startswith(("forward", "backward"))}
+    assert simulate_timed(lists, Costs(5, 5, 5, comm=0.25), durations=measured) == spans
+    slower = dict(measured)
+    key = (0, Op.FORWARD.value, 3, 0)
+    slower[key] += 0.5
+    end = max(s.end for s in simulate_timed(lists, Costs(1, 1, 1, comm=0.25), durations=slower))
+    assert end == pytest.approx(max(s.end for s in spans) + 0.5)
