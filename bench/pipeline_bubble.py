@@ -27,7 +27,8 @@ p = 4, m = 8 the simulator puts 1F1B 5% over its formula at 0.79 ms per hop and 
 Printed too: a bare gloo hop measured in the same processes first (`bare_hop_ms`: two ranks exchange an
 activation-sized message, the receiver idle in its receive, no engine) and the simulator's bubble at that hop,
 i.e. what an engine that cost nothing per hop would measure on this machine (`bench/pipeline_hops.py` splits
-the engine's hop).
+the engine's hop). And the simulator replaying the run's own measured F, B and W spans (`replayed`), with free
+hops and with that bare hop: the sleeps wake late and unevenly, which alone puts a schedule over its formula.
 
 The formulas count no communication, but each send and receive instruction of the engine takes ~0.3-0.5 ms of
 Python and gloo time on the stage, which the measurement counts as idle: ~1.6 ms per micro-batch and chunk,
