@@ -31,9 +31,12 @@ waits for it. The sender writes each tensor once into a first message built for 
 already zero), reused once the transport has sent it (`P2P.sent`). The receiver, when it posts a first
 message's receive (`post_activations`: the executor posts the next one after the stage's next send or before
 its next wait, not on a hop's arrival), also builds what the message becomes if the layout holds: the views
-shaped as the tensors, passed through `_Arrival` when training; on arrival it reads the flag and hands them over. Before the first hop an undeclared receiver does not know
-the tuple length n, so that one message is sized for meta.MAX_INFERRED positions. Gradient hops need no
-exchange: the receiver knows the shapes of the outputs it sent.
+shaped as the tensors, passed through `_Arrival` when training; on arrival it reads the flag and hands them
+over.
+
+Before the first hop an undeclared receiver does not know the tuple length n, so that one message is sized for
+meta.MAX_INFERRED positions. Gradient hops need no exchange: the receiver knows the shapes of the outputs it
+sent.
 
 Received tensors that carry a gradient reach the stage as outputs of `_Arrival`, an identity whose backward
 keeps d(loss)/d(input) for `send_grads`: they are not autograd leaves, so the stage's first layer may modify
