@@ -142,9 +142,9 @@ def measure(schedule: str, v: int, m: int, ms: float, folder: str) -> dict | Non
         window = compute_window(spans, batch)
         out["bubble"].append(sum(fractions.values()) / len(fractions))
         out["idle"].append(sum(f * window for f in fractions.values()) / len(fractions))
-    durations = [{(s.stage, s.op, s.micro_batch, s.chunk): s.end - s.start for s in spans
-                  if s.batch == batch and s.op.startswith(("forward", "backward"))} for batch in (2, 3)]
-    return {"bubble": sum(out["bubble"]) / 2, "idle_s": sum(out["idle"]) / 2, "durations": durations,
+    durations_ms = [{(s.stage, s.op, s.micro_batch, s.chunk): (s.end - s.start) * 1e3 for s in spans
+                     if s.batch == batch and s.op.startswith(("forward", "backward"))} for batch in (2, 3)]
+    return {"bubble": sum(out["bubble"]) / 2, "idle_s": sum(out["idle"]) / 2, "durations_ms": durations_ms,
             "peak_live": [p[0] for p in peaks], "peak_pending_w": [p[1] for p in peaks]}
 
 
@@ -185,18 +185,15 @@ def run_with_hops(args, folder: str) -> tuple[dict, dict]:
     return run(args, folder), hops
 
 
-def simulated(schedule: str, v: int, m: int, ms: float, hop_ms: float, durations: dict | None = None) -> float:
-    """Mean bubble of the schedule simulator (`tds.pipe.schedule_sim`) with these op times (or the measured ones,
-    `durations` in seconds, as `measure` returns them per batch) and `hop_ms` per hop."""
+def simulated(schedule: str, v: int, m: int, ms: float, hop_ms: float, durations_ms: dict | None = None) -> float:
+    """Mean bubble of the schedule simulator (`tds.pipe.schedule_sim`) with these op times (or the measured ones
+    where `durations_ms` has them, as `measure` returns them per batch) and `hop_ms` per hop."""
     from tds.pipe.instructions import train_schedule
     from tds.pipe.schedule_sim import Costs, simulate_timed
     from tds.pipe.timeline import bubble_fractions
     lists = [train_schedule(schedule, P, s, m, v) for s in range(P)]
-    if durations is not None:
-        costs = Costs(comm=hop_ms / 1e3)
-    else:
-        costs = Costs(ms / v, ms / v, ms / v, hop_ms)
-    fractions = bubble_fractions(simulate_timed(lists, costs, durations=durations), 0)
+    spans = simulate_timed(lists, Costs(ms / v, ms / v, ms / v, hop_ms), durations=durations_ms)
+    fractions = bubble_fractions(spans, 0)
     return sum(fractions.values()) / P
 
 
@@ -204,7 +201,8 @@ def replayed(schedule: str, v: int, m: int, result: dict, hop_ms: float) -> floa
     """The simulator's bubble with the F, B and W times this run measured (mean of its two batches) and `hop_ms`
     per hop: what the layers' own variation (sleeps waking late, unevenly) and the bare hop leave of the
     formula's bubble, with no engine cost."""
-    return sum(simulated(schedule, v, m, 0.0, hop_ms, d) for d in result["durations"]) / len(result["durations"])
+    runs = result["durations_ms"]  # every F, B and W of the batch: the nominal op time is never read
+    return sum(simulated(schedule, v, m, 0.0, hop_ms, d) for d in runs) / len(runs)
 
 
 def hop_latency(schedule: str, v: int, m: int, ms: float, bubble: float) -> float:
