@@ -29,6 +29,10 @@ activation-sized message, the receiver idle in its receive, no engine) and the s
 i.e. what an engine that cost nothing per hop would measure on this machine (`bench/pipeline_hops.py` splits
 the engine's hop). And the simulator replaying the run's own measured F, B and W spans (`replayed`), with free
 hops and with that bare hop: the sleeps wake late and unevenly, which alone puts a schedule over its formula.
+Last, what the 1F1B and interleaved checks leave the engine per send or receive instruction on the stage, by the
+simulator with exact op times and the bare hop (`allowed_instruction_ms`): at 20 ms, m = 8 and a 0.59 ms hop
+0.092 ms for 1F1B and 0.045 ms for interleaved, against a first torch op that costs ~0.17 ms on a process that
+has just slept 10 ms here (`bench/wake_cost.py`).
 
 The formulas count no communication, but each send and receive instruction of the engine takes ~0.3-0.5 ms of
 Python and gloo time on the stage, which the measurement counts as idle: ~1.6 ms per micro-batch and chunk,
@@ -185,14 +189,16 @@ def run_with_hops(args, folder: str) -> tuple[dict, dict]:
     return run(args, folder), hops
 
 
-def simulated(schedule: str, v: int, m: int, ms: float, hop_ms: float, durations_ms: dict | None = None) -> float:
+def simulated(schedule: str, v: int, m: int, ms: float, hop_ms: float, durations_ms: dict | None = None,
+              instruction_ms: float = 0.0) -> float:
     """Mean bubble of the schedule simulator (`tds.pipe.schedule_sim`) with these op times (or the measured ones
-    where `durations_ms` has them, as `measure` returns them per batch) and `hop_ms` per hop."""
+    where `durations_ms` has them, as `measure` returns them per batch), `hop_ms` per hop and `instruction_ms`
+    of the stage's time per send and receive instruction."""
     from tds.pipe.instructions import train_schedule
     from tds.pipe.schedule_sim import Costs, simulate_timed
     from tds.pipe.timeline import bubble_fractions
     lists = [train_schedule(schedule, P, s, m, v) for s in range(P)]
-    spans = simulate_timed(lists, Costs(ms / v, ms / v, ms / v, hop_ms), durations=durations_ms)
+    spans = simulate_timed(lists, Costs(ms / v, ms / v, ms / v, hop_ms, instruction_ms), durations=durations_ms)
     fractions = bubble_fractions(spans, 0)
     return sum(fractions.values()) / P
 
@@ -211,6 +217,20 @@ def hop_latency(schedule: str, v: int, m: int, ms: float, bubble: float) -> floa
     for _ in range(30):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if simulated(schedule, v, m, ms, mid) < bubble else (lo, mid)
+    return (lo + hi) / 2
+
+
+def allowed_instruction_ms(schedule: str, v: int, m: int, ms: float, hop_ms: float, tolerance: float) -> float:
+    """The engine's time per send and receive instruction (ms, on the stage) at which the simulator, with exact op
+    times and `hop_ms` per hop, is `tolerance` over the formula: what a check leaves the engine on this machine's
+    hop (0 where the hop alone exceeds it)."""
+    target = formula(schedule, v, m) * (1 + tolerance)
+    lo, hi = 0.0, ms
+    if simulated(schedule, v, m, ms, hop_ms) >= target:
+        return 0.0
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if simulated(schedule, v, m, ms, hop_ms, instruction_ms=mid) < target else (lo, mid)
     return (lo + hi) / 2
 
 
@@ -239,6 +259,10 @@ def report(results: dict, ms: float, hop: float, args) -> bool:
                        for m in args.micro_batches for s, v in SCHEDULES)
     print(f"the simulator replaying this run's measured F, B and W times, with free hops / the bare hop and no "
           f"engine cost, is over the formula by: {replay}")
+    allowed = ", ".join(f"{s}{f' v={v}' if v > 1 else ''} m={m} {allowed_instruction_ms(s, v, m, ms, hop, tol):.3f} ms"
+                        for m in args.micro_batches for s, v, tol in (("1f1b", 1, one_tol), ("interleaved", 2, 0.10)))
+    print(f"what the checks leave the engine per send or receive instruction, with the bare hop and exact op times "
+          f"(the simulator): {allowed}")
     print("checks:")
     for m in args.micro_batches:
         one, inter, zb = (results[(s, v, m)] for s, v in SCHEDULES)
