@@ -65,8 +65,8 @@ FLAG = meta.ALIGN  # bytes in front of every first activation message; the first
 class _Carrier:
     """Received grad-carrying tensors on their way through `_Arrival`, then the gradients that reached them."""
 
-    def __init__(self, positions: list[int], tensors: list[torch.Tensor], partitioned: list[bool]):
-        self.positions, self.tensors, self.partitioned = positions, tensors, partitioned
+    def __init__(self, positions: list[int], tensors: list[torch.Tensor], chunked: list[bool]):
+        self.positions, self.tensors, self.chunked = positions, tensors, chunked
         self.like = [(t.shape, t.dtype) for t in tensors]
         self.grads: list | None = None
 
@@ -120,6 +120,8 @@ class Boundary:
 
     def __post_init__(self):
         self._anchor = torch.empty(0, device=self.device, requires_grad=True)
+        # per declared position: whether it travels as this rank's chunk (declared partitioned and tp > 1)
+        self._declared_chunked = [d.partitioned and self.tp_size > 1 for d in self.declared or []]
 
     @property
     def decls(self) -> list[meta.TensorDecl]:
@@ -130,20 +132,20 @@ class Boundary:
         """Forget a receive posted ahead (after a failed batch)."""
         self._next_first = None
 
-    def _partitioned(self, n: int) -> list[bool]:
-        return [d.partitioned for d in self.declared] if self.declared is not None else [False] * n
+    def _chunked_positions(self, n: int) -> list[bool]:
+        """Per position of an n-tuple: whether it travels as this rank's chunk (never when inferred or tp = 1)."""
+        return self._declared_chunked if self.declared is not None else [False] * n
 
-    def _split(self, partitioned: bool, t: torch.Tensor) -> torch.Tensor:
-        if partitioned and self.tp_size > 1:
-            return meta.split_for_rank(t, self.tp_size, self.tp_rank)
-        return t.reshape(-1)
+    def _split(self, chunked: bool, t: torch.Tensor) -> torch.Tensor:
+        """What of `t` this rank puts on the wire: its chunk (`chunked`) or all of it, flat."""
+        return meta.split_for_rank(t, self.tp_size, self.tp_rank) if chunked else t.reshape(-1)
 
     def _wire(self, specs: list) -> list:
         """[(dtype, numel on the wire)] for [(dtype, shape)] per position."""
         out = []
-        for part, (dt, shape) in zip(self._partitioned(len(specs)), specs):
+        for part, (dt, shape) in zip(self._chunked_positions(len(specs)), specs):
             numel = _numel(shape)
-            out.append((dt, meta.chunk_numel(numel, self.tp_size) if part and self.tp_size > 1 else numel))
+            out.append((dt, meta.chunk_numel(numel, self.tp_size) if part else numel))
         return out
 
     def _first_size(self, layout: tuple | None) -> int:
@@ -153,9 +155,9 @@ class Boundary:
             return FLAG + 8 * meta.header_len(n)
         return FLAG + max(meta.packed_size(self._wire(layout[0])), 8 * meta.header_len(len(layout[0])))
 
-    def _assemble(self, partitioned: bool, flat: torch.Tensor, shape: tuple) -> torch.Tensor:
-        """Full tensor of `shape` from this rank's wire part (all-gather when partitioned)."""
-        if partitioned and self.tp_size > 1:
+    def _assemble(self, chunked: bool, flat: torch.Tensor, shape: tuple) -> torch.Tensor:
+        """Full tensor of `shape` from this rank's wire part (all-gathered over the tp group when `chunked`)."""
+        if chunked:
             chunks = [torch.empty_like(flat) for _ in range(self.tp_size)]
             dist.all_gather(chunks, flat.contiguous(), group=self.tp_group)
             flat = torch.cat(chunks)[:_numel(shape)]
@@ -211,8 +213,9 @@ class Boundary:
         tensors, was_tuple = meta.as_tuple(value)
         if self._as_last_sent(tensors, was_tuple):  # the steady state: checked when the layout was set
             msg, views = self._steady_message()
-            for view, d, t in zip(views, self.decls, tensors):  # (a split view is this rank's flat chunk)
-                view.copy_(self._split(True, t.detach()) if d.partitioned and self.tp_size > 1 else t.detach())
+            chunks = self._chunked_positions(len(tensors))
+            for view, chunked, t in zip(views, chunks, tensors):  # (a chunk's view is flat)
+                view.copy_(self._split(True, t.detach()) if chunked else t.detach())
             generation = self.p2p.batches_done
             self._outbox.append((msg, views, self.p2p.send(msg, peer, what), generation))
             return
@@ -222,7 +225,7 @@ class Boundary:
             raise meta.PipelineLayoutError(f"pipeline stage {self.p2p.stage_id}, {what}: {e}") from None
         grads = tuple(d.grad for d in decls) if settled else None
         layout = ([(t.dtype, tuple(t.shape)) for t in tensors], was_tuple, grads)
-        parts = [self._split(d.partitioned, t.detach()) for d, t in zip(decls, tensors)]
+        parts = [self._split(chunked, t.detach()) for chunked, t in zip(self._chunked_positions(len(tensors)), tensors)]
         size = self._first_size(self._sent_layout)
         if layout == self._sent_layout:
             msg = meta.pack(parts, prefix=FLAG, total=size)
@@ -248,8 +251,8 @@ class Boundary:
         specs = self._sent_layout[0]
         msg = torch.zeros(self._sent_size, dtype=torch.uint8, device=self.device)  # flag 0, zero padding
         flats = meta.unpack(msg[FLAG:], self._wire(specs))
-        split = [p and self.tp_size > 1 for p in self._partitioned(len(specs))]
-        return msg, [f if part else f.view(shape) for f, part, (_, shape) in zip(flats, split, specs)]
+        chunked = self._chunked_positions(len(specs))
+        return msg, [f if part else f.view(shape) for f, part, (_, shape) in zip(flats, chunked, specs)]
 
     def _as_last_sent(self, tensors: tuple, was_tuple: bool) -> bool:
         """Whether `tensors` has the dtypes and shapes of the last hop, whose grad bits were settled, and (when
@@ -277,7 +280,7 @@ class Boundary:
         size = self._recv_size if layout is not None else self._first_size(None)
         buf = torch.empty(size, dtype=torch.uint8, device=self.device)
         posted = _Inbound(self.p2p.post_recv(buf, peer), buf[:8].view(torch.int64), training)
-        if layout is not None and not (self.tp_size > 1 and any(self._recv_parts)):
+        if layout is not None and not any(self._recv_parts):
             specs, was_tuple, grads = layout
             flats = meta.unpack(buf[FLAG:], self._recv_wire)
             out = [flat.view(shape) for flat, (_, shape) in zip(flats, specs)]
@@ -300,7 +303,7 @@ class Boundary:
             n = int(first[FLAG + 8:FLAG + 16].view(torch.int64).item())
             specs, was_tuple, grads = meta.decode_header(first[FLAG:FLAG + 8 * meta.header_len(n)].view(torch.int64))
             self._recv_layout = (specs, was_tuple, grads)
-            self._recv_wire, self._recv_parts = self._wire(specs), self._partitioned(len(specs))
+            self._recv_wire, self._recv_parts = self._wire(specs), self._chunked_positions(len(specs))
             self._recv_size = self._first_size(self._recv_layout)
             payload = torch.empty(meta.packed_size(self._recv_wire), dtype=torch.uint8, device=self.device)
             flats = meta.unpack(self.p2p.recv(payload, peer, what), self._recv_wire)
@@ -334,7 +337,7 @@ class Boundary:
             return
         grads = carrier.grads or [None] * len(carrier.positions)
         parts = []
-        for pos, g, (shape, dtype), part in zip(carrier.positions, grads, carrier.like, carrier.partitioned):
+        for pos, g, (shape, dtype), part in zip(carrier.positions, grads, carrier.like, carrier.chunked):
             if g is None:
                 self._tell_unused(pos)
                 g = torch.zeros(shape, dtype=dtype, device=self.device)
@@ -366,14 +369,13 @@ class Boundary:
             return []
         flat = self.p2p.wait_recv(posted or self.post_grads(outputs, peer), what)
         flats = [flat] if len(wire) == 1 else meta.unpack(flat, wire)
-        return [self._assemble(d.partitioned, f, tuple(t.shape)) for (d, t), f in zip(pos, flats)]
+        return [self._assemble(chunked, f, tuple(t.shape)) for (chunked, t), f in zip(pos, flats)]
 
     def _grad_wire(self, outputs) -> tuple[list, list]:
-        """([(decl, tensor)] of the grad positions of `outputs`, [(dtype, numel on the wire)] of each)."""
+        """([(chunked, tensor)] of the grad positions of `outputs`, [(dtype, numel on the wire)] of each)."""
         tensors, _ = meta.as_tuple(outputs)
-        pos = [(d, t) for d, t in zip(self.decls, tensors) if d.grad]
-        return pos, [(t.dtype, meta.chunk_numel(t.numel(), self.tp_size) if d.partitioned and self.tp_size > 1
-                      else t.numel()) for d, t in pos]
+        pos = [(c, t) for d, c, t in zip(self.decls, self._chunked_positions(len(tensors)), tensors) if d.grad]
+        return pos, [(t.dtype, meta.chunk_numel(t.numel(), self.tp_size) if c else t.numel()) for c, t in pos]
 
 
 def _numel(shape: tuple) -> int:
