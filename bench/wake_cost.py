@@ -3,7 +3,8 @@ machine whose layers sleep (`bench/pipeline_bubble.py`), against the same steps 
 
 Protocol: 2 gloo processes, 1 thread each. For naps of 0, 1 and 10 ms, 100 rounds of: sleep the nap, then time
 six successive small torch ops (x + 1 on 16 floats), one at a time. Then 60 rounds of a stage's transport steps
-on rank 0 after a nap of 0 and 10 ms: the group's `send` of a (2, 8) float message to rank 1 and the post of a
+on rank 0, right after the previous round's receive returned (no nap: a process woken from its wait, as a stage
+after a receive) and after a 10 ms nap: the group's `send` of a (2, 8) float message to rank 1 and the post of a
 receive from it (gloo announces each posted receive to its peer: one socket write each), rank 1 answering.
 Printed: the median of each step in us, and the first op's cost after 10 ms over a busy process's.
 
@@ -82,7 +83,8 @@ def main() -> None:
     print(f"  first op after 10 ms / on a busy process: {cold / hot:.0f}x ({cold:.0f} / {hot:.1f} us)")
     print("gloo transport steps on rank 0, median us:")
     for nap, (send, post) in result["steps"].items():
-        print(f"  nap {nap:4.0f} ms: send call {send:6.1f}  receive post {post:6.1f}")
+        when = f"after a {nap:.0f} ms nap" if nap else "right after its last receive's wait (no nap)"
+        print(f"  {when:45s} send call {send:6.1f}  receive post {post:6.1f}")
 
 
 if __name__ == "__main__":
