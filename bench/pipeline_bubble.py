@@ -211,13 +211,19 @@ def replayed(schedule: str, v: int, m: int, result: dict, hop_ms: float) -> floa
     return sum(simulated(schedule, v, m, 0.0, hop_ms, d) for d in runs) / len(runs)
 
 
-def hop_latency(schedule: str, v: int, m: int, ms: float, bubble: float) -> float:
-    """The time per hop (ms) at which the simulator gives `bubble`: what the formula leaves out, as latency."""
-    lo, hi = 0.0, ms
+def _solve(bubble_at, target: float, hi: float) -> float:
+    """The x in [0, hi] at which the simulator's bubble `bubble_at(x)`, growing with x, reaches `target`
+    (bisection)."""
+    lo = 0.0
     for _ in range(30):
         mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if simulated(schedule, v, m, ms, mid) < bubble else (lo, mid)
+        lo, hi = (mid, hi) if bubble_at(mid) < target else (lo, mid)
     return (lo + hi) / 2
+
+
+def hop_latency(schedule: str, v: int, m: int, ms: float, bubble: float) -> float:
+    """The time per hop (ms) at which the simulator gives `bubble`: what the formula leaves out, as latency."""
+    return _solve(lambda hop: simulated(schedule, v, m, ms, hop), bubble, ms)
 
 
 def allowed_instruction_ms(schedule: str, v: int, m: int, ms: float, hop_ms: float, tolerance: float) -> float:
@@ -225,13 +231,9 @@ def allowed_instruction_ms(schedule: str, v: int, m: int, ms: float, hop_ms: flo
     times and `hop_ms` per hop, is `tolerance` over the formula: what a check leaves the engine on this machine's
     hop (0 where the hop alone exceeds it)."""
     target = formula(schedule, v, m) * (1 + tolerance)
-    lo, hi = 0.0, ms
     if simulated(schedule, v, m, ms, hop_ms) >= target:
         return 0.0
-    for _ in range(30):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if simulated(schedule, v, m, ms, hop_ms, instruction_ms=mid) < target else (lo, mid)
-    return (lo + hi) / 2
+    return _solve(lambda cost: simulated(schedule, v, m, ms, hop_ms, instruction_ms=cost), target, ms)
 
 
 def report(results: dict, ms: float, hop: float, args) -> bool:

@@ -281,12 +281,7 @@ class Boundary:
         buf = torch.empty(size, dtype=torch.uint8, device=self.device)
         posted = _Inbound(self.p2p.post_recv(buf, peer), buf[:8].view(torch.int64), training)
         if layout is not None and not any(self._recv_parts):
-            specs, was_tuple, grads = layout
-            flats = meta.unpack(buf[FLAG:], self._recv_wire)
-            out = [flat.view(shape) for flat, (_, shape) in zip(flats, specs)]
-            if training:
-                self._arrive(out, self._incoming_grads(specs, grads), self._recv_parts)
-            posted.value = tuple(out) if was_tuple else out[0]
+            posted.value = self._received(meta.unpack(buf[FLAG:], self._recv_wire), training)
         return posted
 
     def recv_activations(self, peer: int, what: object, training: bool):
@@ -297,7 +292,6 @@ class Boundary:
         if posted.flag.item() == 0:
             if posted.value is not None and posted.training == training:  # the steady state
                 return posted.value
-            specs, was_tuple, grads = self._recv_layout
             flats = meta.unpack(first[FLAG:], self._recv_wire)
         else:
             n = int(first[FLAG + 8:FLAG + 16].view(torch.int64).item())
@@ -307,6 +301,12 @@ class Boundary:
             self._recv_size = self._first_size(self._recv_layout)
             payload = torch.empty(meta.packed_size(self._recv_wire), dtype=torch.uint8, device=self.device)
             flats = meta.unpack(self.p2p.recv(payload, peer, what), self._recv_wire)
+        return self._received(flats, training)
+
+    def _received(self, flats: list[torch.Tensor], training: bool):
+        """The tuple (or tensor) that the wire parts `flats` of the received layout become: gathered where
+        chunked, shaped, and the grad positions passed through `_Arrival` when `training`."""
+        specs, was_tuple, grads = self._recv_layout
         parts = self._recv_parts
         out = [self._assemble(p, flat, shape) for p, (_, shape), flat in zip(parts, specs, flats)]
         if training:

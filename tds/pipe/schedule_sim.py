@@ -51,7 +51,7 @@ def simulate_timed(stage_lists: list[list[Instruction]], costs: Costs = Costs(),
 
     Times the order `schedule.simulate` finds (which raises RuntimeError on a deadlock or crossed messages):
     in it every receive comes after its send, so one pass over it knows each message's arrival time.
-    `durations` ({(stage, op name, micro_batch, chunk): seconds}, e.g. a measured timeline's F, B and W spans)
+    `durations` ({(stage, op name, micro_batch, chunk): time in `costs`' unit}, e.g. a measured timeline's F, B and W)
     replaces the compute ops' costs where it has them: a replay of measured op times with `costs`' hops.
     """
     p = len(stage_lists)
