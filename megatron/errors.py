@@ -36,6 +36,17 @@ class UserError(ValueError):
     """A mistake in the user's input; the message is the whole report (one line, with the values)."""
 
 
+def require(condition: bool, message: str) -> None:
+    """Raise UserError(message) unless `condition`."""
+    if not condition:
+        raise UserError(message)
+
+
+def flag_name(dest: str) -> str:
+    """The command-line flag of an argparse destination: 'num_layers' -> '--num-layers'."""
+    return "--" + dest.replace("_", "-")
+
+
 def one_line(message: str) -> str:
     """The message on one line (a multi-line message from a library is joined with ' | ')."""
     return " | ".join(part.strip() for part in str(message).strip().splitlines() if part.strip())

@@ -12,6 +12,7 @@ GPT-2 (L layers)                    pipeline layer          T5 (Le + Ld layers) 
     layers.i.*                      1 + i                   encoder_layers.i.*            1 + i
     final_layernorm.*               L + 1 (kept prefixed)   encoder_final.*               Le + 1
     (LM head: the tied embedding)   L + 2, no file          decoder_layers.j.*            Le + 2 + j
+    lm_head.* (untied)              L + 2
                                                             decoder_final.*               Le + Ld + 2
                                                             lm_head.* (v1.1, untied)      Le + Ld + 3 (tied: no file)
 
@@ -42,7 +43,7 @@ LATER_ARGUMENTS = dict(decoder_num_layers=None, feed_forward_proj="relu", untie_
 class ParamInfo:
     name: str               # canonical (plain-model) name
     dim: Optional[int]      # tp partition dim, None = replicated
-    stride: int
+    stride: Any             # int, or a tuple of block weights (mpu.utils)
     layer: int              # pipeline layer (LayerSpec index)
     local: str              # name in the layer's module and file
 
@@ -101,18 +102,21 @@ def with_records(args: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _probe_config(config):
-    """Same structure, tiny widths: partition attributes do not depend on sizes."""
+    """Same structure, tiny widths: partition attributes do not depend on sizes (rotary positions have no
+    parameters, so a rope model is probed without them: one channel per head cannot rotate)."""
     heads = config.num_attention_heads
+    rope = dict(position_embedding_type="none") if getattr(config, "position_embedding_type", None) == "rope" else {}
     return dataclasses.replace(config, hidden_size=heads, kv_channels=1, ffn_hidden_size=heads, vocab_size=1,
                                make_vocab_size_divisible_by=1, hidden_dropout=0.0, attention_dropout=0.0,
-                               checkpoint_num_layers=0, recompute_granularity=None)
+                               checkpoint_num_layers=0, recompute_granularity=None, **rope)
 
 
 def _gpt2_location(config) -> List[Tuple[str, Any]]:
     n = config.num_layers
     return [(r"embedding\.(.+)", lambda m: (0, m[1])),
             (r"layers\.(\d+)\.(.+)", lambda m: (1 + int(m[1]), m[2])),
-            (r"(final_layernorm\..+)", lambda m: (n + 1, m[1]))]
+            (r"(final_layernorm\..+)", lambda m: (n + 1, m[1])),
+            (r"lm_head\.(.+)", lambda m: (n + 2, m[1]))]
 
 
 def _t5_location(config) -> List[Tuple[str, Any]]:

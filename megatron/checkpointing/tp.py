@@ -4,7 +4,8 @@ Shape legend: n size along the partition dim, p tensor-parallel size, V real voc
 
 A parameter split along `dim` with `stride` s (mpu/utils.py): the full tensor is cut into p * s chunks of
 n / (p s) along dim; tp rank r holds chunks r, r + p, ..., r + (s - 1) p. QKV (s = 3), T5's fused kv and
-gated wi (s = 2) are therefore re-cut exactly when p changes. Replicated parameters (dim None) are equal on
+gated wi (s = 2) are therefore re-cut exactly when p changes; so is grouped-query attention's QKV, whose
+stride is the block weights (heads, groups, groups). Replicated parameters (dim None) are equal on
 every rank: merge takes rank 0's copy, split gives every rank the full tensor.
 
 Optimizer moments and fp32 master weights are elementwise companions of their parameter, so they split and
@@ -21,7 +22,7 @@ from typing import List, Sequence
 import torch
 
 from megatron.errors import UserError
-from megatron.mpu.utils import merge_partitions, partition_master
+from megatron.mpu.utils import block_sizes, merge_partitions, partition_master
 from .names import ParamInfo
 
 
@@ -36,11 +37,12 @@ def split(full: torch.Tensor, info: ParamInfo, tp: int) -> List[torch.Tensor]:
     """The full tensor -> its tp per-rank tensors (contiguous copies); UserError if tp does not divide."""
     if info.dim is None:
         return [full] * tp
-    n = full.size(info.dim)
-    if n % (tp * info.stride):
+    try:
+        block_sizes(full.size(info.dim), info.stride, tp)
+    except ValueError as e:
         what = "padded vocabulary" if info.vocab else f"dimension {info.dim}"
-        raise UserError(f"{info.name}: {what} of size {n} is not divisible by tp {tp} x stride {info.stride}; "
-                        f"choose a tensor-model-parallel size that divides the heads, ffn size and vocabulary")
+        raise UserError(f"{info.name}: {what}: {e}; choose a tensor-model-parallel size that divides the heads, "
+                        f"query groups, ffn size and vocabulary") from None
     return [part.contiguous() for part in partition_master(full, info.dim, info.stride, tp)]
 
 

@@ -55,7 +55,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hidden-dropout", type=float, default=0.1)
     g.add_argument("--attention-dropout", type=float, default=0.1)
     g.add_argument("--init-method-std", type=float, default=0.02)
-    g.add_argument("--layernorm-epsilon", type=float, default=None, help="GPT-2 1e-5, T5 1e-6")
+    g.add_argument("--layernorm-epsilon", "--norm-epsilon", dest="layernorm_epsilon", type=float, default=None,
+                   help="epsilon of every LayerNorm / RMSNorm: GPT 1e-5, T5 1e-6")
     g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
                    help="recompute activations in backward. full: whole transformer layers keep only their input "
                         "(see --recompute-method); selective: only the attention core (softmax(QK^T) V with its "
@@ -73,15 +74,43 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-activations", action="store_true",
                    help="alias of --recompute-granularity full --recompute-method uniform")
     g.add_argument("--checkpoint-num-layers", type=int, default=None, help="alias of --recompute-num-layers")
+    g.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=None,
+                   help="a separate output layer instead of the word embeddings (GPT: Llama-family models; T5: v1.1, "
+                        "without the d_model^-0.5 output scaling, Hugging Face's tie_word_embeddings=False)")
+    g = p.add_argument_group("GPT layer (GPT-2 defaults; the Llama-family layer: --position-embedding-type rope "
+                             "--normalization RMSNorm --swiglu --disable-bias-linear --untie-embeddings-and-output-"
+                             "weights [--group-query-attention --num-query-groups G])")
+    g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "none"], default=None,
+                   help="learned_absolute (GPT-2's table, default), rope (rotary, applied to queries and keys in every "
+                        "layer) or none")
+    g.add_argument("--rotary-base", type=float, default=None, help="rope: the base of the frequencies, default 10000")
+    g.add_argument("--rotary-percent", type=float, default=None,
+                   help="rope: the fraction of each head's channels that rotate, default 1.0")
+    g.add_argument("--use-rope-scaling", action="store_true", default=None,
+                   help="rope: Llama 3.1's frequency scaling (Hugging Face rope_type 'llama3')")
+    g.add_argument("--rope-scaling-factor", type=float, default=None, help="llama3 scaling factor, default 8")
+    g.add_argument("--rope-scaling-low-freq-factor", type=float, default=None, help="default 1")
+    g.add_argument("--rope-scaling-high-freq-factor", type=float, default=None, help="default 4")
+    g.add_argument("--rope-scaling-original-max-position-embeddings", type=int, default=None,
+                   help="the context length the frequencies were trained at, default 8192")
+    g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default=None, help="default LayerNorm")
+    g.add_argument("--swiglu", action="store_true", default=None,
+                   help="MLP silu(x W_gate) * (x W_up) W_down; --ffn-hidden-size defaults to 2/3 of 4h rounded down to "
+                        "a multiple of 64 (Megatron's rule)")
+    g.add_argument("--group-query-attention", action="store_true", default=None,
+                   help="grouped-query attention: --num-query-groups key/value heads, each shared by heads / groups "
+                        "query heads")
+    g.add_argument("--num-query-groups", type=int, default=None,
+                   help="with --group-query-attention, default 1 (multi-query attention)")
+    g.add_argument("--disable-bias-linear", action="store_true", default=None, help="no bias in any linear layer")
+    g.add_argument("--add-qkv-bias", action="store_true", default=None,
+                   help="a bias in the QKV projection even with --disable-bias-linear (Qwen2)")
     g = p.add_argument_group("T5 (v1.0 defaults; T5 v1.1: --feed-forward-proj gated-gelu "
                              "--untie-embeddings-and-output-weights)")
     g.add_argument("--decoder-num-layers", type=int, default=None, help="decoder depth, default --num-layers")
     g.add_argument("--feed-forward-proj", choices=["relu", "gated-gelu"], default=None,
                    help="T5 feed-forward (Hugging Face's feed_forward_proj): relu (v1.0, default) or gated-gelu "
                         "(v1.1: GELU-tanh(x Wi0) * (x Wi1))")
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true", default=None,
-                   help="T5: a separate output layer instead of the word embeddings, without the d_model^-0.5 "
-                        "output scaling (v1.1, Hugging Face's tie_word_embeddings=False)")
     g.add_argument("--relative-attention-num-buckets", type=int, default=None, help="T5 position buckets, default 32")
     g.add_argument("--relative-attention-max-distance", type=int, default=None,
                    help="T5 distance of the last bucket, default 128")

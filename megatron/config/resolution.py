@@ -3,7 +3,8 @@
     dp                = world_size / (tp * pp)
     global_batch_size = micro_batch_size * gas * dp        (give either --global-batch-size or --gas)
     kv_channels       = hidden_size / num_attention_heads  (default)
-    ffn_hidden_size   = 4 * hidden_size                    (default)
+    ffn_hidden_size   = 4 * hidden_size (default; --swiglu: `architecture.swiglu_ffn_size`)
+    the GPT layer's options (rope, RMSNorm, SwiGLU, grouped-query attention, biases)   `architecture`
     train_iters       = --train-iters, or what --train-samples allows (`megatron.config.batch_schedule`)
     LR schedule unit  = iterations, or samples with --train-samples (Megatron's rule): warm-up and decay
                         then come from --lr-warmup-samples / --lr-decay-samples (default train-samples)
@@ -22,32 +23,24 @@ import os
 import re
 from typing import Optional
 
+from megatron.config.architecture import default_ffn_size, refuse_gpt_options, resolve_gpt_layer
 from megatron.config.batch_schedule import BatchSchedule
 from megatron.config.ds_config import build_ds_config, initial_scale_power, load_json, merge_json_into_args
-from megatron.errors import UserError
+from megatron.errors import UserError, flag_name as _flag, require as _need
 
 FP16_DEFAULTS = dict(initial_loss_scale=2.0 ** 32, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
 T5_DEFAULTS = dict(feed_forward_proj="relu", untie_embeddings_and_output_weights=False,
                    relative_attention_num_buckets=32, relative_attention_max_distance=128)
-T5_ONLY = ("decoder_num_layers",) + tuple(T5_DEFAULTS)
+T5_ONLY = ("decoder_num_layers",) + tuple(k for k in T5_DEFAULTS if k != "untie_embeddings_and_output_weights")
 # Class names of the pipeline specs, for checking --partition-method type:REGEX before any model is built
 # (tests/training/test_arguments.py checks them against GPT2ModelPipe / T5ModelPipe).
 PIPE_SPEC_CLASSES = {
-    "gpt": ("GPT2EmbeddingPipe", "GPT2TransformerLayerPipe", "GPT2FinalLayerNormPipe"),
+    "gpt": ("GPT2EmbeddingPipe", "GPT2TransformerLayerPipe", "GPT2FinalLayerNormPipe", "GPT2LMHeadPipe"),
     "t5": ("T5EmbeddingPipe", "T5EncoderTransformerLayerPipe", "T5EncoderFinalNormPipe",
            "T5DecoderTransformerLayerPipe", "T5DecoderFinalNormPipe", "T5LMHead"),
 }
 
 DISTRIBUTED_TIMEOUT_MINUTES = 10.0  # Megatron's default
-
-
-def _need(cond: bool, message: str) -> None:
-    if not cond:
-        raise UserError(message)
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
 
 
 def _resolve_parallel(args: argparse.Namespace, world_size: int) -> None:
@@ -104,7 +97,10 @@ def _resolve_t5(args: argparse.Namespace) -> None:
     if model_type == "gpt":
         given = [_flag(name) for name in T5_ONLY if getattr(args, name) is not None]
         _need(not given, f"{', '.join(given)}: T5 options; pretrain_gpt2.py does not take them")
+        args.untie_embeddings_and_output_weights = bool(args.untie_embeddings_and_output_weights)
+        resolve_gpt_layer(args)
         return
+    refuse_gpt_options(args, "pretrain_t5.py")
     for name, value in T5_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, value)
@@ -144,7 +140,7 @@ def _resolve_model(args: argparse.Namespace) -> None:
         _need(h % heads == 0, f"--hidden-size {h} is not divisible by --num-attention-heads {heads}; "
               "give --kv-channels")
         args.kv_channels = h // heads
-    args.ffn_hidden_size = 4 * h if args.ffn_hidden_size is None else args.ffn_hidden_size
+    args.ffn_hidden_size = default_ffn_size(args) if args.ffn_hidden_size is None else args.ffn_hidden_size
     _need(args.ffn_hidden_size % tp == 0,
           f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp}")
     enc = args.encoder_seq_length or args.seq_length

@@ -80,7 +80,7 @@ class GPT2Runner(_Runner):
         mask = self._mask(start, end)
         for layer, cache in zip(m.layers, self.caches or [None] * len(m.layers)):
             x = layer(x, mask, kv_cache=cache)
-        return m.embedding.logits(m.final_layernorm(x[:, -1:]))[:, 0]  # (b, V_r)
+        return m.head(m.final_layernorm(x[:, -1:]))[:, 0]  # (b, V_r)
 
 
 class T5Runner(_Runner):

@@ -1,12 +1,16 @@
 """Multi-head attention on tensor-parallel layers; heads are split across tp ranks.
 
 Shape legend: b batch, s / q / k sequence lengths, h hidden, n heads (n_r = n / tp on this rank),
-d per-head width (kv_channels).
+d per-head width (kv_channels), G key/value groups (G_r = G / tp on this rank; G = n without grouped-query
+attention).
 
 Masks are bool with True = masked out (the data pipeline's convention), broadcastable to (b, 1, q, k).
 scaled_dot_product_attention wants the opposite for bool masks (True = attend), or an additive float mask.
 
     GPT-2: softmax(Q K^T / sqrt(d) + causal/attention mask) V       fused QKV (stride 3, [Q; K; V] rows)
+    GPT with grouped-query attention: query head i attends with key/value group i // (n / G); the fused QKV's
+           rows are [Q (n d); K (G d); V (G d)], block stride (n, G, G) (`mpu.utils`). Rotary positions
+           (`position.RotaryEmbedding`) rotate Q and K after the projection.
     T5:    softmax(Q K^T + position bias + mask) V                  no 1/sqrt(d) (folded into T5's init)
 
 Selective recomputation (config.recompute_granularity == 'selective', Korthikanti et al. 2022 section 5): the
@@ -35,7 +39,7 @@ from torch import nn
 
 from megatron import mpu
 from .config import GPT2Config, T5Config
-from .position import RelativePositionBias
+from .position import RelativePositionBias, rotary_embedding
 from .rng import SeededDropout, replay_checkpoint
 
 
@@ -45,6 +49,14 @@ def check_heads(num_heads: int, tp_size: int) -> int:
         raise ValueError(f"num_attention_heads ({num_heads}) is not divisible by the tensor-model-parallel "
                          f"size ({tp_size}); choose a tp size that divides the number of heads")
     return num_heads // tp_size
+
+
+def check_groups(num_groups: int, tp_size: int) -> int:
+    """Key/value groups on each tp rank; an error naming both numbers if they do not divide."""
+    if num_groups % tp_size:
+        raise ValueError(f"num_query_groups ({num_groups}) is not divisible by the tensor-model-parallel size "
+                         f"({tp_size}); choose a tp size that divides the number of query groups")
+    return num_groups // tp_size
 
 
 def mask_to_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -75,9 +87,10 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
                    drop: SeededDropout, scale: Optional[float] = None, is_causal: bool = False) -> torch.Tensor:
-    """softmax(Q K^T scale + mask) V with `drop` on the probabilities: q (b, n_r, q, d), k, v (b, n_r, k, d) ->
-    (b, n_r, q, d). mask: bool (True = attend) or additive float, broadcastable to (b, n_r, q, k); is_causal:
-    position i attends to keys <= i; scale None = 1/sqrt(d).
+    """softmax(Q K^T scale + mask) V with `drop` on the probabilities: q (b, n_r, q, d), k, v (b, G_r, k, d) ->
+    (b, n_r, q, d), query head i using key/value head i // (n_r / G_r) (G_r = n_r: multi-head). mask: bool
+    (True = attend) or additive float, broadcastable to (b, n_r, q, k); is_causal: position i attends to keys
+    <= i; scale None = 1/sqrt(d).
 
     Without dropout: scaled_dot_product_attention (a fused kernel where one applies). With dropout on CPU, the
     explicit form whose mask is `drop.keep_mask`: this rank's heads of the mask the single process draws for all
@@ -86,12 +99,16 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Opti
     probabilities, computed in fp32 for half-precision inputs. On other devices SDPA's fused kernels draw the mask
     themselves, on a stream per tp rank (`drop.rng(per_part=True)`, Megatron's rule): there the masks depend on tp.
     """
+    gqa = k.size(1) != q.size(1)
     if not drop.active:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
+                                              enable_gqa=gqa)
     if q.device.type != "cpu":
         with drop.rng(per_part=True):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop.p, is_causal=is_causal,
-                                                  scale=scale)
+                                                  scale=scale, enable_gqa=gqa)
+    if gqa:  # (b, G_r, k, d) -> (b, n_r, k, d): each group's keys and values for its n / G query heads
+        k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
     dtype = q.dtype
     q, k, v = q.float(), k.float(), v.float()
     scores = torch.matmul(q, k.transpose(-2, -1)) * (q.size(-1) ** -0.5 if scale is None else scale)  # (b, n_r, q, k)
@@ -122,38 +139,50 @@ def _fused_kernel(drop: SeededDropout, q: torch.Tensor, k: torch.Tensor, v: torc
     if q.device.type != "cuda":
         return False
     from torch.backends.cuda import SDPAParams, can_use_efficient_attention, can_use_flash_attention
-    params = SDPAParams(q, k, v, mask, drop.p if drop.active else 0.0, mask is None, False)
+    params = SDPAParams(q, k, v, mask, drop.p if drop.active else 0.0, mask is None, k.size(1) != q.size(1))
     return can_use_flash_attention(params) or can_use_efficient_attention(params)
 
 
 class GPT2SelfAttention(nn.Module):
-    """(b, s, h) -> (b, s, h). QKV weight rows [Q; K; V] as HF GPT-2's c_attn (transposed); stride 3 gives
-    each rank all three for its heads. Output projection init std / sqrt(2 L) (GPT-2's residual scaling)."""
+    """(b, s, h) -> (b, s, h). QKV weight rows [Q; K; V] as HF GPT-2's c_attn (transposed) and HF Llama's
+    q_proj, k_proj, v_proj stacked; the stride gives each rank the queries of its heads and the keys and values
+    of its groups (3, or the blocks (n, G, G) with grouped-query attention). Output projection init
+    std / sqrt(2 L) (GPT-2's residual scaling). Rotary positions, when configured, rotate q and k of positions
+    0 .. s-1 (continuing after the cached positions when decoding with a kv_cache)."""
 
     def __init__(self, config: GPT2Config, module_number: int, tp_group=None, sequence_parallel: bool = False):
         """sequence_parallel: x is this rank's part of the sequence (b, s/t, h), and so is the output."""
         super().__init__()
         group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
-        self.n_local = check_heads(config.num_attention_heads, tp_size)
-        inner = config.num_attention_heads * config.kv_channels
+        heads, groups, d = config.num_attention_heads, config.num_query_groups, config.kv_channels
+        self.n_local = check_heads(heads, tp_size)
+        self.g_local = check_groups(groups, tp_size)
         std, out_std = config.init_method_std, config.init_method_std / math.sqrt(2.0 * config.num_layers)
         self.query_key_value = mpu.ColumnParallelLinear(
-            config.hidden_size, 3 * inner, gather_output=False, init_method=normal_init(std), stride=3,
-            tp_group=group, dtype=config.params_dtype, sequence_parallel=sequence_parallel)
-        self.dense = mpu.RowParallelLinear(inner, config.hidden_size, input_is_parallel=True,
-                                           init_method=normal_init(out_std), tp_group=group,
+            config.hidden_size, (heads + 2 * groups) * d, bias=config.qkv_bias, gather_output=False,
+            init_method=normal_init(std), stride=3 if groups == heads else (heads, groups, groups), tp_group=group,
+            dtype=config.params_dtype, sequence_parallel=sequence_parallel)
+        self.dense = mpu.RowParallelLinear(heads * d, config.hidden_size, bias=config.add_bias_linear,
+                                           input_is_parallel=True, init_method=normal_init(out_std), tp_group=group,
                                            dtype=config.params_dtype, sequence_parallel=sequence_parallel)
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, 0,
                                                part=(1, tp_rank, tp_size))  # this rank's heads of (b, n, q, k)
         self.recompute_core = config.recompute_granularity == "selective"
+        self.rotary = rotary_embedding(config)
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor], kv_cache=None) -> torch.Tensor:
-        qkv, _ = self.query_key_value(x)  # (b, s, 3 n_r d)
-        q, k, v = (_split_heads(t, self.n_local) for t in qkv.chunk(3, dim=-1))  # (b, n_r, s, d) each
+        qkv, _ = self.query_key_value(x)  # (b, s, (n_r + 2 G_r) d)
+        width = qkv.size(-1) // (self.n_local + 2 * self.g_local)
+        sizes = (self.n_local * width, self.g_local * width, self.g_local * width)
+        q, k, v = qkv.split(sizes, dim=-1)
+        q, k, v = _split_heads(q, self.n_local), _split_heads(k, self.g_local), _split_heads(v, self.g_local)
+        if self.rotary is not None:  # (b, n_r, s, d), (b, G_r, s, d) at positions start .. start + s - 1
+            start = 0 if kv_cache is None else kv_cache.length
+            q, k = self.rotary(q, start), self.rotary(k, start)
         if kv_cache is not None:
             if attention_mask is None:
                 raise ValueError("attention with a kv_cache needs an explicit attention_mask (b, 1, q, t)")
-            k, v = kv_cache.update(k, v)  # (b, n_r, t, d)
+            k, v = kv_cache.update(k, v)  # (b, G_r, t, d)
         mask = None if attention_mask is None else ~attention_mask
         ctx = core(self, self._core, q, k, v, mask)  # (b, n_r, s, d)
         out, _ = self.dense(_merge_heads(ctx))

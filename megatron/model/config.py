@@ -1,9 +1,12 @@
 """Model hyper-parameters: small dataclasses filled by the training script (model code never reads args).
 
-    GPT2Config  decoder-only GPT-2 (learned positions, pre-LayerNorm, GELU-tanh, tied LM head)
+    GPT2Config  decoder-only GPT: GPT-2 by default (learned positions, pre-LayerNorm, GELU-tanh, biases, tied LM
+                head), and the Llama-family layer by its options (rotary positions, RMSNorm, SwiGLU, grouped-query
+                attention, no biases, untied head)
     T5Config    encoder-decoder T5 v1.0 / v1.1 (relative position bias, RMSNorm, no biases)
 
-Derived sizes are filled in `__post_init__` (ffn 4h for GPT-2, kv channels h / heads); the padded
+Derived sizes are filled in `__post_init__` (ffn 4h for GPT-2, `swiglu_ffn_size(h)` with SwiGLU, kv channels
+h / heads, query groups = heads); the padded
 vocabulary depends on the tensor-parallel size, so it is a function, `padded_vocab_size`.
 """
 from __future__ import annotations
@@ -25,6 +28,16 @@ def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> 
                          f"divisible_by={divisible_by}, tp={tp}")
     multiple = divisible_by * tp
     return -(-vocab_size // multiple) * multiple
+
+
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+
+
+def swiglu_ffn_size(hidden_size: int) -> int:
+    """Megatron's default ffn width with --swiglu: 2/3 of 4h (two input projections keep the parameter count of a
+    4h GELU MLP), rounded down to a multiple of 64."""
+    return int((4 * hidden_size * 2 / 3) / 64) * 64
 
 
 @dataclass
@@ -89,26 +102,83 @@ class TransformerConfig:
 
 @dataclass
 class GPT2Config(TransformerConfig):
-    """GPT-2. max_position_embeddings defaults to seq_length; init std 0.02, output layers 0.02/sqrt(2L).
+    """GPT. max_position_embeddings defaults to seq_length; init std 0.02, output layers 0.02/sqrt(2L).
 
     explicit_attention_mask: the micro-batches carry a bool attention mask (b, 1, s, s) (Megatron's
         --reset-attention-mask: documents attend within themselves), and it crosses the pipeline stages. False
         (the default data): attention is plain causal, run as scaled_dot_product_attention(is_causal=True) with
         no mask tensor anywhere, which admits the flash kernel on GPUs.
+
+    The layer of today's open models (Llama, Mistral, Qwen2), Megatron-LM's flags in brackets:
+    position_embedding_type: 'learned_absolute' (GPT-2's table), 'rope' (rotary, applied to queries and keys in
+        every layer; no table) or 'none'. rotary_base (--rotary-base), rotary_percent: the fraction of each head's
+        width that rotates (--rotary-percent). rope_scaling_factor: Llama 3.1's frequency scaling ('llama3',
+        --use-rope-scaling) with rope_low_freq_factor, rope_high_freq_factor and rope_original_max_positions;
+        None = none.
+    normalization: 'LayerNorm' or 'RMSNorm' (no mean, no bias); layernorm_epsilon is its epsilon (--norm-epsilon).
+    swiglu: MLP silu(x W_gate) * (x W_up) W_down, the two input projections fused as one stride-2 GEMM.
+    num_query_groups: G key/value heads shared by heads / G query heads each (grouped-query attention); None = one
+        per head (multi-head attention).
+    add_bias_linear: biases on every linear layer (GPT-2); add_qkv_bias: a bias on the QKV projection even
+        without them (Qwen2).
+    tie_word_embeddings: the LM head is the word table (GPT-2); False: an own vocab-parallel output weight
+        (--untie-embeddings-and-output-weights).
     """
     max_position_embeddings: Optional[int] = None
     init_method_std: float = 0.02
     explicit_attention_mask: bool = False
+    position_embedding_type: str = "learned_absolute"
+    rotary_base: float = 10000.0
+    rotary_percent: float = 1.0
+    rope_scaling_factor: Optional[float] = None
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
+    normalization: str = "LayerNorm"
+    swiglu: bool = False
+    num_query_groups: Optional[int] = None
+    add_bias_linear: bool = True
+    add_qkv_bias: bool = False
+    tie_word_embeddings: bool = True
 
     def __post_init__(self):
         super().__post_init__()
         if self.ffn_hidden_size is None:
-            self.ffn_hidden_size = 4 * self.hidden_size
+            self.ffn_hidden_size = swiglu_ffn_size(self.hidden_size) if self.swiglu else 4 * self.hidden_size
+        if self.ffn_hidden_size < 1:
+            raise ValueError(f"ffn_hidden_size must be >= 1, got {self.ffn_hidden_size} (hidden_size "
+                             f"{self.hidden_size}); give it explicitly")
         if self.max_position_embeddings is None:
             self.max_position_embeddings = self.seq_length
         if self.max_position_embeddings < self.seq_length:
             raise ValueError(f"max_position_embeddings ({self.max_position_embeddings}) < seq_length "
                              f"({self.seq_length})")
+        if self.num_query_groups is None:
+            self.num_query_groups = self.num_attention_heads
+        heads, groups = self.num_attention_heads, self.num_query_groups
+        if groups < 1 or heads % groups:
+            raise ValueError(f"num_query_groups ({groups}) must divide num_attention_heads ({heads})")
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(f"position_embedding_type must be one of {POSITION_EMBEDDING_TYPES}, "
+                             f"got {self.position_embedding_type!r}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
+        if self.position_embedding_type == "rope":
+            self.rotary_dim()
+
+    def rotary_dim(self) -> int:
+        """The rotated width of each head: kv_channels x rotary_percent, an even number >= 2."""
+        rot = self.kv_channels * self.rotary_percent
+        if not 0.0 < self.rotary_percent <= 1.0 or rot != int(rot) or int(rot) % 2 or rot < 2:
+            raise ValueError(f"rotary_percent {self.rotary_percent} of kv_channels {self.kv_channels} must be a "
+                             f"positive even width (got {rot})")
+        if self.rotary_base <= 0:
+            raise ValueError(f"rotary_base must be > 0, got {self.rotary_base}")
+        return int(rot)
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.add_bias_linear or self.add_qkv_bias
 
 
 @dataclass

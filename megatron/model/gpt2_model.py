@@ -1,12 +1,14 @@
-"""GPT-2 on tensor-parallel layers (the plain model; `gpt2_pipe` cuts the same modules into stages).
+"""GPT on tensor-parallel layers (the plain model; `gpt2_pipe` cuts the same modules into stages).
 
 Shape legend: b batch, s sequence, h hidden, V_r this rank's padded-vocabulary slice.
 
-    x0 = drop(E[tokens] + P[positions])          E vocab-parallel (V_pad, h), P learned (max_pos, h)
-    x_l = TransformerLayer_l(x_{l-1}, mask)      l = 1..L, pre-LayerNorm
-    logits = LN_f(x_L) E^T                       tied head, padded ids masked; (b, s, V_r)
+    x0 = drop(E[tokens] + P[positions])          E vocab-parallel (V_pad, h), P learned (max_pos, h); no P with
+                                                 rotary positions (applied inside attention) or none
+    x_l = TransformerLayer_l(x_{l-1}, mask)      l = 1..L, pre-norm (LayerNorm or RMSNorm)
+    logits = N_f(x_L) E^T                        tied head, padded ids masked; (b, s, V_r)
+    logits = N_f(x_L) W^T                        untied head: own vocab-parallel W (V_pad, h)
 
-Module numbers (init seeds, dropout sites): embedding 0, layers 1..L, final LayerNorm L+1.
+Module numbers (init seeds, dropout sites): embedding 0, layers 1..L, final norm L+1, untied head L+2.
 
 Sequence parallelism (the Pipe model's `sequence_parallel`; the plain model never splits the sequence): x0 is
 scattered along the sequence after the embedding sum, so every layer and LN_f see (b, s/t, h), and the LM head
@@ -23,14 +25,15 @@ from megatron import mpu
 from tds import device as tds_device
 from .attention import normal_init
 from .config import GPT2Config
-from .language_model import lm_logits, masked_lm_loss
-from .layer_norm import layer_norm
+from .language_model import OutputLayer, lm_logits, masked_lm_loss
+from .layer_norm import norm
 from .rng import SeededDropout, init_rng, sequence_split
 from .transformer import TransformerLayer, run_layers, sequence_parallel_norm, sequence_part
 
 
 class GPT2Embedding(nn.Module):
-    """(b, s) token ids [, (b, s) position ids] -> (b, s, h); the word table is also the LM head."""
+    """(b, s) token ids [, (b, s) position ids] -> (b, s, h); the word table is also the LM head when tied.
+    Position ids are used only by the learned table ('learned_absolute')."""
 
     def __init__(self, config: GPT2Config, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
@@ -38,11 +41,13 @@ class GPT2Embedding(nn.Module):
         self.vocab_size, self.tp_group = config.vocab_size, group
         self.sequence_parallel = sequence_parallel and tp_size > 1
         part = (tp_rank, tp_size) if self.sequence_parallel else (0, 1)
+        self.position_embeddings = None
         with init_rng(config.seed, 0):  # positions first: the word table's size depends on tp (padding)
-            positions = torch.empty(config.max_position_embeddings, config.hidden_size)
-            normal_init(config.init_method_std)(positions)
-            self.position_embeddings = nn.Embedding.from_pretrained(
-                positions.to(device=tds_device.device(), dtype=config.params_dtype), freeze=False)
+            if config.position_embedding_type == "learned_absolute":
+                positions = torch.empty(config.max_position_embeddings, config.hidden_size)
+                normal_init(config.init_method_std)(positions)
+                self.position_embeddings = nn.Embedding.from_pretrained(
+                    positions.to(device=tds_device.device(), dtype=config.params_dtype), freeze=False)
             self.word_embeddings = mpu.VocabParallelEmbedding(
                 config.padded_vocab_size(tp_size), config.hidden_size,
                 init_method=normal_init(config.init_method_std), tp_group=group, dtype=config.params_dtype)
@@ -50,9 +55,11 @@ class GPT2Embedding(nn.Module):
 
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """(b, s) -> (b, s, h); with sequence parallelism this rank's part (b, s/t, h)."""
-        if position_ids is None:
-            position_ids = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
-        x = self.word_embeddings(tokens) + self.position_embeddings(position_ids)  # (b, s, h)
+        x = self.word_embeddings(tokens)  # (b, s, h)
+        if self.position_embeddings is not None:
+            if position_ids is None:
+                position_ids = torch.arange(tokens.size(1), device=tokens.device).unsqueeze(0)
+            x = x + self.position_embeddings(position_ids)
         if self.sequence_parallel:
             x = mpu.scatter_to_sequence_parallel_region(x, self.tp_group)  # (b, s/t, h)
         return self.embedding_dropout(x)
@@ -64,8 +71,19 @@ class GPT2Embedding(nn.Module):
 
 def final_layernorm(config: GPT2Config, tp_group=None, sequence_parallel: bool = False) -> nn.Module:
     with init_rng(config.seed, config.num_layers + 1):
-        norm = layer_norm(config.hidden_size, config.layernorm_epsilon, config.params_dtype)
-    return sequence_parallel_norm(norm, sequence_part(tp_group, sequence_parallel))
+        module = norm(config.normalization, config.hidden_size, config.layernorm_epsilon, config.params_dtype)
+    return sequence_parallel_norm(module, sequence_part(tp_group, sequence_parallel))
+
+
+class GPT2LMHead(OutputLayer):
+    """The untied output layer (--untie-embeddings-and-output-weights): N_f(x_L) (b, s, h) -> (b, s, V_r), drawn
+    N(0, init_method_std^2) under module number L + 2."""
+
+    def __init__(self, config: GPT2Config, tp_group=None, sequence_parallel: bool = False):
+        tp_size = mpu.mappings.resolve_group(tp_group)[2]
+        super().__init__(config.vocab_size, config.padded_vocab_size(tp_size), config.hidden_size,
+                         config.init_method_std, config.seed, config.num_layers + 2, config.params_dtype, tp_group,
+                         sequence_parallel)
 
 
 class GPT2Model(nn.Module):
@@ -81,13 +99,18 @@ class GPT2Model(nn.Module):
         self.embedding = GPT2Embedding(config, self.tp_group)
         self.layers = nn.ModuleList(TransformerLayer(config, i + 1, self.tp_group) for i in range(config.num_layers))
         self.final_layernorm = final_layernorm(config)
+        self.lm_head = None if config.tie_word_embeddings else GPT2LMHead(config, self.tp_group)
 
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                 attention_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         x = self.embedding(tokens, position_ids)  # (b, s, h)
         x = run_layers(self.layers, x, self.config.checkpoint_num_layers, attention_mask,
                        method=self.config.recompute_method)
-        return self.embedding.logits(self.final_layernorm(x))
+        return self.head(self.final_layernorm(x))
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-norm output (b, s, h) -> vocab-parallel logits (b, s, V_r): the tied table or the untied head."""
+        return self.embedding.logits(hidden) if self.lm_head is None else self.lm_head(hidden)
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """Masked mean of the vocab-parallel cross entropy (fp32 scalar)."""

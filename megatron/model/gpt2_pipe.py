@@ -1,9 +1,11 @@
-"""GPT2ModelPipe: the GPT-2 modules of `gpt2_model` as a TDS pipeline of LayerSpecs.
+"""GPT2ModelPipe: the GPT modules of `gpt2_model` as a TDS pipeline of LayerSpecs.
 
     spec 0      TiedLayerSpec('embed')    (tokens, position_ids) -> x
     spec 1..L   GPT2TransformerLayerPipe  x -> x'
-    spec L+1    GPT2FinalLayerNormPipe    x -> LN_f(x)
-    spec L+2    TiedLayerSpec('embed')    LN_f(x) -> vocab-parallel logits (the word table, tied)
+    spec L+1    GPT2FinalLayerNormPipe    x -> N_f(x)
+    spec L+2    TiedLayerSpec('embed')    N_f(x) -> vocab-parallel logits (the word table, tied)
+                or, untied, LayerSpec(GPT2LMHeadPipe) -> logits (own weight); the embedding is then a plain
+                LayerSpec
     loss_fn     masked mean of the vocab-parallel cross entropy, labels = (labels, loss_mask)
 
 What crosses every stage boundary: the hidden state (b, s, h) float, alone; attention is causal by
@@ -30,7 +32,7 @@ from torch import nn
 from megatron import mpu
 from tds.pipe import LayerSpec, PipelineModule, TiedLayerSpec
 from .config import GPT2Config
-from .gpt2_model import GPT2Embedding, final_layernorm
+from .gpt2_model import GPT2Embedding, GPT2LMHead, final_layernorm
 from .language_model import LMLoss
 from .pipe_common import (ReplayCheckpoint, SequenceParallelGrads, check_sequence_parallel, mark_block_recompute,
                           pipe_groups, uniform_interval)
@@ -71,12 +73,19 @@ class GPT2FinalLayerNormPipe(nn.Module):
         return self.final_layernorm(inputs if torch.is_tensor(inputs) else inputs[0])
 
 
+class GPT2LMHeadPipe(GPT2LMHead):
+    """The untied output layer as the last spec: N_f(x) -> vocab-parallel logits."""
+
+
 def gpt2_layer_specs(config: GPT2Config, tp_group=None, sequence_parallel: bool = False) -> list:
-    embed = dict(tied_weight_attr="word_embeddings.weight")
     sp = sequence_parallel
-    return [TiedLayerSpec("embed", GPT2EmbeddingPipe, config, tp_group, sp, **embed),
-            *(LayerSpec(GPT2TransformerLayerPipe, config, i + 1, tp_group, sp) for i in range(config.num_layers)),
-            LayerSpec(GPT2FinalLayerNormPipe, config, tp_group, sp),
+    layers = [LayerSpec(GPT2TransformerLayerPipe, config, i + 1, tp_group, sp) for i in range(config.num_layers)]
+    norm = LayerSpec(GPT2FinalLayerNormPipe, config, tp_group, sp)
+    if not config.tie_word_embeddings:
+        return [LayerSpec(GPT2EmbeddingPipe, config, tp_group, sp), *layers, norm,
+                LayerSpec(GPT2LMHeadPipe, config, tp_group, sp)]
+    embed = dict(tied_weight_attr="word_embeddings.weight")
+    return [TiedLayerSpec("embed", GPT2EmbeddingPipe, config, tp_group, sp, **embed), *layers, norm,
             TiedLayerSpec("embed", GPT2EmbeddingPipe, config, tp_group, sp, forward_fn=_lm_head, **embed)]
 
 

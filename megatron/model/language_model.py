@@ -1,4 +1,4 @@
-"""LM head tied to the vocab-parallel word embedding, and the masked LM loss.
+"""LM head (tied to the vocab-parallel word embedding, or an untied output layer), and the masked LM loss.
 
 Shape legend: b batch, s sequence, h hidden, V real vocabulary, V_pad padded (`padded_vocab_size`),
 V_r = V_pad / tp this rank's slice [r V_r, (r+1) V_r).
@@ -13,8 +13,11 @@ from __future__ import annotations
 from typing import Tuple
 
 import torch
+from torch import nn
 
 from megatron import mpu
+from tds import device as tds_device
+from .rng import init_rng
 
 
 def mask_padded_vocab(logits: torch.Tensor, vocab_size: int, tp_group=None) -> torch.Tensor:
@@ -34,6 +37,30 @@ def lm_logits(hidden: torch.Tensor, word_embeddings_weight: torch.Tensor, vocab_
     logits = mpu.parallel_lm_logits(hidden, word_embeddings_weight, parallel_output=True, tp_group=tp_group,
                                     sequence_parallel=sequence_parallel)
     return mask_padded_vocab(logits, vocab_size, tp_group)
+
+
+class OutputLayer(nn.Module):
+    """Untied LM head: hidden (b, s, h) -> vocab-parallel logits (b, s, V_r), padded ids masked.
+
+    `weight` is this rank's rows of a (V_pad, h) table drawn N(0, std^2) from the CPU generator under module
+    number `module_number` (`rng.init_rng`), then cut by vocabulary rows as the word table is (partition_dim 0,
+    stride 1). With sequence_parallel the hidden state is this rank's part of the sequence, gathered first.
+    """
+
+    def __init__(self, vocab_size: int, padded_vocab_size: int, hidden_size: int, std: float, seed: int,
+                 module_number: int, dtype: torch.dtype, tp_group=None, sequence_parallel: bool = False):
+        super().__init__()
+        group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
+        self.vocab_size, self.tp_group = vocab_size, group
+        self.sequence_parallel = sequence_parallel and tp_size > 1
+        with init_rng(seed, module_number):
+            master = torch.empty(padded_vocab_size, hidden_size).normal_(0.0, std)
+        part = mpu.partition_master(master, 0, 1, tp_size)[tp_rank]
+        self.weight = nn.Parameter(part.to(device=tds_device.device(), dtype=dtype).contiguous())
+        mpu.set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return lm_logits(hidden, self.weight, self.vocab_size, self.tp_group, self.sequence_parallel)
 
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor,

@@ -1,4 +1,4 @@
-"""Normalisations: LayerNorm (GPT-2) and RMSNorm (T5), both computed in fp32 and cast back.
+"""Normalisations: LayerNorm (GPT-2) and RMSNorm (T5, Llama-family GPT), both computed in fp32 and cast back.
 
     LayerNorm  y = (x - mean(x)) / sqrt(var(x) + eps) * w + b
     RMSNorm    y = x / sqrt(mean(x^2) + eps) * w           (T5: no mean subtraction, no bias)
@@ -61,3 +61,12 @@ def layer_norm(hidden_size: int, eps: float, dtype: torch.dtype) -> nn.Module:
     if fused is None:
         return LayerNorm(hidden_size, eps, dtype)
     return fused(hidden_size, eps=eps).to(device=tds_device.device(), dtype=dtype)
+
+
+def norm(normalization: str, hidden_size: int, eps: float, dtype: torch.dtype) -> nn.Module:
+    """'LayerNorm' (`layer_norm`) or 'RMSNorm'."""
+    if normalization == "RMSNorm":
+        return RMSNorm(hidden_size, eps, dtype)
+    if normalization != "LayerNorm":
+        raise ValueError(f"normalization must be 'LayerNorm' or 'RMSNorm', got {normalization!r}")
+    return layer_norm(hidden_size, eps, dtype)

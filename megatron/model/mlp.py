@@ -3,6 +3,8 @@
 Shape legend: b batch, s sequence, h hidden, f ffn hidden (f_r = f / tp on this rank).
 
     GPT-2:          y = GELU_tanh(x W1 + b1) W2 + b2           W1 (h, f) column-, W2 (f, h) row-parallel
+    GPT SwiGLU:     y = (silu(x Wg) * (x Wu)) W2               Wg, Wu fused as one [Wg; Wu] stride-2 GEMM
+                                                               (biases only with add_bias_linear)
     T5 v1.0 relu:   y = dropout(relu(x Wi)) Wo
     T5 v1.1 gated:  y = dropout(GELU_tanh(x Wi0) * (x Wi1)) Wo  Wi0, Wi1 fused as one [Wi0; Wi1] stride-2 GEMM
 """
@@ -26,23 +28,30 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 class GPT2MLP(nn.Module):
-    """(b, s, h) -> (b, s, h); output projection init std / sqrt(2 L)."""
+    """(b, s, h) -> (b, s, h); output projection init std / sqrt(2 L). GELU-tanh, or SwiGLU with
+    config.swiglu (`dense_h_to_4h` then holds [W_gate; W_up], 2f rows)."""
 
     def __init__(self, config: GPT2Config, tp_group=None, sequence_parallel: bool = False):
         """sequence_parallel: (b, s/t, h) -> (b, s/t, h), the sequence gathered for the GEMMs."""
         super().__init__()
         std, out_std = config.init_method_std, config.init_method_std / math.sqrt(2.0 * config.num_layers)
-        sp = dict(sequence_parallel=sequence_parallel)
-        self.dense_h_to_4h = mpu.ColumnParallelLinear(config.hidden_size, config.ffn_hidden_size,
+        common = dict(bias=config.add_bias_linear, tp_group=tp_group, dtype=config.params_dtype,
+                      sequence_parallel=sequence_parallel)
+        self.swiglu, f = config.swiglu, config.ffn_hidden_size
+        self.dense_h_to_4h = mpu.ColumnParallelLinear(config.hidden_size, 2 * f if self.swiglu else f,
                                                       gather_output=False, init_method=normal_init(std),
-                                                      tp_group=tp_group, dtype=config.params_dtype, **sp)
-        self.dense_4h_to_h = mpu.RowParallelLinear(config.ffn_hidden_size, config.hidden_size,
-                                                   input_is_parallel=True, init_method=normal_init(out_std),
-                                                   tp_group=tp_group, dtype=config.params_dtype, **sp)
+                                                      stride=2 if self.swiglu else 1, **common)
+        self.dense_4h_to_h = mpu.RowParallelLinear(f, config.hidden_size, input_is_parallel=True,
+                                                   init_method=normal_init(out_std), **common)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h, _ = self.dense_h_to_4h(x)  # (b, s, f_r)
-        out, _ = self.dense_4h_to_h(gelu_tanh(h))
+        h, _ = self.dense_h_to_4h(x)  # (b, s, f_r), or (b, s, 2 f_r) with SwiGLU
+        if self.swiglu:
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        else:
+            h = gelu_tanh(h)
+        out, _ = self.dense_4h_to_h(h)
         return out
 
 

@@ -13,9 +13,11 @@ of that iteration (both counted from 0), from the device generator seeded with
 
 and always for the whole tensor the single process sees. Every site runs once per training micro-batch and the
 engines run a stage's micro-batches in order, so c is the micro-batch number within the iteration: a mask is a
-pure function of (seed, iteration, micro-batch, site). Hence
+pure function of (seed, iteration, micro-batch, site). With data parallelism (P replicas) replica r's m-th
+micro-batch holds the samples of the single process's micro-batch m P + r (Megatron's sampler, `data.samplers`),
+so its call counts as c = m P + r (`start_iteration(..., replica=(r, P))`). Hence
   - one process and any pipeline split draw the same masks (a stage does not consume a shared stream in
-    the single-process order); data-parallel replicas draw the same masks for their m-th micro-batch;
+    the single-process order), and so do data-parallel replicas: each draws the masks of its samples;
   - nothing needs to be saved: the training loop announces each iteration with `start_iteration(model, i)`,
     so a run resumed at iteration i draws what the uninterrupted run drew. A model never told its iteration
     (used outside the loop) stays at i = 0 and c counts every training call since construction;
@@ -102,6 +104,7 @@ class SeededDropout(nn.Module):
         self.p, self.seed, self.module_number, self.site, self.part = p, seed, module_number, site, part
         self.iteration = 0  # set by start_iteration
         self.calls = 0  # training-mode calls since then
+        self.replica = (0, 1)  # (dp rank, dp size), set by start_iteration
 
     @property
     def active(self) -> bool:
@@ -111,7 +114,8 @@ class SeededDropout(nn.Module):
         """The site's generator for this call; per_part: a stream of this part's own (Megatron's seed + 2718 + r),
         for a kernel that draws only its part's mask itself."""
         base = self.seed + (MODEL_PARALLEL_SEED_OFFSET + self.part[1] if per_part else 0)
-        seed = mix(base, self.module_number, self.site, self.iteration, self.calls)
+        dp_rank, dp_size = self.replica
+        seed = mix(base, self.module_number, self.site, self.iteration, self.calls * dp_size + dp_rank)
         self.calls += 1
         return _seeded_device_rng(seed)
 
@@ -145,11 +149,12 @@ def dropout_sites(module: nn.Module) -> list[SeededDropout]:
     return [m for m in module.modules() if isinstance(m, SeededDropout)]
 
 
-def start_iteration(module: nn.Module, iteration: int) -> None:
+def start_iteration(module: nn.Module, iteration: int, replica: Tuple[int, int] = (0, 1)) -> None:
     """Announce training iteration `iteration` (0 for the first) to every dropout site of `module`: the
-    next training micro-batches are micro-batch 0, 1, ... of that iteration."""
+    next training micro-batches are micro-batch 0, 1, ... of that iteration on data-parallel replica
+    `replica` = (dp rank, dp size), i.e. the single process's micro-batches r, P + r, 2P + r, ..."""
     for site in dropout_sites(module):
-        site.iteration, site.calls = iteration, 0
+        site.iteration, site.calls, site.replica = iteration, 0, replica
 
 
 def replay_checkpoint(function: Callable[..., Any], sites: Sequence[SeededDropout], *args: Any) -> Any:

@@ -69,6 +69,8 @@ def _recompute(args) -> dict:
 
 
 def gpt2_config(args) -> GPT2Config:
+    groups = args.num_query_groups if getattr(args, "group_query_attention", False) else None
+    scaling = getattr(args, "use_rope_scaling", False)
     return GPT2Config(num_layers=args.num_layers, hidden_size=args.hidden_size,
                       num_attention_heads=args.num_attention_heads, vocab_size=args.vocab_size,
                       seq_length=args.seq_length, ffn_hidden_size=args.ffn_hidden_size, kv_channels=args.kv_channels,
@@ -77,7 +79,20 @@ def gpt2_config(args) -> GPT2Config:
                       make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
                       **_recompute(args), seed=args.seed, max_position_embeddings=args.max_position_embeddings,
                       init_method_std=args.init_method_std,
-                      explicit_attention_mask=bool(getattr(args, "reset_attention_mask", False)))
+                      explicit_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
+                      position_embedding_type=getattr(args, "position_embedding_type", None) or "learned_absolute",
+                      rotary_base=getattr(args, "rotary_base", None) or 10000.0,
+                      rotary_percent=getattr(args, "rotary_percent", None) or 1.0,
+                      rope_scaling_factor=args.rope_scaling_factor if scaling else None,
+                      rope_low_freq_factor=getattr(args, "rope_scaling_low_freq_factor", None) or 1.0,
+                      rope_high_freq_factor=getattr(args, "rope_scaling_high_freq_factor", None) or 4.0,
+                      rope_original_max_positions=getattr(args, "rope_scaling_original_max_position_embeddings",
+                                                          None) or 8192,
+                      normalization=getattr(args, "normalization", None) or "LayerNorm",
+                      swiglu=bool(getattr(args, "swiglu", False)), num_query_groups=groups,
+                      add_bias_linear=not getattr(args, "disable_bias_linear", False),
+                      add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
+                      tie_word_embeddings=not getattr(args, "untie_embeddings_and_output_weights", False))
 
 
 def t5_config(args) -> T5Config:

@@ -34,7 +34,7 @@ from megatron import mpu
 from tds import device as tds_device
 from .attention import mask_to_bias, normal_init
 from .config import T5Config
-from .language_model import lm_logits, masked_lm_loss
+from .language_model import OutputLayer, lm_logits, masked_lm_loss
 from .layer_norm import RMSNorm
 from .position import expand_compact_bias
 from .rng import SeededDropout, init_rng, sequence_split
@@ -71,27 +71,15 @@ class T5Embedding(nn.Module):
                          self.tp_group, self.sequence_parallel)
 
 
-class T5LMHead(nn.Module):
-    """Untied LM head (T5 v1.1): decoder output (b, sd, h) -> vocab-parallel logits (b, sd, V_r), no scaling.
-
-    `weight` is this rank's rows of a (V_pad, h) table drawn N(0, initializer_factor^2) (HF's lm_head init)
-    from the CPU generator under module number `module_number`, then cut as the word table is.
-    """
+class T5LMHead(OutputLayer):
+    """Untied LM head (T5 v1.1): decoder output (b, sd, h) -> vocab-parallel logits (b, sd, V_r), no scaling;
+    the table drawn N(0, initializer_factor^2) (HF's lm_head init) under module number `module_number`."""
 
     def __init__(self, config: T5Config, module_number: int, tp_group=None, sequence_parallel: bool = False):
-        super().__init__()
-        group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
-        self.vocab_size, self.tp_group = config.vocab_size, group
-        self.sequence_parallel = sequence_parallel and tp_size > 1
-        with init_rng(config.seed, module_number):
-            master = torch.empty(config.padded_vocab_size(tp_size), config.hidden_size)
-            master.normal_(0.0, config.initializer_factor)
-        part = mpu.partition_master(master, 0, 1, tp_size)[tp_rank]
-        self.weight = nn.Parameter(part.to(device=tds_device.device(), dtype=config.params_dtype).contiguous())
-        mpu.set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return lm_logits(hidden, self.weight, self.vocab_size, self.tp_group, self.sequence_parallel)
+        tp_size = mpu.mappings.resolve_group(tp_group)[2]
+        super().__init__(config.vocab_size, config.padded_vocab_size(tp_size), config.hidden_size,
+                         config.initializer_factor, config.seed, module_number, config.params_dtype, tp_group,
+                         sequence_parallel)
 
 
 class T5FinalNorm(nn.Module):

@@ -2,7 +2,8 @@
 
 Shape legend: b batch, s / q / k sequence lengths, h hidden, n_r heads on this tp rank.
 
-    GPT-2 (pre-LN):  x = x + drop(attn(LN1(x), mask));                 x = x + drop(mlp(LN2(x)))
+    GPT (pre-norm):  x = x + drop(attn(N1(x), mask));                   x = x + drop(mlp(N2(x)))
+                     N LayerNorm (GPT-2) or RMSNorm; attention and MLP as configured (`attention`, `mlp`)
     T5 (pre-RMS):    x = x + drop(self_attn(RMS1(x), bias));
                      x = x + drop(cross_attn(RMS2(x), enc, cross_bias))   (decoder only)
                      x = x + drop(ff(RMS3(x)))
@@ -28,7 +29,7 @@ from torch import nn
 from megatron import mpu
 from .attention import GPT2SelfAttention, T5Attention
 from .config import GPT2Config, T5Config
-from .layer_norm import RMSNorm, layer_norm
+from .layer_norm import RMSNorm, norm
 from .mlp import GPT2MLP, T5MLP
 from .rng import SeededDropout, dropout_sites, init_rng, replay_checkpoint, sequence_split
 
@@ -55,9 +56,10 @@ class TransformerLayer(nn.Module):
         part = sequence_part(tp_group, sequence_parallel)
         sp = part[1] > 1
         with init_rng(config.seed, layer_number):
-            self.input_layernorm = sequence_parallel_norm(layer_norm(config.hidden_size, eps, dtype), part)
+            kind = config.normalization
+            self.input_layernorm = sequence_parallel_norm(norm(kind, config.hidden_size, eps, dtype), part)
             self.self_attention = GPT2SelfAttention(config, layer_number, tp_group, sequence_parallel=sp)
-            self.post_attention_layernorm = sequence_parallel_norm(layer_norm(config.hidden_size, eps, dtype), part)
+            self.post_attention_layernorm = sequence_parallel_norm(norm(kind, config.hidden_size, eps, dtype), part)
             self.mlp = GPT2MLP(config, tp_group, sequence_parallel=sp)
         self.attention_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 1,
                                                       part=sequence_split(part))

@@ -21,7 +21,8 @@ group before the step.
 Fused QKV: with `stride=3` and a master weight laid out [Q; K; V] (each (h, in), heads contiguous inside),
 rank r keeps rows [j*h + r*h/p, j*h + (r+1)*h/p) for j = 0, 1, 2, i.e. Q, K and V of heads
 r*n/p .. (r+1)*n/p - 1 (n heads, n divisible by p). With the per-head layout [head0: q k v; head1: ...]
-(Megatron >= 2.0) use stride 1 instead: contiguous rows are whole heads.
+(Megatron >= 2.0) use stride 1 instead: contiguous rows are whole heads. Grouped-query attention's [Q; K; V]
+(a query heads, G key/value groups) uses the block stride (a, G, G) (`utils`).
 """
 from __future__ import annotations
 
@@ -40,12 +41,12 @@ from .mappings import (copy_to_tensor_model_parallel_region, gather_from_tensor_
                        reduce_scatter_to_sequence_parallel_region, resolve_group,
                        scatter_to_tensor_model_parallel_region)
 from .sequence_parallel import sequence_parallel_linear
-from .utils import VocabUtility, ensure_divisibility, merge_partitions, partition_master
+from .utils import Stride, VocabUtility, block_sizes, ensure_divisibility, merge_partitions, partition_master, stride_blocks
 
 InitMethod = Callable[[torch.Tensor], torch.Tensor]
 
 
-def set_tensor_model_parallel_attributes(param: torch.Tensor, is_parallel: bool, dim: int, stride: int) -> None:
+def set_tensor_model_parallel_attributes(param: torch.Tensor, is_parallel: bool, dim: int, stride: Stride) -> None:
     """Mark a parameter as split across tp ranks along `dim` with `stride` (read by grads and converters)."""
     param.tensor_model_parallel = is_parallel
     param.partition_dim = dim
@@ -66,7 +67,7 @@ def param_is_not_tensor_parallel_duplicate(param: torch.Tensor, tp_group=None) -
     return getattr(param, "tensor_model_parallel", False) or resolve_group(tp_group)[1] == 0
 
 
-def _init_partition(shape: Tuple[int, int], partition_dim: int, stride: int, init_method: InitMethod,
+def _init_partition(shape: Tuple[int, int], partition_dim: int, stride: Stride, init_method: InitMethod,
                     dtype: torch.dtype, tp_group) -> nn.Parameter:
     """Initialise the full master weight on CPU in fp32, keep this rank's partition, move it to the device."""
     _, tp_rank, tp_size = resolve_group(tp_group)
@@ -181,7 +182,7 @@ class ColumnParallelLinear(_TensorParallelModule):
     weight_grad_store: Optional[WeightGradStore] = None
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True, gather_output: bool = True,
-                 init_method: InitMethod = init.xavier_normal_, stride: int = 1, skip_bias_add: bool = False,
+                 init_method: InitMethod = init.xavier_normal_, stride: Stride = 1, skip_bias_add: bool = False,
                  tp_group=None, dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
         super().__init__()
         _, tp_size = self._set_group(tp_group)
@@ -189,9 +190,8 @@ class ColumnParallelLinear(_TensorParallelModule):
         if self.sequence_parallel and gather_output:
             raise ValueError("ColumnParallelLinear with sequence_parallel=True cannot gather_output (its output "
                              "covers the whole sequence; feed a RowParallelLinear instead)")
-        ensure_divisibility(output_size, tp_size * stride, "ColumnParallelLinear output size",
-                            f"tensor-model-parallel size x stride = {tp_size} x {stride} =")
-        if stride > 1 and gather_output and tp_size > 1:
+        block_sizes(output_size, stride, tp_size, "ColumnParallelLinear output size")
+        if stride_blocks(stride) != (1,) and gather_output and tp_size > 1:
             raise ValueError(f"ColumnParallelLinear with stride {stride} > 1 cannot gather_output "
                              f"(the gathered columns would be permuted); use gather_output=False")
         self.input_size, self.output_size = input_size, output_size
@@ -225,16 +225,15 @@ class RowParallelLinear(_TensorParallelModule):
     weight_grad_store: Optional[WeightGradStore] = None
 
     def __init__(self, input_size: int, output_size: int, bias: bool = True, input_is_parallel: bool = False,
-                 init_method: InitMethod = init.xavier_normal_, stride: int = 1, skip_bias_add: bool = False,
+                 init_method: InitMethod = init.xavier_normal_, stride: Stride = 1, skip_bias_add: bool = False,
                  tp_group=None, dtype: torch.dtype = torch.float32, sequence_parallel: bool = False):
         super().__init__()
         _, tp_size = self._set_group(tp_group)
         self.sequence_parallel = sequence_parallel and tp_size > 1
         if self.sequence_parallel and not input_is_parallel:
             raise ValueError("RowParallelLinear with sequence_parallel=True needs input_is_parallel=True")
-        ensure_divisibility(input_size, tp_size * stride, "RowParallelLinear input size",
-                            f"tensor-model-parallel size x stride = {tp_size} x {stride} =")
-        if stride > 1 and not input_is_parallel and tp_size > 1:
+        block_sizes(input_size, stride, tp_size, "RowParallelLinear input size")
+        if stride_blocks(stride) != (1,) and not input_is_parallel and tp_size > 1:
             raise ValueError(f"RowParallelLinear with stride {stride} > 1 needs input_is_parallel=True "
                              f"(scattering the input would not match the interleaved partitions)")
         self.input_size, self.output_size = input_size, output_size

@@ -145,12 +145,13 @@ def train(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch]
     `exits` says stop); log, evaluate and save on their intervals."""
     stats, schedule, log, save = IntervalStats(), cfg.batch.schedule(), cfg.logging, cfg.checkpoint
     exits = exits or ExitConditions(False, None)
+    replica = (engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size())
     engine.train()
     while state.iteration < cfg.batch.train_iters:
         batch = set_iteration_batch(engine, cfg.lr.unit, schedule, state.consumed_train_samples)
         lr = engine.lr_scheduler.get_lr()
         start = time.perf_counter()
-        start_iteration(engine.module, state.iteration)  # dropout masks follow (iteration, micro-batch)
+        start_iteration(engine.module, state.iteration, replica)  # dropout masks follow (iteration, micro-batch)
         skipped_before = engine.skipped_steps
         exits.post()  # the stop agreement runs beside the iteration; read after it
         loss = train_step(engine, cfg, state, train_iter)

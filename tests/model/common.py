@@ -88,8 +88,9 @@ def build_plain(kind: str, config, tp_group=None):
 def plain_params(kind: str, model) -> dict:
     """The plain model's parameters keyed like the pipeline's specs."""
     if kind == "gpt2":
-        modules = [model.embedding, *model.layers, model.final_layernorm]
-        prefixes = [""] * (len(modules) - 1) + ["final_layernorm."]
+        head = [model.lm_head] if model.lm_head is not None else []
+        modules = [model.embedding, *model.layers, model.final_layernorm, *head]
+        prefixes = [""] * len(model.layers) + ["", "final_layernorm.", *([""] * len(head))]
     else:
         modules = [model.embedding, *model.encoder_layers, model.encoder_final, *model.decoder_layers,
                    model.decoder_final, *([model.lm_head] if model.lm_head is not None else [])]
@@ -198,6 +199,8 @@ def pipe_rank(kind: str, tp: int, pp: int, dp: int, config_kw: dict, steps: int,
     model = (GPT2ModelPipe if kind == "gpt2" else T5ModelPipe)(config, partition_method=partition,
                                                                virtual_stages=virtual_stages,
                                                                sequence_parallel=sequence_parallel)
+    from megatron.model.rng import start_iteration
+    start_iteration(model, 0, (state.dp_rank, dp))  # replica r draws the masks of the micro-batches it holds
     named = pipe_params(model)
     opt = RecordingSGD(named, LR)
     pipeline = dict(schedule=schedule, **({"virtual_stages": virtual_stages} if virtual_stages > 1 else {}))
@@ -205,9 +208,10 @@ def pipe_rank(kind: str, tp: int, pp: int, dp: int, config_kw: dict, steps: int,
                                      mpu=mpu)
     batches = make_batches(kind, config, 1 if repeat_batch else steps, MBS * gas * dp, seed)
     batches = batches * steps if repeat_batch else batches
-    it = iter([m for micro_batches in batches for m in micro_batches[state.dp_rank * gas:(state.dp_rank + 1) * gas]])
+    # Megatron's sampler: replica r's j-th micro-batch of a step is the single process's micro-batch j dp + r
+    it = iter([m for micro_batches in batches for m in micro_batches[state.dp_rank::dp]])
     losses = [engine.train_batch(it).item() for _ in range(steps)]
-    eval_loss = engine.eval_batch(iter(batches[0][state.dp_rank * gas:(state.dp_rank + 1) * gas])).item()
+    eval_loss = engine.eval_batch(iter(batches[0][state.dp_rank::dp])).item()
     grads = {}
     if opt.first_grads is not None and precision == "fp32":
         grads = {k: (g, getattr(named[k], "tensor_model_parallel", False), getattr(named[k], "partition_dim", 0),

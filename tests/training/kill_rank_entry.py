@@ -13,12 +13,12 @@ KILL_AT, KILL_RANK = int(os.environ["KILL_AT"]), int(os.environ["KILL_RANK"])
 _start = loop.start_iteration
 
 
-def start_iteration(module, iteration):
+def start_iteration(module, iteration, replica=(0, 1)):
     first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0"
     if first_attempt and iteration + 1 == KILL_AT and int(os.environ["RANK"]) == KILL_RANK:
         print(f"rank {KILL_RANK}: killing itself at iteration {KILL_AT}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
-    return _start(module, iteration)
+    return _start(module, iteration, replica)
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ def test_t5_defaults_and_v11_flags():
     ("gpt", ["--lr-warmup-samples", "10"], ["--lr-warmup-samples 10"]),
     ("gpt", ["--rampup-batch-size", "4", "4", "100"], ["--rampup-batch-size 4 4 100", "--train-samples"]),
     ("gpt", ["--decoder-num-layers", "3"], ["--decoder-num-layers: T5 options"]),
-    ("gpt", ["--untie-embeddings-and-output-weights"], ["--untie-embeddings-and-output-weights: T5"]),
+    ("t5", ["--swiglu", "--position-embedding-type", "rope"], ["--position-embedding-type, --swiglu: GPT options"]),
     ("gpt", ["--partition-method", "0,3,4", "--pipe-parallel-size", "2"], ["rise from 0 to 5"]),
     ("gpt", ["--partition-method", "type:Conv", "--pipe-parallel-size", "2"],
      ["matches none", "GPT2TransformerLayerPipe"]),
@@ -233,10 +233,11 @@ def test_pipe_spec_classes_and_counts_match_the_models():
     from megatron.model.config import GPT2Config, T5Config
     from megatron.model.gpt2_pipe import gpt2_layer_specs
     from megatron.model.t5_pipe import t5_layer_specs
-    gpt = gpt2_layer_specs(GPT2Config(num_layers=3, hidden_size=8, num_attention_heads=2, vocab_size=10, seq_length=4))
+    gpt = [gpt2_layer_specs(GPT2Config(num_layers=3, hidden_size=8, num_attention_heads=2, vocab_size=10,
+                                       seq_length=4, tie_word_embeddings=tied)) for tied in (True, False)]
     t5 = [t5_layer_specs(T5Config(num_layers=2, num_decoder_layers=3, hidden_size=8, num_attention_heads=2,
                                   vocab_size=10, seq_length=4, tie_word_embeddings=tied)) for tied in (True, False)]
-    assert {s.typename.__name__ for s in gpt} == set(PIPE_SPEC_CLASSES["gpt"])
+    assert {s.typename.__name__ for specs in gpt for s in specs} == set(PIPE_SPEC_CLASSES["gpt"])
     assert {s.typename.__name__ for specs in t5 for s in specs} == set(PIPE_SPEC_CLASSES["t5"])
-    assert num_pipe_specs(_gpt("--num-layers", "3")) == len(gpt)
+    assert num_pipe_specs(_gpt("--num-layers", "3")) == len(gpt[0]) == len(gpt[1])
     assert num_pipe_specs(_t5("--decoder-num-layers", "3")) == len(t5[0]) == len(t5[1])
