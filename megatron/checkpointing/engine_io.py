@@ -50,11 +50,14 @@ from .manifest import WEIGHTS, check_files, checked_folder, damaged_error, parts
 from .names import PIPE_FORM, layout_record, plain_pp1, virtual_stages, with_records
 from .weights import load_weights_into, reshape_command
 
-# Arguments that fix parameter shapes or the sample layout; a resumed checkpoint must agree on all.
+# Arguments that fix parameter shapes, the model's function or the sample layout; a resumed checkpoint must agree
+# on all (a weights-only load, --finetune, checks the shapes only: `weights.SHAPE_CONFIG_FIELDS`).
 SHAPE_FIELDS = ("model_type", "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                 "kv_channels", "vocab_size", "max_position_embeddings", "seq_length", "encoder_seq_length",
                 "decoder_seq_length", "decoder_num_layers", "feed_forward_proj", "untie_embeddings_and_output_weights",
-                "relative_attention_num_buckets")
+                "relative_attention_num_buckets", "position_embedding_type", "rotary_base", "rotary_percent",
+                "use_rope_scaling", "normalization", "swiglu", "group_query_attention", "num_query_groups",
+                "disable_bias_linear", "add_qkv_bias")
 
 
 def commit(save_dir: str, tag: str) -> None:

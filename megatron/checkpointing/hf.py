@@ -27,6 +27,7 @@ from .consolidated import Consolidated, layout_of, read_weights
 from .files import CheckpointFileError, atomic_folder, publish_latest, read_args
 from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, hf_rows, import_tokenizer, layout_args,
                         read_json, sentinel_order, t5_args, t5_hf_config, token_ids, write_json, write_tokenizer)
+from .hf_llama import ARCHITECTURES, is_llama_family, llama_args, llama_hf_config, llama_rules
 from .hf_names import Rule, gpt2_rules, t5_rules
 from .layouts import check_layout, write_layout
 from .manifest import WEIGHTS, checked_folder
@@ -45,6 +46,8 @@ class ExportReport:
 
 
 def rules_for(args: Dict) -> List[Rule]:
+    if is_llama_family(args):
+        return llama_rules(args)
     if args["model_type"] == "gpt":
         return gpt2_rules(args["num_layers"])
     return t5_rules(args["num_layers"], args.get("decoder_num_layers") or args["num_layers"],
@@ -62,7 +65,7 @@ def to_hf(weights: Dict[str, torch.Tensor], args: Dict, table: ModelTable) -> Di
         if table.by_name[rule.canonical].vocab:
             full = resize_rows(full, rows)
             full = full if order is None else full[order]
-        for name, piece in zip(rule.hf, full.chunk(len(rule.hf), dim=0)):
+        for name, piece in zip(rule.hf, rule.split(full)):
             out[name] = (piece.t() if rule.transpose else piece).contiguous().clone()
     return out
 
@@ -115,7 +118,8 @@ def _tokenizer(args: Dict, overrides: Dict[str, Optional[str]]):
 
 def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
               tokenizer_overrides: Optional[Dict[str, Optional[str]]] = None) -> ExportReport:
-    """Write the checkpoint as a transformers folder `output` (GPT2LMHeadModel or T5ForConditionalGeneration)."""
+    """Write the checkpoint as a transformers folder `output` (GPT2LMHeadModel, the Llama family or
+    T5ForConditionalGeneration)."""
     from safetensors.torch import save_file
     folder = checked_folder(load_dir, tag, (WEIGHTS,))
     args = dict(read_args(folder))
@@ -125,7 +129,9 @@ def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
     table = ModelTable(args)
     tokenizer = _tokenizer(args, tokenizer_overrides or {})
     ids = token_ids(args, tokenizer)
-    if args["model_type"] == "gpt":
+    if is_llama_family(args):
+        config, max_len = llama_hf_config(args, hf_rows(args), ids), args["max_position_embeddings"]
+    elif args["model_type"] == "gpt":
         config, max_len = gpt2_hf_config(args, ids), args["max_position_embeddings"]
     else:
         config, max_len = t5_hf_config(args, ids), args["encoder_seq_length"]
@@ -158,15 +164,18 @@ def load_hf_state(hf_dir: str) -> Dict[str, torch.Tensor]:
 
 
 def import_hf(hf_dir: str, save_dir: str, tp: int, pp: int) -> Dict:
-    """A transformers GPT-2 / T5 folder -> a weights-only checkpoint directory at (tp, pp, 1); returns its args."""
+    """A transformers GPT-2 / Llama / Mistral / Qwen2 / T5 folder -> a weights-only checkpoint directory at
+    (tp, pp, 1); returns its args."""
     config_path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(config_path):
         raise CheckpointFileError(f"{config_path} is missing: --input must be a transformers model folder")
     cfg = read_json(config_path)
     kind = cfg.get("model_type")
-    if kind not in ("gpt2", "t5"):
-        raise UserError(f"import-hf handles model_type 'gpt2' and 't5'; {config_path} has {kind!r}")
-    args = (gpt2_args if kind == "gpt2" else t5_args)(cfg, config_path)
+    readers = {"gpt2": gpt2_args, "t5": t5_args, **{k: llama_args for k in ARCHITECTURES}}
+    if kind not in readers:
+        raise UserError(f"import-hf handles model_type {', '.join(map(repr, readers))}; {config_path} has "
+                        f"model_type {kind!r}")
+    args = readers[kind](cfg, config_path)
     with atomic_folder(save_dir) as tmp:
         folder = os.path.join(tmp, IMPORT_TAG)
         os.makedirs(folder)

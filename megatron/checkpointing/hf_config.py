@@ -52,8 +52,17 @@ def token_ids(args: Dict[str, Any], tokenizer) -> Dict[str, int]:
     return {"pad_token_id": tokenizer.pad, "eos_token_id": tokenizer.eos, "decoder_start_token_id": tokenizer.pad}
 
 
+GPT2_LAYER = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
+                  group_query_attention=False, disable_bias_linear=False, add_qkv_bias=False,
+                  untie_embeddings_and_output_weights=False)
+
+
 def gpt2_hf_config(args: Dict[str, Any], ids: Dict[str, int]) -> Dict[str, Any]:
     h, heads = args["hidden_size"], args["num_attention_heads"]
+    other = [f"{k} = {args[k]}" for k, v in GPT2_LAYER.items() if args.get(k) not in (None, v)]
+    if other:
+        raise UserError(f"export-hf: a GPT with {', '.join(other)} is neither GPT2LMHeadModel nor of the Llama "
+                        f"family (which needs --position-embedding-type rope); it has no transformers architecture")
     if args["kv_channels"] * heads != h:
         raise UserError(f"export-hf: kv_channels {args['kv_channels']} x heads {heads} != hidden_size {h}; "
                         f"GPT2LMHeadModel needs head width = hidden / heads")

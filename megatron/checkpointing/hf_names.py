@@ -1,7 +1,8 @@
 """Name tables between this project's canonical parameters and Hugging Face transformers' state dicts.
 
-A `Rule(canonical, hf_names, transpose)`: the canonical full tensor is the concatenation along rows of the
-HF tensors (each transposed first when `transpose`), so export splits and import concatenates:
+A `Rule(canonical, hf_names, transpose, sizes)`: the canonical full tensor is the concatenation along rows of the
+HF tensors (each transposed first when `transpose`), so export splits (in proportion to `sizes`, equal parts by
+default) and import concatenates. The Llama family's table is in `hf_llama`.
 
     GPT-2 (GPT2LMHeadModel; HF Conv1D stores (in, out), hence transposed)
         embedding.word_embeddings / position_embeddings   transformer.wte / transformer.wpe
@@ -25,7 +26,9 @@ HF tensors (each transposed first when `transpose`), so export splits and import
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,14 @@ class Rule:
     canonical: str
     hf: Tuple[str, ...]
     transpose: bool = False
+    sizes: Optional[Tuple[int, ...]] = None  # relative row counts of the HF tensors (None: equal)
+
+    def split(self, full: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+        """The canonical tensor cut into the HF tensors' rows."""
+        if self.sizes is None:
+            return full.chunk(len(self.hf), dim=0)
+        unit = full.size(0) // sum(self.sizes)
+        return full.split([unit * s for s in self.sizes], dim=0)
 
 
 def gpt2_rules(num_layers: int) -> List[Rule]:

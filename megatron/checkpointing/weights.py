@@ -18,10 +18,12 @@ from .files import CheckpointMismatchError
 from .names import ModelTable
 from .tp import resize_rows, split
 
-# Config fields that decide parameter shapes (GPT2Config / T5Config).
+# Config fields that decide parameter shapes (GPT2Config / T5Config); max_position_embeddings only with the learned
+# position table (a rotary model may be trained at any length).
 SHAPE_CONFIG_FIELDS = ("num_layers", "num_decoder_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                        "kv_channels", "vocab_size", "max_position_embeddings", "relative_attention_num_buckets",
-                       "feed_forward_proj", "tie_word_embeddings")
+                       "feed_forward_proj", "tie_word_embeddings", "position_embedding_type", "normalization",
+                       "swiglu", "num_query_groups", "add_bias_linear", "add_qkv_bias")
 
 
 def module_tp(module: torch.nn.Module) -> Tuple[int, int]:
@@ -44,7 +46,10 @@ def check_fields(table: ModelTable, module: torch.nn.Module, folder: str) -> Non
     if kind != type(table.config).__name__:
         raise CheckpointMismatchError(f"checkpoint {folder} holds a {table.kind} model, the module is built from "
                                       f"a {kind}; load it into the model type it was trained as")
+    learned = getattr(config, "position_embedding_type", "learned_absolute") == "learned_absolute"
     for field in SHAPE_CONFIG_FIELDS:
+        if field == "max_position_embeddings" and not learned:
+            continue
         saved, mine = getattr(table.config, field, None), getattr(config, field, None)
         if saved != mine:
             raise CheckpointMismatchError(f"checkpoint {folder} has {field} = {saved} but the model has {mine}; "

@@ -305,10 +305,11 @@ def test_unsupported_hf_options_are_named(tmp_path):
     with pytest.raises(UserError, match="activation_function = relu; scale_attn_by_inverse_layer_idx = True"):
         run(["import-hf", "--input", hf_dir, "--save", str(tmp_path / "x"), "--tensor-model-parallel-size", "1",
              "--pipe-parallel-size", "1"])
-    config.update(model_type="llama")
+    config.update(model_type="gemma")
     with open(os.path.join(hf_dir, "config.json"), "w") as f:
         json.dump(config, f)
-    with pytest.raises(UserError, match="import-hf handles model_type 'gpt2' and 't5'.*'llama'"):
+    with pytest.raises(UserError, match="import-hf handles model_type 'gpt2', 't5', 'llama', 'mistral', 'qwen2'; "
+                                        ".* has model_type 'gemma'"):
         run(["import-hf", "--input", hf_dir, "--save", str(tmp_path / "x"), "--tensor-model-parallel-size", "1",
              "--pipe-parallel-size", "1"])
     assert not os.path.exists(tmp_path / "x")

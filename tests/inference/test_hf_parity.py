@@ -1,8 +1,9 @@
 """Greedy generation equals transformers' `generate(do_sample=False)`, token for token, on the same prompts.
 
-The round trip is the conversion issue's: a small random transformers GPT-2 / T5 (v1.0, and v1.1 gated with
-an untied head) with the test BPE tokenizer is imported with `tools/convert_checkpoint.py import-hf` at tp=2
-(GPT-2) or pp=2 (T5), generated from here at tp=1 (resharded on load), and exported back with `export-hf`;
+The round trip is the conversion issue's: a small random transformers GPT-2 / Llama (grouped-query attention,
+head_dim != hidden / heads, llama3 rope scaling, untied head) / T5 (v1.0, and v1.1 gated with an untied head)
+with the test BPE tokenizer is imported with `tools/convert_checkpoint.py import-hf` at tp=2 (GPT-2, Llama) or
+pp=2 (T5), generated from here at tp=1 (resharded on load), and exported back with `export-hf`;
 transformers generates from the exported folder. Large initial weights make greedy text wander over the
 vocabulary (a small-init model repeats one token and would hide position or cache mistakes). Prompt by
 prompt and, for GPT-2, as one left-padded batch. Skipped only when transformers is not installed."""
@@ -32,6 +33,13 @@ def _hf_model(kind: str):
         config = transformers.GPT2Config(vocab_size=512, n_positions=48, n_embd=32, n_layer=2, n_head=4,
                                          initializer_range=1.0, bos_token_id=0, eos_token_id=0, pad_token_id=0)
         return transformers.GPT2LMHeadModel(config)
+    if kind == "llama":  # rope past the llama3 scaling's original context (16) within the 48 positions
+        config = transformers.LlamaConfig(
+            vocab_size=512, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=48, initializer_range=1.0, bos_token_id=0,
+            eos_token_id=0, pad_token_id=0, rope_scaling=dict(rope_type="llama3", factor=4.0, low_freq_factor=1.0,
+                                                             high_freq_factor=4.0, original_max_position_embeddings=16))
+        return transformers.LlamaForCausalLM(config)
     gated = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False) if kind == "t5v11" else {}
     config = transformers.T5Config(vocab_size=512 + SENTINELS, d_model=32, d_kv=8, d_ff=64, num_layers=2,
                                    num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
@@ -44,7 +52,7 @@ def _hf_folder(kind: str, out: str) -> str:
     _hf_model(kind).save_pretrained(out)
     shutil.copy(common.VOCAB, out)
     shutil.copy(common.MERGES, out)
-    sentinels = {} if kind == "gpt2" else {str(512 + k): {"content": f"<extra_id_{k}>", "special": True}
+    sentinels = {} if kind in ("gpt2", "llama") else {str(512 + k): {"content": f"<extra_id_{k}>", "special": True}
                                            for k in range(SENTINELS)}
     with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
         json.dump({"tokenizer_class": "GPT2Tokenizer", "added_tokens_decoder": sentinels}, f)
@@ -66,7 +74,7 @@ def _hf_greedy(model, t5: bool, prompt_ids: list, tokenizer) -> list:
     return _until_end(out[1:] if t5 else out[len(prompt_ids):], end)
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "t5", "t5v11"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "t5", "t5v11"])
 def test_greedy_tokens_equal_transformers(kind, tmp_path):
     from megatron.inference import GenerationParams, generate, loading
     from tools import convert_checkpoint
@@ -78,7 +86,7 @@ def test_greedy_tokens_equal_transformers(kind, tmp_path):
     loaded = loading.load(ckpt)
     tokenizer, t5 = loaded.tokenizer, kind.startswith("t5")
     assert len(tokenizer.sentinel_ids) == (SENTINELS if t5 else 0)
-    hf = (transformers.T5ForConditionalGeneration if t5 else transformers.GPT2LMHeadModel).from_pretrained(exported)
+    hf = (transformers.T5ForConditionalGeneration if t5 else transformers.AutoModelForCausalLM).from_pretrained(exported)
     prompts = PROMPTS["t5" if t5 else "gpt2"]
     ours = generate(loaded.model, tokenizer, prompts, GenerationParams(max_new_tokens=NEW))
     assert len({t for c in ours for t in c.ids}) > len(prompts), "greedy text should not be degenerate"

@@ -1,0 +1,119 @@
+"""Hugging Face's Llama family through `tools/convert_checkpoint.py import-hf` / `export-hf` (nothing downloaded:
+small random models built with transformers and saved with `save_pretrained`).
+
+- Llama with grouped-query attention (2 groups of 8 heads, and one group per head), head_dim 16 != hidden /
+  heads, llama3 rope scaling, untied head; Mistral (no sliding window); Qwen2 (qkv biases, tied head), saved
+  in shards with an index: import at (tp, pp) = (2, 2), then export, gives every HF tensor bit-identical, and
+  transformers loads the exported folder; the imported model's logits equal transformers' (fp32, relative error
+  < 1e-5) built at tp = 1 and at tp = 2.
+- What the layer does not implement is refused in one line naming the field: a sliding window shorter than the
+  positions, another rope type, attention biases in a Llama, partial rotary, missing sizes.
+"""
+import json
+import os
+
+import pytest
+import torch
+
+from megatron.errors import UserError
+from tests.dist import run_distributed
+from tools.convert_checkpoint import run
+
+transformers = pytest.importorskip("transformers")
+RTOL = 1e-5
+COMMON = dict(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
+              max_position_embeddings=64, initializer_range=0.5)
+LLAMA3 = dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+              original_max_position_embeddings=16)
+MODELS = {
+    "llama_gqa": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        **COMMON, num_key_value_heads=2, head_dim=16, rope_scaling=LLAMA3)),
+    "llama_mha": lambda: transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, num_key_value_heads=8)),
+    "mistral": lambda: transformers.MistralForCausalLM(transformers.MistralConfig(
+        **COMMON, num_key_value_heads=4, sliding_window=None)),
+    "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        **COMMON, num_key_value_heads=2, tie_word_embeddings=True)),
+}
+
+
+def _save(kind: str, out: str, shards: bool = False) -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = MODELS[kind]().eval()
+    model.save_pretrained(out, max_shard_size="100KB" if shards else "5GB")
+    return model
+
+
+def _import(hf_dir: str, ckpt: str, tp: int = 2, pp: int = 2) -> None:
+    run(["import-hf", "--input", hf_dir, "--save", ckpt, "--tensor-model-parallel-size", str(tp),
+         "--pipe-parallel-size", str(pp)])
+
+
+def _hf_tensors(folder: str) -> dict:
+    from megatron.checkpointing.hf import load_hf_state
+    return load_hf_state(folder)
+
+
+def _logits_at_tp(ckpt: str, tp: int, ids: torch.Tensor) -> torch.Tensor:
+    """The imported checkpoint's plain model built at `tp`, its logits gathered over the vocabulary."""
+    from megatron import mpu
+    from megatron.checkpointing import load_model_weights, read_checkpoint_args
+    from megatron.checkpointing.names import model_config
+    from megatron.model import GPT2Model
+    mpu.initialize_model_parallel(tp, 1)
+    try:
+        model = GPT2Model(model_config(read_checkpoint_args(ckpt)))
+        load_model_weights(model, ckpt)
+        with torch.no_grad():
+            logits = model.eval()(ids)
+        return mpu.gather_from_tensor_model_parallel_region(logits) if tp > 1 else logits
+    finally:
+        mpu.destroy_model_parallel()
+
+
+@pytest.mark.parametrize("kind", list(MODELS))
+def test_import_export_round_trip_and_logits(kind, tmp_path, capsys):
+    hf_dir, ckpt, out = (str(tmp_path / n) for n in ("hf", "ckpt", "out"))
+    hf = _save(kind, hf_dir, shards=kind == "qwen2")
+    if kind == "qwen2":
+        assert os.path.isfile(os.path.join(hf_dir, "model.safetensors.index.json"))
+    _import(hf_dir, ckpt)
+    assert "imported gpt" in capsys.readouterr().out
+    run(["export-hf", "--load", ckpt, "--output", out])
+    theirs, ours = _hf_tensors(hf_dir), _hf_tensors(out)
+    assert sorted(ours) == sorted(theirs)
+    for name, tensor in theirs.items():
+        assert torch.equal(ours[name], tensor), f"{kind}: {name} changed in the round trip"
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(reloaded) is type(hf)
+    ids = torch.randint(0, COMMON["vocab_size"], (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(ids).logits
+        assert torch.equal(reloaded(ids).logits, want)
+    for tp in (1, 2):
+        got = run_distributed(_logits_at_tp, tp, ckpt, tp, ids)[0][..., :COMMON["vocab_size"]]
+        err = ((got - want).abs().max() / want.abs().max()).item()
+        assert err < RTOL, f"{kind} at tp {tp}: logits relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(sliding_window=32), "sliding_window = 32 is shorter than max_position_embeddings 64"),
+    (dict(rope_scaling=dict(rope_type="yarn", factor=2.0)), "rope type 'yarn' (supported: default, llama3)"),
+    (dict(attention_bias=True), "attention_bias = true (supported: false)"),
+    (dict(rope_parameters=dict(rope_type="default", rope_theta=1e4, partial_rotary_factor=0.5)),
+     "partial_rotary_factor != 1"),
+    (dict(hidden_size=None), "no positive integer hidden_size"),
+])
+def test_unsupported_options_are_one_line(change, words, tmp_path):
+    hf_dir = str(tmp_path / "hf")
+    _save("llama_mha", hf_dir)
+    path = os.path.join(hf_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config.update(change)
+    if "rope_scaling" in change:
+        config.pop("rope_parameters", None)
+    with open(path, "w") as f:
+        json.dump(config, f)
+    with pytest.raises(UserError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        _import(hf_dir, str(tmp_path / "ckpt"), 1, 1)
+    assert not os.path.exists(tmp_path / "ckpt")
