@@ -55,10 +55,11 @@ def target_args(args: Dict[str, Any], tp: int, pp: int, dp: int) -> Dict[str, An
 def check_layout(table: ModelTable, args: Dict[str, Any], tp: int, pp: int) -> None:
     """One-line errors for a target layout the model cannot take."""
     heads, ffn = args["num_attention_heads"], args["ffn_hidden_size"]
-    for what, n in (("num_attention_heads", heads), ("ffn_hidden_size", ffn)):
+    groups = args.get("num_query_groups") if args.get("group_query_attention") else heads
+    for what, n in (("num_attention_heads", heads), ("num_query_groups", groups), ("ffn_hidden_size", ffn)):
         if n % tp:
             raise UserError(f"tensor-model-parallel size {tp} does not divide {what} = {n}; choose a tp that "
-                            f"divides the heads ({heads}) and the ffn size ({ffn})")
+                            f"divides the heads ({heads}), the query groups ({groups}) and the ffn size ({ffn})")
     if tp < 1 or pp < 1:
         raise UserError(f"tp and pp must be >= 1, got tp = {tp}, pp = {pp}")
     n = len(table.specs)

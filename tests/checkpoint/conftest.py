@@ -1,4 +1,4 @@
-"""Session fixtures: one GPT-2 and one T5 training at (tp, pp, dp) = (2, 2, 2), 10 iterations with a checkpoint
+"""Session fixtures: one GPT-2, one Llama-style GPT and one T5 training at (tp, pp, dp) = (2, 2, 2), 10 iterations with a checkpoint
 at 5 and 10; every offline conversion test reads these (and never modifies them)."""
 import os
 
@@ -25,6 +25,12 @@ def _trained(model: str, data_prefix: str, root) -> dict:
 def gpt2_222(data_prefix, tmp_path_factory) -> dict:
     """{'dir': checkpoint directory (latest = iteration 10), 'tag5': the iteration-5 folder, 'losses': 10}"""
     return _trained("gpt2", data_prefix, tmp_path_factory.mktemp("gpt2_ckpt"))
+
+
+@pytest.fixture(scope="session")
+def llama_222(data_prefix, tmp_path_factory) -> dict:
+    """The Llama-style GPT (tests/training/golden_cases.LLAMA) trained as gpt2_222."""
+    return _trained("llama", data_prefix, tmp_path_factory.mktemp("llama_ckpt"))
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,12 @@
   partitions, megatron_args.json), except the optimizer ranges of the unused copy that DeepSpeed keeps on
   the last stage (GPT-2's position table: `ModelTable.unused_copies`), which a reshape does not carry;
 - round trip (2,2,2) -> (1,1,1) -> (4,1,2) -> (1,4,1) -> (2,2,2): bit-identical weights and optimizer state
-  (fp32 master weights, Adam moments, steps, hyper-parameters) to the original, GPT-2 and T5; only the RNG
-  states are gone (tp and pp changed on the way, see megatron/checkpointing/layouts.py);
+  (fp32 master weights, Adam moments, steps, hyper-parameters) to the original, GPT-2 and T5, and through
+  (2,1,4) for the Llama-style GPT (grouped QKV re-cut over tp); only the RNG states are gone (tp and pp changed
+  on the way, see megatron/checkpointing/layouts.py);
 - vocabulary padding recomputed for each tp: real rows bit-identical, padding rows zero, same logits;
-- one-line errors: tp that does not divide the heads, pp larger than the pipeline, an existing output.
+- one-line errors: tp that does not divide the heads or the query groups, pp larger than the pipeline, an existing
+  output.
 """
 import os
 
@@ -22,6 +24,7 @@ from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic
 from tools.convert_checkpoint import run
 
 CHAIN = [(1, 1, 1), (4, 1, 2), (1, 4, 1), (2, 2, 2)]
+LLAMA_CHAIN = [(1, 1, 1), (2, 1, 4), (1, 4, 1), (2, 2, 2)]  # its 2 query groups do not split over tp 4
 
 
 def reshape(src: str, dst: str, layout, *extra: str) -> str:
@@ -53,11 +56,11 @@ def test_identity_reshape_is_bit_exact(gpt2_222, tmp_path):
     assert differences(original, rewritten) == []
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "t5"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "t5"])
 def test_round_trip_chain_is_bit_identical(kind, request, tmp_path):
     source = request.getfixturevalue(f"{kind}_222")["dir"]
     current = source
-    for i, layout in enumerate(CHAIN):
+    for i, layout in enumerate(LLAMA_CHAIN if kind == "llama" else CHAIN):
         current = reshape(current, str(tmp_path / f"step{i}"), layout)
         assert read_args(_tag_folder(current))["tensor_model_parallel_size"] == layout[0]
     original, back = load_all(_tag_folder(source)), load_all(_tag_folder(current))
@@ -111,6 +114,12 @@ def test_layout_errors_are_one_line(gpt2_222, tmp_path):
         reshape(src, str(tmp_path / "exists"), (1, 1, 1))
     assert not os.path.exists(tmp_path / "a") and not os.path.exists(tmp_path / "b")
     assert TAG.startswith("iter_")
+
+
+def test_query_groups_tp_does_not_divide_is_one_line(llama_222, tmp_path):
+    with pytest.raises(UserError, match="tensor-model-parallel size 4 does not divide num_query_groups = 2"):
+        reshape(llama_222["dir"], str(tmp_path / "a"), (4, 1, 1))
+    assert not os.path.exists(tmp_path / "a")
 
 
 def test_no_optimizer_keeps_weights_and_engine_state(gpt2_222, tmp_path):

@@ -1,6 +1,7 @@
-"""The golden-loss runs: GPT-2 and T5, 20 iterations, fp32, dropout off, ZeRO-1, global batch 8, gradient
+"""The golden-loss runs: GPT-2, the Llama-style GPT (`LLAMA`: rope, RMSNorm, SwiGLU, 2 query groups of 2 heads, no
+biases, untied head; through pretrain_gpt2.py) and T5, 20 iterations, fp32, dropout off, ZeRO-1, global batch 8, gradient
 clipping at 0.3 (active: the norms are ~0.6), on the committed corpus and tokenizer in tests/golden/data
-(so the data does not depend on the Python version or the tokenizers library). The (1, 1, 1) losses are stored in tests/golden/{gpt2,t5}_losses.json.
+(so the data does not depend on the Python version or the tokenizers library). The (1, 1, 1) losses are stored in tests/golden/{gpt2,llama,t5}_losses.json.
 
 Regenerate (after an intended numerical change, with the reason in the commit message):
 
@@ -19,6 +20,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 DATA = os.path.join(GOLDEN, "data")
 ITERS = 20
+MODELS = ("gpt2", "llama", "t5")
+LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+         "--num-query-groups", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
 
 
 def preprocess(out_dir: str) -> str:
@@ -35,8 +39,8 @@ def argv(model: str, data_prefix: str, tp: int, pp: int, iters: int = ITERS, ext
          intervals: Tuple[int, int, int] = (10, 10, 1), extra: Sequence[str] = ()) -> List[str]:
     """The golden runs' small model; `intervals` = (log, eval, eval iterations)."""
     log_interval, eval_interval, eval_iters = intervals
-    shape = (["--seq-length", "32"] if model == "gpt2" else
-             ["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--vocab-extra-ids", str(extra_ids)])
+    shape = (["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--vocab-extra-ids", str(extra_ids)]
+             if model == "t5" else ["--seq-length", "32", *(LLAMA if model == "llama" else [])])
     return ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", *shape,
             "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(iters),
             "--lr", "1e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--clip-grad", "0.3",
@@ -49,10 +53,10 @@ def argv(model: str, data_prefix: str, tp: int, pp: int, iters: int = ITERS, ext
 
 
 def rank_run(model: str, args: List[str], world_size: int) -> Tuple[List[float], List[float]]:
-    if model == "gpt2":
-        from pretrain_gpt2 import DEFAULTS, SPEC
-    else:
+    if model == "t5":
         from pretrain_t5 import DEFAULTS, SPEC
+    else:
+        from pretrain_gpt2 import DEFAULTS, SPEC
     state = train_state(args, world_size, SPEC, DEFAULTS)
     return state.losses, state.grad_norms
 
@@ -73,7 +77,7 @@ def main() -> None:
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         prefix = preprocess(tmp)
-        for model in ("gpt2", "t5"):
+        for model in MODELS:
             losses, _ = run(model, prefix, 1, 1, 1)
             record = dict(layout="(tp, pp, dp) = (1, 1, 1)", iterations=ITERS, losses=losses,
                           regenerate=".venv/bin/python -m tests.training.golden_cases",

@@ -1,12 +1,12 @@
-"""Golden equivalence: (tp, pp, dp) = (2, 2, 2) with ZeRO-1 trains GPT-2 and T5 with the same per-iteration
-losses (and gradient norms, so clipping is the same) as (1, 1, 1) at the same global batch, and (1, 1, 1) still gives the checked-in golden losses
-(fp32, relative error < 1e-5). See tests/training/golden_cases.py for the runs and how to regenerate."""
+"""Golden equivalence: (tp, pp, dp) = (2, 2, 2) with ZeRO-1 trains GPT-2, the Llama-style GPT and T5 with the same
+per-iteration losses (and gradient norms, so clipping is the same) as (1, 1, 1) at the same global batch, and
+(1, 1, 1) still gives the checked-in golden losses (fp32, relative error < 1e-5). See tests/training/golden_cases.py for the runs and how to regenerate."""
 import json
 
 import numpy as np
 import pytest
 
-from tests.training.golden_cases import ITERS, golden_path, preprocess, run
+from tests.training.golden_cases import ITERS, MODELS, golden_path, preprocess, run
 
 RTOL = 1e-5
 
@@ -16,7 +16,7 @@ def golden_prefix(tmp_path_factory):
     return preprocess(str(tmp_path_factory.mktemp("golden")))
 
 
-@pytest.mark.parametrize("model", ["gpt2", "t5"])
+@pytest.mark.parametrize("model", MODELS)
 def test_3d_parallel_matches_single_process_and_golden(model, golden_prefix):
     with open(golden_path(model)) as f:
         golden = np.array(json.load(f)["losses"])
