@@ -101,9 +101,11 @@ def _export(args) -> None:
 def _import(args) -> None:
     from megatron.checkpointing.hf import IMPORT_TAG, import_hf
     saved = import_hf(args.input, args.save, args.tensor_model_parallel_size, args.pipe_parallel_size)
+    from megatron.checkpointing.flags import model_flags
     print(f"imported {saved['model_type']} into {args.save}/{IMPORT_TAG} at (tp, pp) = "
           f"({args.tensor_model_parallel_size}, {args.pipe_parallel_size}), weights only: --load {args.save} "
-          f"starts at iteration 0 with a fresh optimizer")
+          f"(or --pretrained-checkpoint {args.save}) starts at iteration 0 with a fresh optimizer")
+    print(f"model flags: {' '.join(model_flags(saved))}")
     if saved.get("tokenizer_type"):
         files = ([saved["tokenizer_model"]] if saved["tokenizer_model"] else [saved["vocab_file"], saved["merge_file"]])
         print(f"tokenizer: --tokenizer-type {saved['tokenizer_type']} with {', '.join(files)}"

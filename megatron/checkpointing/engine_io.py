@@ -116,19 +116,26 @@ def _dims(cfg) -> Tuple[int, int, int]:
 def load_checkpoint(engine, cfg) -> Tuple[int, int]:
     """Load the checkpoint `latest` names under --load; returns (iteration, consumed_train_samples),
     (0, 0) when there is none or when only weights are loaded (--finetune, weights-only checkpoints)."""
-    load_dir, step = cfg.checkpoint.load, cfg.checkpoint.ckpt_step
-    tag = read_latest(load_dir) if step is None else checkpoint_tag(step)
+    load_dir, step, pretrained = cfg.checkpoint.load, cfg.checkpoint.ckpt_step, cfg.checkpoint.pretrained_checkpoint
+    tag = (read_latest(load_dir) if load_dir else None) if step is None else checkpoint_tag(step)
+    if tag is None and pretrained:
+        print_rank_0(f"no checkpoint under --load {load_dir}: starting from the weights of --pretrained-checkpoint "
+                     f"{pretrained}")
+        load_dir, tag = pretrained, read_latest(pretrained)
+        if tag is None:
+            raise CheckpointMismatchError(f"--pretrained-checkpoint {pretrained} holds no checkpoint (no 'latest' "
+                                          f"file); give the directory import-hf or a training run saved into")
     if tag is None:
         print_rank_0(f"no checkpoint under --load {load_dir} (no 'latest' file): starting from scratch")
         return 0, 0
     folder = checkpoint_folder(load_dir, tag)
     saved = read_args(folder)
-    weights_only = cfg.checkpoint.finetune or not has_engine_state(saved)
+    weights_only = cfg.checkpoint.finetune or not has_engine_state(saved) or load_dir == pretrained
     check_files(folder, saved, (WEIGHTS,) if weights_only else parts_read(_loads_optimizer(cfg, saved)))
     if weights_only:
         why = "--finetune" if cfg.checkpoint.finetune else "it holds weights only"
         print_rank_0(f"loading the weights of {folder} ({why}): iteration 0, fresh optimizer and LR schedule")
-        load_weights_into(engine.module, folder, saved)
+        load_weights_into(engine.module, folder, saved, function=not cfg.checkpoint.finetune)
         _refresh_master_weights(engine)
         return 0, 0
     check_compatible(saved, cfg.record, folder)

@@ -24,6 +24,10 @@ SHAPE_CONFIG_FIELDS = ("num_layers", "num_decoder_layers", "hidden_size", "ffn_h
                        "kv_channels", "vocab_size", "max_position_embeddings", "relative_attention_num_buckets",
                        "feed_forward_proj", "tie_word_embeddings", "position_embedding_type", "normalization",
                        "swiglu", "num_query_groups", "add_bias_linear", "add_qkv_bias")
+# Config fields that change the model's function but no shape: a weights-only load checks them too, except under
+# --finetune (a new rotary base for a longer context, say).
+FUNCTION_CONFIG_FIELDS = ("layernorm_epsilon", "rotary_base", "rotary_percent", "rope_scaling_factor",
+                          "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions")
 
 
 def module_tp(module: torch.nn.Module) -> Tuple[int, int]:
@@ -38,7 +42,9 @@ def module_tp(module: torch.nn.Module) -> Tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-def check_fields(table: ModelTable, module: torch.nn.Module, folder: str) -> None:
+def check_fields(table: ModelTable, module: torch.nn.Module, folder: str, function: bool = True) -> None:
+    """The module's config agrees with the checkpoint's on every shape field and, with `function`, every field
+    that changes what the model computes; one line naming the first that differs."""
     config = getattr(module, "config", None)
     kind = type(config).__name__
     if config is None:
@@ -47,13 +53,15 @@ def check_fields(table: ModelTable, module: torch.nn.Module, folder: str) -> Non
         raise CheckpointMismatchError(f"checkpoint {folder} holds a {table.kind} model, the module is built from "
                                       f"a {kind}; load it into the model type it was trained as")
     learned = getattr(config, "position_embedding_type", "learned_absolute") == "learned_absolute"
-    for field in SHAPE_CONFIG_FIELDS:
+    for field in SHAPE_CONFIG_FIELDS + (FUNCTION_CONFIG_FIELDS if function else ()):
         if field == "max_position_embeddings" and not learned:
             continue
         saved, mine = getattr(table.config, field, None), getattr(config, field, None)
         if saved != mine:
+            hint = "" if field in SHAPE_CONFIG_FIELDS else " (or --finetune to load the weights into another function)"
             raise CheckpointMismatchError(f"checkpoint {folder} has {field} = {saved} but the model has {mine}; "
-                                          f"build the model from the checkpoint's arguments (read_checkpoint_args)")
+                                          f"build the model from the checkpoint's arguments (read_checkpoint_args; "
+                                          f"import-hf prints its model flags){hint}")
 
 
 def _canonical(table: ModelTable, name: str):
@@ -63,10 +71,12 @@ def _canonical(table: ModelTable, name: str):
 
 
 @torch.no_grad()
-def load_weights_into(module: torch.nn.Module, folder: str, saved: Dict[str, Any], strict: bool = True) -> None:
-    """Copy the checkpoint's weights into `module` (plain model or Pipe stage) at the module's own layout."""
+def load_weights_into(module: torch.nn.Module, folder: str, saved: Dict[str, Any], strict: bool = True,
+                      function: bool = True) -> None:
+    """Copy the checkpoint's weights into `module` (plain model or Pipe stage) at the module's own layout;
+    `function`: the model must also compute the checkpoint's function (`check_fields`)."""
     table = ModelTable(saved)
-    check_fields(table, module, folder)
+    check_fields(table, module, folder, function)
     tp_rank, tp = module_tp(module)
     params = [(name, p, _canonical(table, name)) for name, p in module.named_parameters()]
     full = read_weights(folder, table, layout_of(saved)[0], {info.name for _, _, info in params})

@@ -259,6 +259,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "and the run's exit wait for the previous one")
     g.add_argument("--no-load-optim", action="store_true", help="load model weights only")
     g.add_argument("--no-load-rng", action="store_true", help="do not restore the random number generators")
+    g.add_argument("--pretrained-checkpoint", type=str, default=None, metavar="DIR",
+                   help="start from the model weights of the checkpoint in DIR (any tp/pp; e.g. an import-hf output) "
+                        "when --load holds no checkpoint yet: iteration 0, fresh optimizer; once --load has one "
+                        "(restarts, resumed runs) that is loaded instead")
     g.add_argument("--finetune", action="store_true",
                    help="load only the model weights from --load (any tp/pp/dp): iteration 0, fresh optimizer and "
                         "LR schedule, 0 consumed samples")

@@ -377,7 +377,14 @@ def _resolve_data(args: argparse.Namespace) -> None:
 
 
 def _resolve_checkpoint(args: argparse.Namespace) -> None:
-    """--ckpt-step N names a tag folder iter_<N, 7 digits> of --load (files.checkpoint_tag) that exists."""
+    """--ckpt-step N names a tag folder iter_<N, 7 digits> of --load (files.checkpoint_tag) that exists;
+    --pretrained-checkpoint DIR holds a checkpoint (its `latest` file)."""
+    pretrained = getattr(args, "pretrained_checkpoint", None)
+    if pretrained is not None:
+        _need(os.path.isfile(os.path.join(pretrained, "latest")), f"--pretrained-checkpoint {pretrained} holds no "
+              f"checkpoint (no 'latest' file); give the directory import-hf or a training run saved into")
+        _need(args.ckpt_step is None and not args.finetune, "--pretrained-checkpoint starts from its weights when "
+              "--load holds no checkpoint; it does not combine with --ckpt-step or --finetune")
     if args.ckpt_step is None:
         return
     _need(args.load is not None, f"--ckpt-step {args.ckpt_step} needs --load, the directory holding the checkpoint")

@@ -133,6 +133,7 @@ class Checkpoint:
     finetune: bool
     no_load_optim: bool
     no_load_rng: bool
+    pretrained_checkpoint: Optional[str] = None  # weights to start from while `load` holds no checkpoint
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,8 @@ def checkpoint_of(args: argparse.Namespace) -> Checkpoint:
     return Checkpoint(save=args.save, load=args.load, save_interval=args.save_interval,
                       async_save=bool(args.async_save),
                       ckpt_step=args.ckpt_step, finetune=bool(args.finetune), no_load_optim=bool(args.no_load_optim),
-                      no_load_rng=bool(args.no_load_rng))
+                      no_load_rng=bool(args.no_load_rng),
+                      pretrained_checkpoint=getattr(args, "pretrained_checkpoint", None))
 
 
 def json_record(args: argparse.Namespace) -> Dict[str, Any]:

@@ -192,7 +192,8 @@ def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
 
 def _pretrain(engine, tokenizer, cfg: RunConfig, parallel: mpu.ParallelState, spec: ModelSpec,
               exits: ExitConditions) -> TrainState:
-    iteration, consumed = load_checkpoint(engine, cfg) if cfg.checkpoint.load else (0, 0)
+    resume = cfg.checkpoint.load or cfg.checkpoint.pretrained_checkpoint
+    iteration, consumed = load_checkpoint(engine, cfg) if resume else (0, 0)
     if iteration >= cfg.batch.train_iters:
         print_rank_0(already_complete(cfg, iteration))
         return TrainState(iteration, consumed, saved_iteration=iteration)

@@ -208,13 +208,14 @@ def test_hub_t5_sentinel_rows_at_our_tokenizer_ids(v11, tmp_path):
             assert torch.equal(table[our_id], original[hf_name][hf_id]), (hf_name, k)
 
 
-def _hf_first_loss(hf_dir: str, args) -> float:
+def hf_first_loss(hf_dir: str, args) -> float:
+    """The HF causal LM's loss on iteration 1's micro-batches of pretrain_gpt2.py with `args` (causal data: the
+    micro-batches carry tokens and positions only)."""
     batches = first_iteration_batches("gpt2", args)
     model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir).eval()
-    return mean_loss(lambda tokens, position_ids, mask: model(input_ids=tokens).logits, batches)
+    return mean_loss(lambda tokens, position_ids: model(input_ids=tokens).logits, batches)
 
 
-@pytest.mark.slow
 def test_training_continues_from_imported_gpt2(tmp_path, data_prefix):
     hf_dir = _hf_gpt2(tmp_path)
     ckpt = str(tmp_path / "imported")
@@ -223,7 +224,7 @@ def test_training_continues_from_imported_gpt2(tmp_path, data_prefix):
     extra = ["--load", ckpt, "--max-position-embeddings", "64"]
     losses = train("gpt2", data_prefix, (2, 2, 1), 2, extra)
     assert len(losses) == 2  # started at iteration 0
-    reference = run_distributed(_hf_first_loss, 1, hf_dir, argv("gpt2", data_prefix, 1, 1, 2, extra))[0]
+    reference = run_distributed(hf_first_loss, 1, hf_dir, argv("gpt2", data_prefix, 1, 1, 2, extra))[0]
     np.testing.assert_allclose(losses[0], reference, rtol=RTOL)
 
 

@@ -117,3 +117,52 @@ def test_unsupported_options_are_one_line(change, words, tmp_path):
     with pytest.raises(UserError, match=words.replace("(", r"\(").replace(")", r"\)")):
         _import(hf_dir, str(tmp_path / "ckpt"), 1, 1)
     assert not os.path.exists(tmp_path / "ckpt")
+
+
+def test_training_continues_from_imported_llama(tmp_path, data_prefix):
+    """A Llama folder with the test BPE tokenizer, imported at (2, 2), trained through pretrain_gpt2.py with
+    --pretrained-checkpoint: the first loss is transformers' loss on that batch; a second launch with the same
+    command resumes from the run's own checkpoint, not from the import."""
+    import shutil
+    from tests.checkpoint.common import argv, train
+    from tests.checkpoint.test_hf import hf_first_loss
+    from tests.training.golden_cases import DATA, LLAMA
+    hf_dir, ckpt, save = (str(tmp_path / n) for n in ("hf", "imported", "run"))
+    torch.manual_seed(0)
+    transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, bos_token_id=0, eos_token_id=0)).save_pretrained(hf_dir)
+    for name in ("vocab.json", "merges.txt"):
+        shutil.copy(os.path.join(DATA, name), hf_dir)
+    _import(hf_dir, ckpt)
+    from megatron.checkpointing import read_checkpoint_args
+    from megatron.checkpointing.flags import model_flags
+    flags = model_flags(read_checkpoint_args(ckpt))  # what import-hf prints
+    assert set(LLAMA) - {"2"} <= set(flags) and "--norm-epsilon" in flags
+    extra = [*flags, "--pretrained-checkpoint", ckpt, "--save", save, "--load", save, "--save-interval", "2"]
+    losses = train("llama", data_prefix, (2, 2, 1), 2, extra)
+    assert len(losses) == 2  # started at iteration 0, from the imported weights
+    reference = run_distributed(hf_first_loss, 1, hf_dir, argv("llama", data_prefix, 1, 1, 2, extra[:-6]))[0]
+    assert abs(losses[0] - reference) <= RTOL * abs(reference), f"first loss {losses[0]} vs transformers {reference}"
+    again = train("llama", data_prefix, (2, 2, 1), 3, extra)
+    assert len(again) == 1  # resumed at iteration 2 from --load, the import left alone
+
+
+def test_a_different_rotary_base_is_refused_unless_finetuning(tmp_path):
+    """Weights of the same shapes do not make the same model: a weights-only load into a model with another
+    rotary base (or norm epsilon) is one line naming the field; --finetune (function=False) allows it."""
+    import dataclasses
+    from megatron.checkpointing.files import CheckpointMismatchError
+    from megatron.checkpointing.names import model_config
+    from megatron.checkpointing.weights import load_weights_into
+    from megatron.model import GPT2Model
+    hf_dir, ckpt = str(tmp_path / "hf"), str(tmp_path / "ckpt")
+    _save("llama_gqa", hf_dir)
+    _import(hf_dir, ckpt, 1, 1)
+    folder = os.path.join(ckpt, "iter_0000000")
+    from megatron.checkpointing.files import read_args
+    saved = read_args(folder)
+    other = GPT2Model(dataclasses.replace(model_config(saved), rotary_base=5e5))
+    with pytest.raises(CheckpointMismatchError, match="has rotary_base = 10000.0 but the model has 500000.0"):
+        load_weights_into(other, folder, saved)
+    load_weights_into(other, folder, saved, function=False)

@@ -187,6 +187,7 @@ def test_t5_defaults_and_v11_flags():
     ("gpt", ["--split", "90,x"], ["--split '90,x' must be numbers"]),
     ("gpt", ["--split", "1,1,1,1"], ["up to 3 weights"]),
     ("gpt", ["--hidden-dropout", "1.5"], ["--hidden-dropout must be in [0, 1), got 1.5"]),
+    ("gpt", ["--pretrained-checkpoint", "/no/such/dir"], ["--pretrained-checkpoint /no/such/dir holds no checkpoint"]),
     ("t5", ["--mask-prob", "0"], ["--mask-prob must be in (0, 1)"]),
 ])
 def test_more_errors_are_one_line_user_errors(kind, extra, words):
