@@ -28,6 +28,10 @@ def spm_tokenizer(model_file: str):
     return build_tokenizer("SentencePieceTokenizer", tokenizer_model=model_file, vocab_extra_ids=10)
 
 
+LLAMA = dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=True, num_query_groups=2,
+             add_bias_linear=False, tie_word_embeddings=False, ffn_hidden_size=48)
+
+
 def gpt2_model(tp_group=None, vocab_size: int = 512, **kw):
     from megatron.model import GPT2Config, GPT2Model
     base = dict(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=vocab_size, seq_length=48,

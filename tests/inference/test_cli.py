@@ -1,6 +1,6 @@
-"""tools/generate.py and tools/evaluate.py end to end on checkpoints written by pretraining (GPT-2 saved at
-tp=2, T5 at pp=2; see conftest): the same completions at tp=2 (2 processes) and tp=1, the same task
-results with 2 data-parallel processes and with one, and the bad inputs as one-line errors."""
+"""tools/generate.py and tools/evaluate.py end to end on checkpoints written by pretraining (GPT-2 and the
+Llama-style GPT saved at tp=2, T5 at pp=2; see conftest): the same completions at tp=2 (2 processes) and tp=1, the
+same task results with 2 data-parallel processes and with one, and the bad inputs as one-line errors."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,7 @@ SAMPLE = ["--temperature", "0.9", "--top-p", "0.95", "--seed", "7"]
 
 
 def _files(tmp: str, tag: str) -> dict:
-    names = ("gen_greedy", "gen_sampled", "gen_t5", "lm", "lambada", "lm_tp", "lambada_tp")
+    names = ("gen_greedy", "gen_sampled", "gen_t5", "lm", "lambada", "lm_tp", "lambada_tp", "gen_llama", "lm_llama")
     return {name: os.path.join(tmp, f"{name}_{tag}.json{'l' if name.startswith('gen') else ''}") for name in names}
 
 
@@ -49,6 +49,11 @@ def _run_tools(ckpt: dict, data: dict, out: dict, tp: int) -> None:
     generate.main(gen + SAMPLE + ["--output", out["gen_sampled"]])
     generate.main(["--load", ckpt["t5"], "--prompt", T5_PROMPT, "--prompt", "data", "--max-new-tokens", "6",
                    "--tensor-model-parallel-size", str(tp), "--output", out["gen_t5"]] + SAMPLE)
+    llama = ["--load", ckpt["llama"], "--tensor-model-parallel-size", str(tp), "--batch-size", "2"]
+    generate.main(llama + ["--prompt-file", data["prompts"], "--json-key", "q", "--max-new-tokens", "8",
+                           "--output", out["gen_llama"]])
+    evaluate.main(llama + ["--task", "lm-ppl", "--data", data["text"], "--overlapping-eval", "8",
+                           "--output", out["lm_llama"]])
     for suffix, task_tp in (("", 1), ("_tp", tp)):
         common = ["--load", ckpt["gpt2"], "--batch-size", "2", "--tensor-model-parallel-size", str(task_tp)]
         evaluate.main(common + ["--task", "lm-ppl", "--data", data["text"], "--overlapping-eval", "8",
@@ -70,8 +75,10 @@ def test_tools_at_tp2_and_dp2_equal_one_process(checkpoints, tmp_path):
     two, one = _files(str(tmp_path), "two"), _files(str(tmp_path), "one")
     run_distributed(_run_tools, 2, checkpoints, data, two, 2, timeout=300)
     _run_tools(checkpoints, data, one, 1)
-    for name in ("gen_greedy", "gen_sampled", "gen_t5", "lm", "lambada", "lambada_tp"):  # tp=2 or dp=2 runs
+    for name in ("gen_greedy", "gen_sampled", "gen_t5", "lm", "lambada", "lambada_tp", "gen_llama"):  # tp or dp 2
         assert _read(two[name]) == _read(one[name]), name
+    llama_tp2, llama = _read(two["lm_llama"]), _read(one["lm_llama"])
+    assert abs(llama_tp2["loss"] - llama["loss"]) <= 1e-5 * llama["loss"] and llama["windows"] > 2
     lm_tp2, lm = _read(two["lm_tp"]), _read(one["lm"])
     assert abs(lm_tp2["loss"] - lm["loss"]) <= 1e-5 * lm["loss"]
     greedy, sampled, t5 = _read(one["gen_greedy"]), _read(one["gen_sampled"]), _read(one["gen_t5"])
