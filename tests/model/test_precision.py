@@ -1,4 +1,5 @@
-"""fp16 and bf16: GPT2ModelPipe and T5ModelPipe train 5 SGD steps on one repeated batch (ZeRO-1) in fp32, bf16
+"""fp16 and bf16: GPT2ModelPipe (GPT-2's layer and the Llama-style layer: rope, RMSNorm, SwiGLU, grouped-query
+attention, no biases, untied head) and T5ModelPipe train 5 SGD steps on one repeated batch (ZeRO-1) in fp32, bf16
 and fp16, in every layout of the acceptance set, and per step
 
 - the bf16 and fp16 losses follow the fp32 losses of the same layout within TOL[dtype] (relative);
@@ -34,7 +35,12 @@ from tests.dist import run_distributed
 from tests.model import common
 
 STEPS = 5
-KINDS = ("gpt2", "t5")
+# name -> (model kind, config): the Llama-style layer without dropout (the file's runs are all dropout-free)
+MODELS = {"gpt2": ("gpt2", {}), "llama": ("gpt2", dict(position_embedding_type="rope", normalization="RMSNorm",
+                                                         swiglu=True, num_query_groups=2, add_bias_linear=False,
+                                                         tie_word_embeddings=False)),
+          "t5": ("t5", {})}
+KINDS = tuple(MODELS)
 PRECISIONS = ("fp32", "bf16", "fp16")
 UNIT_ROUNDOFF = {"bf16": 2.0 ** -8, "fp16": 2.0 ** -11}
 TOL = {"fp32": 1e-5, **{p: 4 * u for p, u in UNIT_ROUNDOFF.items()}}
@@ -42,12 +48,13 @@ TOL = {"fp32": 1e-5, **{p: 4 * u for p, u in UNIT_ROUNDOFF.items()}}
 
 def run_jobs_any_cpu(jobs: list) -> list:
     with allow_cpu_fp16():
-        return common.run_jobs(jobs)
+        return common.run_jobs([{k: v for k, v in job.items() if k != "name"} for job in jobs])
 
 
 def _jobs(tp: int, pp: int, dp: int, gas: int = common.GAS, sequence_parallel: bool = False) -> list:
-    return [dict(kind=k, tp=tp, pp=pp, dp=dp, config_kw={}, steps=STEPS, precision=p, zero=1, repeat_batch=True,
-                 gas=gas, sequence_parallel=sequence_parallel) for k in KINDS for p in PRECISIONS]
+    return [dict(kind=MODELS[name][0], tp=tp, pp=pp, dp=dp, config_kw=MODELS[name][1], steps=STEPS, precision=p,
+                 zero=1, repeat_batch=True, gas=gas, sequence_parallel=sequence_parallel, name=name)
+            for name in KINDS for p in PRECISIONS]
 
 
 def _losses(jobs: list, per_rank: list) -> dict:
@@ -55,11 +62,11 @@ def _losses(jobs: list, per_rank: list) -> dict:
     out = {}
     for j, job in enumerate(jobs):
         losses = per_rank[0][j]["losses"]
-        where = f"{job['kind']} {job['precision']} (tp, pp, dp) = {(job['tp'], job['pp'], job['dp'])}: {losses}"
+        where = f"{job['name']} {job['precision']} (tp, pp, dp) = {(job['tp'], job['pp'], job['dp'])}: {losses}"
         assert len(losses) == STEPS and all(math.isfinite(x) for x in losses), where
         assert all(b < a for a, b in zip(losses, losses[1:])), f"{where}: not falling"
         assert all(r[j]["losses"] == losses for r in per_rank), f"{where}: ranks disagree"
-        out[job["kind"], job["precision"]] = losses
+        out[job["name"], job["precision"]] = losses
     return out
 
 
