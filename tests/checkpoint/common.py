@@ -1,10 +1,10 @@
 """Checkpoints made the way a user makes them: `pretrain()` of GPT-2 / T5 (default model code, tied weights)
 on the committed golden corpus, fp32, ZeRO-1, global batch 8, gradient clipping active.
 
-Dropout is 0 in the runs whose losses are compared across layouts: the dropout rule (megatron/model/rng.py)
-seeds attention and T5-ffn dropout with the tp rank and numbers micro-batches per data-parallel replica, so
-masks change when tp or dp change (they do not depend on pp, nor on any saved RNG state). A pp-only
-continuation with the default dropout is checked separately.
+Dropout is 0 in the runs whose losses are compared across layouts (the golden runs' setting). On CPU the masks
+do not depend on the layout (megatron/model/rng.py: every site draws the single process's mask of its part, and a
+data-parallel replica the masks of the micro-batches it holds), nor on any saved RNG state; on GPUs SDPA's fused
+kernels draw attention dropout per tp rank. A pp-only continuation with the default dropout is checked separately.
 """
 from __future__ import annotations
 

@@ -119,9 +119,8 @@ def _matrix_jobs(tp: int, pp: int, dp: int) -> list:
     for kind in ("gpt2", "t5"):
         for schedule in (SCHEDULES_PP2 if pp == 2 else ["1f1b"]):
             v = 2 if schedule == "interleaved" else 1
-            # dropout only at dp = 1: data-parallel replicas draw the masks of micro-batches 0.. (rng), which the
-            # single process draws for the first replica's micro-batches only
-            kw = dict(ALL_DROPOUT if dp == 1 else {})
+            # dropout on at every dp: replica r draws the single process's masks of the micro-batches it holds (rng)
+            kw = dict(ALL_DROPOUT)
             jobs.append(dict(kind=kind, tp=tp, pp=pp, dp=dp, config_kw=kw, steps=20, gas=4, schedule=schedule,
                              virtual_stages=v, zero=1 if dp > 1 else 0, sequence_parallel=True))
     return jobs

@@ -3,8 +3,8 @@
 
 - GPT-2 at pp = 2 with 1F1B, ZB-H1 and interleaved (2 chunks per stage, with activation checkpointing) gives
   the per-iteration losses and gradient norms of (1, 1, 1) (fp32, relative error < 1e-5; clipping at 0.3 is
-  active on every iteration, so the norms must agree for the losses to). Only pipeline layouts: dropout masks
-  are a function of (iteration, micro-batch, site), which tp > 1 and dp > 1 map differently by design.
+  active on every iteration, so the norms must agree for the losses to). Pipeline layouts here; the other axes
+  with dropout on are in test_llama_pretrain.py (every mask is the single process's on CPU, megatron/model/rng.py).
 - --pipeline-timeline writes the trace of the chosen iteration, which tools/plot_pipeline.py reads.
 - A checkpoint saved by the interleaved run at iteration 4 resumes with 1F1B (one chunk per stage: the loader
   reshapes it, since the stages hold other layers) and at pp = 1, continuing exactly as the uninterrupted run;
