@@ -10,7 +10,7 @@
   gloo: GPT-2 and T5 at (2, 2, 1) equal the single process too.
 - A sequence length that tp does not divide is a one-line error naming both numbers.
 - slow: tp in {2, 4} x pp in {1, 2} (every schedule at pp = 2: 1f1b, gpipe, interleaved with 2 chunks, zb-h1)
-  x dp in {1, 2}, ZeRO-1 at dp = 2, 20 steps, GPT-2 and T5 (every dropout on at dp = 1).
+  x dp in {1, 2}, ZeRO-1 at dp = 2, 20 steps, GPT-2 and T5, every dropout on.
 """
 from __future__ import annotations
 
