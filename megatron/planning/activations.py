@@ -30,7 +30,7 @@ The GPT layer's options (the Llama family's layer: `megatron.model.config.GPT2Co
     hidden dropout 0     no masks (SeededDropout is the identity)
     the attention core   CPU with attention dropout (`attention_core`'s explicit form): q, k, v in fp32 with k, v
                          repeated to a heads, so grouped-query attention keeps what multi-head attention keeps:
-                         3 bsw 4 + context bsw e, and 3 a b s^2 4 of core.
+                         3 bsw x 4 B + context bsw e, and 3 a b s^2 x 4 B of core.
                          A flash kernel -- CPU's SDPA without attention dropout, a GPU's flash / memory-efficient
                          kernels -- keeps q, k, v as they enter (k, v with G heads: enable_gqa repeats nothing),
                          its output, which is the context (the head merge is a view of it), and the log-sum-exp
@@ -46,10 +46,12 @@ The GPT layer's options (the Llama family's layer: `megatron.model.config.GPT2Co
 For GPT-2's layer (G = a, no rotary) the flash terms are 4 bsw e + a b s 4: the `attention="fused"` formula. On
 GPUs these are Korthikanti's; the GPU side of the Llama layer follows the same logic, not measured here.
 
-On CPU, SDPA runs its math path: in bf16 it keeps q, k, v and the three s^2 tensors in fp32 (qkv_e = 4). On GPU
-(`attention="fused"`) the flash / memory-efficient kernels keep the log-sum-exp instead of the s^2 tensors, and
-their output, laid out (b, s, a, d), is the context itself after the head merge (a view): measured on an H100. With micro-batch 1 SDPA keeps v as a view of the fused
-qkv output, so its storage (3 bsw) stays alive: the formulas assume b >= 2.
+On CPU (`attention="math"`) with attention dropout, the core keeps what SDPA's math path keeps: in bf16 q, k, v and
+the three s^2 tensors in fp32 (qkv_e = 4); a GPT without attention dropout runs SDPA's CPU flash kernel (above;
+T5's formulas assume dropout). On GPU (`attention="fused"`) the flash / memory-efficient kernels keep the
+log-sum-exp instead of the s^2 tensors, and their output, laid out (b, s, a, d), is the context itself after the
+head merge (a view): measured on an H100. With micro-batch 1 SDPA keeps v as a view of the fused qkv output, so
+its storage (3 bsw) stays alive: the formulas assume b >= 2.
 
 Sequence parallelism (Korthikanti §4.2.2) divides the replicated part by t as well. Selective recomputation
 drops the attention core term (recomputed in backward) on the math path; with fused kernels it changes nothing. Full recomputation keeps only each checkpointed
@@ -73,7 +75,7 @@ class ActivationOptions:
     element_bytes: int
     sequence_parallel: bool = False
     recompute: str = "none"     # none | selective | full
-    attention: str = "math"     # math: SDPA's math path (CPU, s^2 probabilities); fused: GPU memory-efficient
+    attention: str = "math"     # math: CPU (s^2 probabilities with attention dropout); fused: GPU flash kernels
 
 
 def _mask_bytes(o: ActivationOptions) -> int:

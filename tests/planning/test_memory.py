@@ -112,7 +112,7 @@ UNCHANGED_LAYOUTS = [
     Layout(pp=2, micro_batch=2, gas=4, recompute="full", zero_stage=0, attention="fused"),
     Layout(tp=2, micro_batch=2, gas=2, sequence_parallel=True, zero_stage=0, attention="fused", precision="bf16")]
 UNCHANGED = [  # (shape, layout index, peak per stage, step seconds on the default Cluster) before the GPT layer options
-(GPT8, 0, [9356928], 3.5858974870948854e-05),
+    (GPT8, 0, [9356928], 3.5858974870948854e-05),
     (GPT8, 1, [5181056], 2.029094687835193e-05),
     (GPT8, 2, [7156736, 7346304], 0.00011913849388797237),
     (GPT8, 3, [2971648, 2603904], 0.00010576119170430288),
