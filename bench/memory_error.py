@@ -1,4 +1,7 @@
-"""The planner's memory error: predicted vs measured peak bytes per rank on small GPT-2 and T5 layouts (CPU, gloo).
+"""The planner's memory error: predicted vs measured peak bytes per rank on small layouts (CPU, gloo).
+
+GPT-2, a GPT with the Llama family's layer (rope, RMSNorm, SwiGLU, grouped-query attention, no biases, untied head)
+and T5.
 
     python bench/memory_error.py [--only NAME ...] [--results bench/results/memory_error.jsonl] [--report-only]
 
@@ -30,6 +33,12 @@ GPT = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
 T5 = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--encoder-seq-length", "64",
       "--decoder-seq-length", "32", "--micro-batch-size", "2", "--train-iters", "10",
       "--make-vocab-size-divisible-by", "8"]
+# the Llama family's layer (rope, RMSNorm, SwiGLU f = 128, 2 key/value groups of 2 heads, no biases, untied head)
+# trained as Llama is, without dropout (CPU's SDPA then runs its flash kernel); one row with dropout 0.1
+LLAMA = GPT + ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+               "--num-query-groups", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
+               "--hidden-dropout", "0", "--attention-dropout", "0"]
+MODELS = {"gpt": ("gpt", GPT), "t5": ("t5", T5), "llama": ("gpt", LLAMA)}  # name: (model type, flags)
 VOCAB = 1000
 BUCKET = 1_000_000
 
@@ -75,6 +84,19 @@ LAYOUTS = {
                                       "--zero-stage", "0"]),
     "t5 tp2 sp": ("t5", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
                             "--zero-stage", "0"]),
+    # the Llama family's GPT layer (issue 32)
+    "llama tp1 pp1 dp1 fp32": ("llama", 1, ["--gas", "2", "--zero-stage", "0"]),
+    "llama tp2 pp1 dp1 fp32": ("llama", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--zero-stage", "0"]),
+    "llama tp1 pp2 1f1b fp32": ("llama", 2, ["--gas", "4", "--pipe-parallel-size", "2", "--zero-stage", "0"]),
+    "llama dp2 zero1 bf16": ("llama", 2, ["--gas", "2", "--zero-stage", "1", "--bf16"]),
+    "llama tp2 sp": ("llama", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--sequence-parallel",
+                                  "--zero-stage", "0"]),
+    "llama pp2 zb-h1": ("llama", 2, ["--gas", "4", "--pipe-parallel-size", "2", "--pipeline-schedule", "zb-h1",
+                                     "--zero-stage", "0"]),
+    "llama tp2 selective": ("llama", 2, ["--gas", "2", "--tensor-model-parallel-size", "2",
+                                         "--recompute-granularity", "selective", "--zero-stage", "0"]),
+    "llama tp2 dropout 0.1": ("llama", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--hidden-dropout", "0.1",
+                                           "--attention-dropout", "0.1", "--zero-stage", "0"]),
 }
 
 
@@ -86,19 +108,19 @@ def available(extra) -> bool:
 
 
 def argv_of(model: str, extra, ds_config: str) -> list:
-    return (GPT if model == "gpt" else T5) + list(extra) + ["--deepspeed_config", ds_config]
+    return MODELS[model][1] + list(extra) + ["--deepspeed_config", ds_config]
 
 
 def predict(model: str, world: int, argv) -> list:
     """Per pipeline stage, the planner's peak per rank (bytes)."""
     from megatron.training.memory_probe import predicted_peaks
-    return predicted_peaks(argv, world, model, VOCAB)
+    return predicted_peaks(argv, world, MODELS[model][0], VOCAB)
 
 
 def measure(model: str, world: int, argv) -> list:
     from megatron.training.memory_probe import measure_rank
     from tests.dist import run_distributed
-    out = run_distributed(measure_rank, world, list(argv), world, model, VOCAB, timeout=1500)
+    out = run_distributed(measure_rank, world, list(argv), world, MODELS[model][0], VOCAB, timeout=1500)
     return [dict(tp=r["tp_rank"], pp=r["pp_rank"], dp=r["dp_rank"], peak=r["peak"].peak,
                  parts=dict(parameters=r["peak"].parameters, gradients=r["peak"].gradients,
                             optimizer=r["peak"].optimizer, other=r["peak"].other, rise=r["peak"].rise)) for r in out]

@@ -5,8 +5,9 @@
     python tools/plan_layout.py --load CHECKPOINT_DIR --global-batch-size 512 --gpu a100-80
     python tools/plan_layout.py --hf-config config.json --global-batch-size 256 --gpu-memory-gb 24 --json
 
-The model takes pretrain_*.py's own flags (megatron.config.arguments), a checkpoint's megatron_args.json
-(--load) or a Hugging Face config.json (--hf-config). GPUs (--gpu): a100-80 (80 GB, 312 TFLOP/s bf16, NVLink
+The model takes pretrain_*.py's own flags (megatron.config.arguments, the GPT layer's --swiglu,
+--group-query-attention, ... included), a checkpoint's megatron_args.json (--load) or a Hugging Face config.json
+(--hf-config: gpt2, t5, llama, mistral, qwen2). GPUs (--gpu): a100-80 (80 GB, 312 TFLOP/s bf16, NVLink
 300 GB/s, 25 GB/s per GPU between nodes), a100-40, h100 (80 GB, 989 TFLOP/s, 450 GB/s, 50 GB/s), rtx4090 and
 a10 (24 GB); --gpu-memory-gb, --peak-tflops, --intra-node-gbps, --inter-node-gbps override them.
 The formulas are in megatron/planning/ (memory.py, activations.py, speed.py); every figure is a prediction.
@@ -19,9 +20,11 @@ import os
 import sys
 from dataclasses import replace
 
+from megatron.checkpointing.hf_llama import ARCHITECTURES, llama_args
+from megatron.config.architecture import swiglu_ffn_size
 from megatron.config.arguments import build_parser
 from megatron.errors import UserError, exit_on_user_error
-from megatron.planning.model_shape import ModelShape
+from megatron.planning.model_shape import ModelShape, gpt_layer_options
 from megatron.planning.report import as_json, table
 from megatron.planning.search import rank_layouts
 from megatron.planning.speed import GPUS, Cluster
@@ -32,7 +35,8 @@ VOCAB = {"gpt": 50257, "t5": 32128}
 def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = p.add_argument_group("planner")
     g.add_argument("--model", choices=["gpt", "t5"], default="gpt", help="model type of the flags")
-    g.add_argument("--hf-config", default=None, help="a Hugging Face config.json (gpt2 or t5)")
+    g.add_argument("--hf-config", default=None, help="a Hugging Face config.json (gpt2, t5, llama, "
+                   "mistral or qwen2)")
     g.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (GPT-2 50257, T5 32128)")
     g.add_argument("--nodes", type=int, default=1)
     g.add_argument("--gpus-per-node", type=int, default=8)
@@ -62,6 +66,9 @@ def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def _from_hf(path: str, vocab) -> ModelShape:
     with open(path) as f:
         c = json.load(f)
+    if c.get("model_type") in ARCHITECTURES:  # Llama, Mistral, Qwen2: the flags import-hf would give
+        args = argparse.Namespace(**{"make_vocab_size_divisible_by": 128, **llama_args(c, path)})
+        return ModelShape.from_args(args, vocab or c.get("vocab_size") or VOCAB["gpt"])
     if c.get("model_type") == "t5":
         return ModelShape("t5", c["num_layers"], c["d_model"], c["num_heads"], c["d_kv"], c["d_ff"],
                           vocab or c["vocab_size"], 512, decoder_layers=c.get("num_decoder_layers") or c["num_layers"],
@@ -84,13 +91,16 @@ def _from_flags(a: argparse.Namespace) -> ModelShape:
     h, heads = a.hidden_size, a.num_attention_heads
     seq = a.encoder_seq_length or a.seq_length or 1024
     t5 = a.model == "t5"
-    return ModelShape(a.model, a.num_layers, h, heads, a.kv_channels or h // heads, a.ffn_hidden_size or 4 * h,
+    gpt = {} if t5 else gpt_layer_options(a)  # the GPT layer's flags (--swiglu, --group-query-attention, ...)
+    ffn = a.ffn_hidden_size or (swiglu_ffn_size(h) if gpt.get("gated") else 4 * h)
+    return ModelShape(a.model, a.num_layers, h, heads, a.kv_channels or h // heads, ffn,
                       a.vocab_size or getattr(a, "padded_vocab_size", None) or VOCAB[a.model], seq,
                       decoder_layers=(a.decoder_num_layers or a.num_layers) if t5 else 0,
                       decoder_seq=(a.decoder_seq_length or seq) if t5 else 0,
                       max_positions=a.max_position_embeddings or seq,
                       divisible_by=a.make_vocab_size_divisible_by,
-                      tied=not a.untie_embeddings_and_output_weights, gated=a.feed_forward_proj == "gated-gelu")
+                      tied=not a.untie_embeddings_and_output_weights, hidden_dropout=a.hidden_dropout,
+                      attention_dropout=a.attention_dropout, **({"gated": a.feed_forward_proj == "gated-gelu"} if t5 else gpt))
 
 
 def cluster_of(a: argparse.Namespace) -> Cluster:

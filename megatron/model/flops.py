@@ -1,13 +1,18 @@
 """Model FLOPs per training iteration (matrix multiplications only; one multiply-add = 2 FLOPs).
 
 Legend: B = samples per iteration (global batch), s = sequence length, h = hidden size, d = heads x kv_channels
-(attention width), f = ffn hidden size, L = layers, V = padded vocabulary.
+(attention width), d_kv = G x kv_channels (key/value width: G key/value groups, G = heads without grouped-query
+attention, so d_kv = d), f = ffn hidden size, L = layers, V = padded vocabulary.
 
 Forward FLOPs of one transformer layer over B sequences of length s (self-attention):
-    QKV projections 6Bshd + scores QK^T 2Bs^2d + weighted values 2Bs^2d + output projection 2Bsdh + MLP 4Bshf
-(T5 v1.1's gated-GELU MLP has two input projections: 6Bshf).
+    QKV projections 2Bsh(d + 2 d_kv) + scores QK^T 2Bs^2d + weighted values 2Bs^2d + output projection 2Bsdh
+    + MLP 4Bshf
+QKV is 6Bshd with multi-head attention (GPT-2, T5). Grouped-query attention projects G key/value heads,
+2Bsh(a + 2G) kv_channels; the scores and values still cover every query head (2Bs^2d each). A gated MLP (GPT's
+SwiGLU, T5 v1.1's gated GELU) has two input projections: 6Bshf. Rotary positions, norms, activations and
+softmax are not matmuls and are not counted.
 A T5 decoder layer adds cross-attention over the encoder length s_e: Q 2Bshd, KV 4Bs_e hd, QK^T and values
-4Bs s_e d, output projection 2Bsdh. The logits add 2BshV.
+4Bs s_e d, output projection 2Bsdh. The logits add 2BshV (tied or untied head alike).
 
 Training = forward + backward (2x forward) = 3x forward; activation recomputation runs the layers' forward
 once more, 4x for the layers (the logits are not recomputed):
@@ -22,10 +27,12 @@ from __future__ import annotations
 from typing import Optional
 
 
-def self_attention_layer_flops(b: int, s: int, h: int, d: int, f: int, gated: bool = False) -> float:
-    """Forward FLOPs of a self-attention + MLP layer (formula in the module docstring)."""
+def self_attention_layer_flops(b: int, s: int, h: int, d: int, f: int, gated: bool = False,
+                               d_kv: Optional[int] = None) -> float:
+    """Forward FLOPs of a self-attention + MLP layer (formula in the module docstring); d_kv None = d."""
     mlp = (6 if gated else 4) * b * s * h * f
-    return 6 * b * s * h * d + 4 * b * s * s * d + 2 * b * s * d * h + mlp
+    qkv = 2 * b * s * h * (d + 2 * (d if d_kv is None else d_kv))
+    return qkv + 4 * b * s * s * d + 2 * b * s * d * h + mlp
 
 
 def cross_attention_flops(b: int, s_dec: int, s_enc: int, h: int, d: int) -> float:
@@ -33,8 +40,10 @@ def cross_attention_flops(b: int, s_dec: int, s_enc: int, h: int, d: int) -> flo
 
 
 def gpt_flops_per_iteration(b: int, s: int, num_layers: int, h: int, d: int, f: int, vocab: int,
-                            recompute: bool) -> float:
-    layers = num_layers * self_attention_layer_flops(b, s, h, d, f)
+                            recompute: bool, d_kv: Optional[int] = None, gated: bool = False) -> float:
+    """GPT: `num_layers` layers and the logits; d_kv = query groups x kv_channels with grouped-query attention,
+    gated: SwiGLU."""
+    layers = num_layers * self_attention_layer_flops(b, s, h, d, f, gated, d_kv)
     logits = 2 * b * s * h * vocab
     return (4 if recompute else 3) * layers + 3 * logits
 
@@ -53,14 +62,15 @@ def t5_flops_per_iteration(b: int, s_enc: int, s_dec: int, num_layers: int, h: i
 
 def flops_per_iteration(model_type: str, model, global_batch_size: int, padded_vocab_size: int) -> float:
     """Dispatch on `model_type` ('gpt' or 't5'); `model` is its GPT2Config / T5Config (recompute when
-    model.checkpoint_num_layers > 0)."""
+    model.checkpoint_num_layers > 0; GPT: its query groups and SwiGLU, T5: its gated GELU)."""
     common = dict(num_layers=model.num_layers, h=model.hidden_size, d=model.num_attention_heads * model.kv_channels,
                   f=model.ffn_hidden_size, vocab=padded_vocab_size, recompute=model.checkpoint_num_layers > 0)
     if model_type == "t5":
         return t5_flops_per_iteration(global_batch_size, model.seq_length, model.decoder_seq_length,
                                       num_decoder_layers=model.num_decoder_layers,
                                       gated=model.feed_forward_proj == "gated-gelu", **common)
-    return gpt_flops_per_iteration(global_batch_size, model.seq_length, **common)
+    return gpt_flops_per_iteration(global_batch_size, model.seq_length, gated=model.swiglu,
+                                   d_kv=model.num_query_groups * model.kv_channels, **common)
 
 
 def tokens_per_sample(model_type: str, data) -> int:

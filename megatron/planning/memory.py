@@ -20,6 +20,9 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        released (DeepSpeed's clear_lp_grads). Checked on CPU (bench/memory_error.py) and on an
                        H100 (bench/gpu_throughput.py: GPT-2 medium, within +2.3 to +4.4 %)
 
+Rotary positions: each layer's cos / sin tables (2 s r e_a, `rotary_tables`) are held from the first forward on and
+counted with the weights.
+
 Activations: `activations.spec_activation_bytes` per chunk and micro-batch, run through this stage's
 instruction list (`tds.pipe.instructions.train_schedule`): + at each FORWARD, - at each BACKWARD (ZB-H1:
 most at B, the linears' inputs at W), so the peak is the schedule's own in-flight count weighted by what each
@@ -132,10 +135,12 @@ def _activation_options(lay: Layout) -> ActivationOptions:
 
 def _weight_grad_hold(m: ModelShape, lay: Layout, layers, head: bool) -> float:
     """ZB-H1: what a micro-batch keeps between its B and its W: each linear's input and output gradient
-    (GPT/T5 layer ~ (4h + 4w/t + 2f/t) b s e; the tied head its input and the logits' gradient)."""
+    (GPT/T5 layer ~ (4h + (w + 2g + w + f_in + f)/t) b s e, GPT-2's (4h + 4w/t + 2f/t) b s e; the head its input
+    and the logits' gradient)."""
     e, b, t, h = ELEMENT_BYTES[lay.precision], lay.micro_batch, lay.tp, m.hidden
     s = m.decoder_seq if m.model_type == "t5" else m.seq
-    per_layer = b * s * e * (4 * h + (4 * m.width + 2 * m.ffn) / t)
+    f_in = 2 * m.ffn if m.gated and m.model_type == "gpt" else m.ffn  # T5's as before: not measured gated
+    per_layer = b * s * e * (4 * h + (2 * m.width + 2 * m.kv_width + f_in + m.ffn) / t)
     return len(layers) * per_layer + (b * s * e * (h + m.padded_vocab(t) / t) if head else 0.0)
 
 
@@ -213,12 +218,19 @@ def stage_params(specs, chunks, tied: bool) -> int:
     return sum(specs[i].params for i in held if not (shared and specs[i].kind == "head"))
 
 
+def rotary_tables(m: ModelShape, lay: Layout, layers: int) -> float:
+    """Rotary positions: each layer's RotaryEmbedding caches cos and sin (s, r) in the activations' dtype from its
+    first forward on (megatron.model.position), held like the weights."""
+    return layers * 2 * m.seq * m.rotary_dim * ELEMENT_BYTES[lay.precision]
+
+
 def stage_memory(m: ModelShape, lay: Layout, stage: int) -> StageMemory:
     specs = layer_specs(m, lay.tp)
     bounds = partition(specs, lay.pp * lay.virtual_stages, lay.partition_method)
     chunks = stage_chunks(bounds, lay.pp, lay.virtual_stages, stage)
     psi = stage_params(specs, chunks, m.tied)
     weights, grads, opt, buffers = _state_bytes(psi, lay)
+    weights += rotary_tables(m, lay, sum(specs[i].kind == "layer" for a, b in chunks for i in range(a, b)))
     n = len(chunks)
     per_chunk = [_chunk_bytes(m, lay, specs, ch, last=(stage == lay.pp - 1 and c == n - 1))
                  for c, ch in enumerate(chunks)]

@@ -1,9 +1,9 @@
 """Enumerate the layouts of a cluster and rank them: fits first, then predicted step time.
 
-A candidate is (tp, pp, dp, micro-batch, schedule, v, sequence parallel, recomputation, ZeRO-1) with
-tp x pp x dp = the cluster's GPUs, tp within a node and dividing the heads and ffn, pp at most the transformer
-layers, micro-batch x dp dividing the global batch, interleaved only with gas a multiple of pp and pp x v
-chunks at most the layers. A layout fits when the worst stage's peak x (1 + allocator overhead) <= GPU memory.
+A candidate is (tp, pp, dp, micro-batch, schedule, v, sequence parallel, recomputation, ZeRO-1) with tp x pp x dp =
+the cluster's GPUs, tp within a node and dividing the heads, key/value groups and ffn, pp at most the transformer
+layers, micro-batch x dp dividing the global batch, interleaved only with gas a multiple of pp and pp x v chunks at
+most the layers. A layout fits when the worst stage's peak x (1 + allocator overhead) <= GPU memory.
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def enumerate_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: s
     world = c.world_size
     layers = m.transformer_layers
     for tp in _divisors(min(c.gpus_per_node, world)):
-        if m.heads % tp or m.ffn % tp or world % tp:
+        if m.heads % tp or m.groups % tp or m.ffn % tp or world % tp:
             continue
         for pp in _divisors(world // tp):
             if pp > layers:

@@ -85,7 +85,7 @@ def model_flops(m: ModelShape, lay: Layout) -> float:
     if m.model_type == "t5":
         return t5_flops_per_iteration(B, m.seq, m.decoder_seq, num_decoder_layers=m.decoder_layers, gated=m.gated,
                                       **common)
-    return gpt_flops_per_iteration(B, m.seq, **common)
+    return gpt_flops_per_iteration(B, m.seq, d_kv=m.kv_width, gated=m.gated, **common)
 
 
 def _window(schedule: str, pp: int, gas: int, v: int, costs: Costs) -> float:

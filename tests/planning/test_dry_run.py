@@ -78,3 +78,42 @@ def test_log_memory_prints_one_line_per_rank(data):
     out = run_distributed(_printed_by_training, 1, argv, 1, timeout=600)[0]
     lines = [line for line in out.splitlines() if line.startswith("memory iteration 2 rank")]
     assert len(lines) == 1 and "predicted" in lines[0], out[-2000:]
+
+
+LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+         "--num-query-groups", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+
+
+def _built_stage_parameters(cfg) -> tuple:
+    """(pp rank, parameters of this rank's stage) of the GPT Pipe model of `cfg` at (tp, pp) = (2, 2)."""
+    from megatron import mpu
+    from megatron.model.gpt2_pipe import GPT2ModelPipe
+    state = mpu.initialize_model_parallel(2, 2)
+    module = GPT2ModelPipe(cfg, parallel_state=state)
+    return state.pp_rank, sum(p.numel() for p in module.parameters())
+
+
+def test_dry_run_with_the_llama_layer_at_tp2_pp2(data, monkeypatch, capsys):
+    """The Llama family's layer: each stage's line, and the planner's parameters per rank equal those of the Pipe
+    model these flags build (the untied head on the last stage, no position table)."""
+    from megatron.config.arguments import parse_args
+    from megatron.config.resolution import with_vocabulary
+    from megatron.planning.model_shape import ModelShape
+    from megatron.planning.search import plan_for_args
+    from megatron.training.pretrain import build_tokenizer_from_args
+    from tests.dist import run_distributed
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    argv = _argv(data, "--tensor-model-parallel-size", "2", "--pipe-parallel-size", "2", "--gas", "4", *LLAMA)
+    run(argv, spec_for("gpt"), DEFAULTS)
+    out = capsys.readouterr().out
+    assert "predicted for tp2 pp2 dp1" in out and "stage 0: peak" in out and "stage 1: peak" in out, out
+    args = parse_args(argv, defaults=DEFAULTS, world_size=4)
+    vocab = build_tokenizer_from_args(args).vocab_size
+    own, _ = plan_for_args(args, vocab, 80.0, attention="math")
+    cfg = spec_for("gpt").config(with_vocabulary(args, vocab))
+    assert ModelShape.from_args(args, vocab) == ModelShape.from_config("gpt", cfg, vocab)
+    assert (cfg.swiglu, cfg.num_query_groups, cfg.tie_word_embeddings) == (True, 2, False)
+    for stage in own.stages:
+        assert f"stage {stage.stage}: peak" in out and f"{stage.params / 1e6:.2f} M parameters" in out
+    built = dict(run_distributed(_built_stage_parameters, 4, cfg, timeout=300))
+    assert {pp: own.stages[pp].params for pp in built} == built, built

@@ -1,11 +1,13 @@
-"""The planner's memory model on hand-computed small cases, and its activation formulas against the tensors
-autograd really saves in megatron.model's layers (saved_tensors_hooks)."""
+"""The planner's memory model on hand-computed small cases (the activation formulas against the tensors autograd
+saves: test_activations.py)."""
 import pytest
 import torch
 
 from megatron.planning.activations import ActivationOptions, layer_bytes, recomputed_core_bytes
 from megatron.planning.memory import Layout, predict_memory
 from megatron.planning.model_shape import ModelShape, Spec, layer_specs, partition
+from megatron.planning.speed import Cluster, predict_step
+from tests.dist import run_distributed
 
 GPT = ModelShape("gpt", num_layers=4, hidden=64, heads=4, kv_channels=16, ffn=256, vocab=1000, seq=64,
                  max_positions=64)
@@ -96,56 +98,106 @@ def test_selective_recomputation_working_set_is_the_recomputed_core():
     assert recomputed_core_bytes(Spec("layer", 0), GPT, gpu) == 0
 
 
-def _saved_bytes(layer, *inputs):
-    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    flat = [t for x in inputs for t in (x if isinstance(x, tuple) else (x,))]
-    ins = {t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor)}
-    seen = {}
+T5 = ModelShape("t5", num_layers=2, hidden=64, heads=4, kv_channels=16, ffn=256, vocab=1000, seq=64, decoder_layers=2,
+                decoder_seq=32, divisible_by=8)
+T5G = ModelShape(**{**T5.__dict__, "tied": False, "gated": True})
+GPT8 = ModelShape(**{**GPT.__dict__, "divisible_by": 8})
+UNCHANGED_LAYOUTS = [
+    Layout(micro_batch=2, gas=2, zero_stage=0, attention="math"),
+    Layout(tp=2, micro_batch=2, gas=2, zero_stage=0, attention="math"),
+    Layout(pp=2, micro_batch=2, gas=4, zero_stage=0, attention="math", schedule="zb-h1"),
+    Layout(tp=2, pp=2, micro_batch=2, gas=4, sequence_parallel=True, recompute="selective", zero_stage=0,
+           attention="math"),
+    Layout(dp=2, micro_batch=2, gas=2, zero_stage=1, precision="bf16", attention="math", reduce_bucket=10 ** 6),
+    Layout(pp=2, micro_batch=2, gas=4, recompute="full", zero_stage=0, attention="fused"),
+    Layout(tp=2, micro_batch=2, gas=2, sequence_parallel=True, zero_stage=0, attention="fused", precision="bf16")]
+UNCHANGED = [  # (shape, layout index, peak per stage, step seconds on the default Cluster) before the GPT layer options
+    (GPT8, 0, [9356928], 3.5858974870948854e-05),
+    (GPT8, 1, [5181056], 2.029094687835193e-05),
+    (GPT8, 2, [7156736, 7346304], 0.00011913849388797237),
+    (GPT8, 3, [2971648, 2603904], 0.00010576119170430288),
+    (GPT8, 4, [9235840], 3.7050797093171076e-05),
+    (GPT8, 5, [3843072, 3848320], 0.00013679679652221218),
+    (GPT8, 6, [3745152], 1.9125862433907486e-05),
+    (T5, 0, [9653056], 2.8443113575647915e-05),
+    (T5, 1, [5481280], 1.7732455398151595e-05),
+    (T5, 2, [8051712, 6293312], 0.0001112502797069519),
+    (T5, 3, [3544576, 2540096], 0.00010224032217409044),
+    (T5, 4, [9287616], 2.975155802009236e-05),
+    (T5, 5, [4151296, 3960576], 0.00012621237960583966),
+    (T5, 6, [3942976], 1.598482873148493e-05),
+    (T5G, 0, [12905280], 3.4450899941461335e-05),
+    (T5G, 1, [7111488], 2.0736348581058305e-05),
+    (T5G, 2, [10148864, 7210816], 0.00011775871493658311),
+    (T5G, 3, [4593152, 2998848], 0.00010599518865272382),
+    (T5G, 4, [11302336], 3.633505994146134e-05),
+    (T5G, 5, [5068800, 4681472], 0.00013622535688219536),
+    (T5G, 6, [5408320], 1.898872191439164e-05),
+]
 
-    def pack(t):
-        st = t.untyped_storage()
-        if st.data_ptr() not in params:
-            seen[st.data_ptr()] = (st.nbytes(), st.data_ptr() in ins)
-        return t
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        layer(*inputs)
-    return seen
+
+@pytest.mark.parametrize("shape,index,peaks,step", UNCHANGED)
+def test_gpt2_and_t5_predictions_unchanged_by_the_gpt_layer_options(shape, index, peaks, step):
+    lay = UNCHANGED_LAYOUTS[index]
+    assert [s.peak for s in predict_memory(shape, lay)] == pytest.approx(peaks, abs=1)
+    assert predict_step(shape, lay, Cluster()).total == pytest.approx(step, rel=1e-12)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("b,s,h,a", [(2, 16, 32, 4), (3, 24, 48, 6)])
-def test_gpt_layer_formula_matches_saved_tensors(dtype, b, s, h, a):
+LLAMA = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=16,
+             position_embedding_type="rope", normalization="RMSNorm", swiglu=True, num_query_groups=2,
+             add_bias_linear=False, tie_word_embeddings=False)
+GPT_LAYERS = {  # GPT2Config options: the Llama family's layer, Qwen2's (a qkv bias), and mixtures with GPT-2's
+    "llama": LLAMA,
+    "qwen2": {**LLAMA, "add_qkv_bias": True, "tie_word_embeddings": True},
+    "gqa-layernorm-bias-none": dict(LLAMA, position_embedding_type="none", normalization="LayerNorm",
+                                    add_bias_linear=True, swiglu=False),
+    "gpt2": dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=16),
+}
+
+
+def _built_parameters(options: dict, tp: int) -> list:
+    """Parameters on this rank of each module the GPT Pipe model's specs build: embedding, layers, final norm, head."""
+    from megatron import mpu
     from megatron.model.config import GPT2Config
+    from megatron.model.gpt2_model import GPT2Embedding, GPT2LMHead, final_layernorm
     from megatron.model.transformer import TransformerLayer
-    layer = TransformerLayer(GPT2Config(num_layers=2, hidden_size=h, num_attention_heads=a, vocab_size=64,
-                                        seq_length=s, params_dtype=dtype), 1)
-    x = torch.randn(b, s, h, dtype=dtype, requires_grad=True)
-    seen = _saved_bytes(layer, x, torch.ones(s, s, dtype=torch.bool).triu(1)[None, None])
-    shape = ModelShape("gpt", 2, h, a, h // a, 4 * h, 64, s, max_positions=s)
-    e = torch.tensor([], dtype=dtype).element_size()
-    assert sum(n for n, _ in seen.values()) == layer_bytes(Spec("layer", 0), shape, ActivationOptions(b, 1, e))
+    group = mpu.initialize_model_parallel(tp, 1).tp_group if tp > 1 else None
+    cfg = GPT2Config(**options)
+    count = lambda module: sum(p.numel() for p in module.parameters())  # noqa: E731
+    embed = count(GPT2Embedding(cfg, group))
+    head = embed if cfg.tie_word_embeddings else count(GPT2LMHead(cfg, group))
+    built = [embed, *[count(TransformerLayer(cfg, i + 1, group)) for i in range(cfg.num_layers)],
+             count(final_layernorm(cfg, group)), head]
+    if tp > 1:
+        mpu.destroy_model_parallel()
+    return built
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_t5_layer_formulas_match_saved_tensors(dtype):
-    from megatron.model.config import T5Config
-    from megatron.model.t5_pipe import T5DecoderTransformerLayerPipe, T5EncoderTransformerLayerPipe
-    b, se, sd, h, a = 2, 16, 8, 32, 4
-    cfg = T5Config(num_layers=2, hidden_size=h, num_attention_heads=a, vocab_size=64, seq_length=se,
-                   decoder_seq_length=sd, params_dtype=dtype)
-    shape = ModelShape("t5", 2, h, a, h // a, 4 * h, 64, se, decoder_layers=2, decoder_seq=sd)
-    e = torch.tensor([], dtype=dtype).element_size()
-    enc = torch.randn(b, se, h, dtype=dtype, requires_grad=True)
-    dec = torch.randn(b, sd, h, dtype=dtype, requires_grad=True)
-    masks = (torch.zeros(b, 1, se, se, dtype=torch.bool), torch.ones(sd, sd, dtype=torch.bool).triu(1)
-             .expand(b, 1, sd, sd).contiguous(), torch.zeros(b, 1, sd, se, dtype=torch.bool))
-    ep = torch.randn(a, 2 * se - 1, dtype=dtype, requires_grad=True)
-    dp_ = torch.randn(a, 2 * sd - 1, dtype=dtype, requires_grad=True)
-    o = ActivationOptions(b, 1, e)
-    saved = _saved_bytes(T5EncoderTransformerLayerPipe(cfg, 2, False), (enc, masks[0], dec, *masks[1:], ep, dp_))
-    assert sum(n for n, _ in saved.values()) == layer_bytes(Spec("enc", 0), shape, o)
-    saved = _saved_bytes(T5DecoderTransformerLayerPipe(cfg, 4, False), (enc, masks[0], dec, *masks[1:], ep, dp_))
-    # the encoder output it attends to is held once per stage, not per layer; in fp32 RMSNorm keeps the
-    # layer's input itself (in bf16 an fp32 copy, already among the non-inputs)
-    own = sum(n for n, is_input in saved.values() if not is_input) + (b * sd * h * 4 if e == 4 else 0)
-    assert own == layer_bytes(Spec("dec", 0), shape, o)
+@pytest.mark.parametrize("name", GPT_LAYERS)
+def test_gpt_layer_options_parameters_equal_the_built_modules(name):
+    from megatron.model.config import GPT2Config
+    from megatron.model.gpt2_model import GPT2Model
+    cfg = GPT2Config(**GPT_LAYERS[name])
+    shape = ModelShape.from_config("gpt", cfg, cfg.vocab_size)
+    specs = [s.params for s in layer_specs(shape, 1)]
+    assert specs == _built_parameters(GPT_LAYERS[name], 1)
+    whole = sum(p.numel() for p in GPT2Model(cfg).parameters())
+    assert predict_memory(shape, Layout(zero_stage=0))[0].params == whole  # a tied head is the embedding
+
+
+def test_gpt_layer_options_parameters_equal_the_built_modules_at_tp2():
+    for name, options in GPT_LAYERS.items():
+        from megatron.model.config import GPT2Config
+        shape = ModelShape.from_config("gpt", GPT2Config(**options), options["vocab_size"])
+        expected = [s.params for s in layer_specs(shape, 2)]
+        for built in run_distributed(_built_parameters, 2, options, 2, timeout=300):
+            assert built == expected, name
+
+
+def test_llama_parameters_by_hand():
+    # h = 64, a = 4, G = 2, d = 16, f = 128 (SwiGLU's default), V_p = 1024, tp = 2
+    shape = ModelShape("gpt", 2, 64, 4, 16, 128, 1000, 16, max_positions=16, gated=True, query_groups=2,
+                       add_bias_linear=False, normalization="RMSNorm", position_embedding_type="rope", tied=False)
+    qkv, dense, mlp = 64 * (4 + 2 * 2) * 16, 64 * 64, 64 * 2 * 128 + 128 * 64
+    assert [s.params for s in layer_specs(shape, 2)] == [1024 * 64 // 2, *[(qkv + dense + mlp) // 2 + 2 * 64] * 2,
+                                                        64, 1024 * 64 // 2]

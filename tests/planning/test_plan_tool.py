@@ -1,6 +1,8 @@
 """tools/plan_layout.py: the same flags as pretrain_*.py, a Hugging Face config.json, the ranked table and --json."""
 import json
 
+import pytest
+
 from megatron.planning.speed import Cluster
 from tools.plan_layout import main
 
@@ -54,3 +56,33 @@ def test_load_reads_the_checkpoints_arguments(tmp_path, capsys):
          "max_position_embeddings": 1024, "vocab_size": 50257, "make_vocab_size_divisible_by": 128}))
     main(["--load", str(tmp_path), "--global-batch-size", "32", "--gpus-per-node", "2", "--top", "2"])
     assert "gpt 12 layers, hidden 768, seq 1024" in capsys.readouterr().out
+
+
+LLAMA_FLAGS = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+               "--num-query-groups", "8", "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+LLAMA_HF = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "max_position_embeddings": 8192,
+            "rope_theta": 500000.0, "tie_word_embeddings": False}
+
+
+def test_llama_flags_and_hugging_face_config_plan_the_same_model(tmp_path, capsys):
+    """The GPT layer's flags reach the planner, and a Llama config.json means the flags import-hf would give."""
+    flags = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--ffn-hidden-size", "14336",
+             "--seq-length", "8192", "--vocab-size", "128256", "--hidden-dropout", "0", "--attention-dropout", "0",
+             *LLAMA_FLAGS]
+    common = ["--global-batch-size", "32", "--bf16", "--gpus-per-node", "8", "--json"]
+    main(flags + common)
+    from_flags = json.loads(capsys.readouterr().out)
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(LLAMA_HF))
+    main(["--hf-config", str(cfg), "--seq-length", "8192", *common])
+    from_hf = json.loads(capsys.readouterr().out)
+    model = from_flags["model"]
+    assert (model["query_groups"], model["gated"], model["add_bias_linear"], model["tied"], model["normalization"],
+            model["position_embedding_type"]) == (8, True, False, False, "RMSNorm", "rope")
+    assert from_hf["model"] == model
+    first = from_flags["candidates"][0]
+    assert from_hf["candidates"][0] == first
+    # 8.03 B parameters (Llama 3 8B): the stages of one replica hold them all, the tp ranks 1 / tp each
+    lay = first["layout"]
+    assert sum(s["params"] for s in first["stages"]) * lay["tp"] == pytest.approx(8.03e9, rel=0.01)

@@ -1,0 +1,144 @@
+"""The planner's activation formulas (megatron.planning.activations) against the tensors autograd really saves in
+megatron.model's layers (saved_tensors_hooks): GPT-2's and T5's layers, and the Llama family's GPT layer (rotary
+positions, RMSNorm, SwiGLU, grouped-query attention, no biases) at tp 1 and 2, with and without sequence
+parallelism, dropout and selective recomputation, in fp32 and bf16."""
+import pytest
+import torch
+
+from megatron.planning.activations import ActivationOptions, layer_bytes
+from megatron.planning.model_shape import ModelShape, Spec
+from tests.dist import run_distributed
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _saved_bytes(layer, *inputs):
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    flat = [t for x in inputs for t in (x if isinstance(x, tuple) else (x,))]
+    ins = {t.untyped_storage().data_ptr() for t in flat if isinstance(t, torch.Tensor)}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = (st.nbytes(), st.data_ptr() in ins)
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(*inputs)
+    return seen
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("b,s,h,a", [(2, 16, 32, 4), (3, 24, 48, 6)])
+def test_gpt_layer_formula_matches_saved_tensors(dtype, b, s, h, a):
+    from megatron.model.config import GPT2Config
+    from megatron.model.transformer import TransformerLayer
+    layer = TransformerLayer(GPT2Config(num_layers=2, hidden_size=h, num_attention_heads=a, vocab_size=64,
+                                        seq_length=s, params_dtype=dtype), 1)
+    x = torch.randn(b, s, h, dtype=dtype, requires_grad=True)
+    seen = _saved_bytes(layer, x, torch.ones(s, s, dtype=torch.bool).triu(1)[None, None])
+    shape = ModelShape("gpt", 2, h, a, h // a, 4 * h, 64, s, max_positions=s)
+    e = torch.tensor([], dtype=dtype).element_size()
+    assert sum(n for n, _ in seen.values()) == layer_bytes(Spec("layer", 0), shape, ActivationOptions(b, 1, e))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_t5_layer_formulas_match_saved_tensors(dtype):
+    from megatron.model.config import T5Config
+    from megatron.model.t5_pipe import T5DecoderTransformerLayerPipe, T5EncoderTransformerLayerPipe
+    b, se, sd, h, a = 2, 16, 8, 32, 4
+    cfg = T5Config(num_layers=2, hidden_size=h, num_attention_heads=a, vocab_size=64, seq_length=se,
+                   decoder_seq_length=sd, params_dtype=dtype)
+    shape = ModelShape("t5", 2, h, a, h // a, 4 * h, 64, se, decoder_layers=2, decoder_seq=sd)
+    e = torch.tensor([], dtype=dtype).element_size()
+    enc = torch.randn(b, se, h, dtype=dtype, requires_grad=True)
+    dec = torch.randn(b, sd, h, dtype=dtype, requires_grad=True)
+    masks = (torch.zeros(b, 1, se, se, dtype=torch.bool), torch.ones(sd, sd, dtype=torch.bool).triu(1)
+             .expand(b, 1, sd, sd).contiguous(), torch.zeros(b, 1, sd, se, dtype=torch.bool))
+    ep = torch.randn(a, 2 * se - 1, dtype=dtype, requires_grad=True)
+    dp_ = torch.randn(a, 2 * sd - 1, dtype=dtype, requires_grad=True)
+    o = ActivationOptions(b, 1, e)
+    saved = _saved_bytes(T5EncoderTransformerLayerPipe(cfg, 2, False), (enc, masks[0], dec, *masks[1:], ep, dp_))
+    assert sum(n for n, _ in saved.values()) == layer_bytes(Spec("enc", 0), shape, o)
+    saved = _saved_bytes(T5DecoderTransformerLayerPipe(cfg, 4, False), (enc, masks[0], dec, *masks[1:], ep, dp_))
+    # the encoder output it attends to is held once per stage, not per layer; in fp32 RMSNorm keeps the
+    # layer's input itself (in bf16 an fp32 copy, already among the non-inputs)
+    own = sum(n for n, is_input in saved.values() if not is_input) + (b * sd * h * 4 if e == 4 else 0)
+    assert own == layer_bytes(Spec("dec", 0), shape, o)
+
+
+# the Llama family's layer: rope, RMSNorm, SwiGLU (f = 128 for h = 64), G = 2 groups of 2 heads, no biases
+LLAMA = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=64, seq_length=16,
+             position_embedding_type="rope", normalization="RMSNorm", swiglu=True, num_query_groups=2,
+             add_bias_linear=False, tie_word_embeddings=False)
+B = 2
+
+
+def _llama_config(dtype: str, dropout: float, recompute: str, **extra):
+    from megatron.model.config import GPT2Config
+    return GPT2Config(**{**LLAMA, **extra}, params_dtype=DTYPES[dtype], hidden_dropout=dropout,
+                      attention_dropout=dropout, recompute_granularity=None if recompute == "none" else recompute)
+
+
+def _llama_layer_saved(cases: list, tp: int) -> list:
+    """Per case (dtype, dropout, sequence parallel, recompute): the bytes one GPT layer saves on this rank, its
+    rotary cos / sin tables left out (held by the layer from its first forward on, not per micro-batch)."""
+    from megatron import mpu
+    from megatron.model.transformer import TransformerLayer
+    state = mpu.initialize_model_parallel(tp, 1) if tp > 1 else None
+    out = []
+    for dtype, dropout, sp, recompute in cases:
+        cfg = _llama_config(dtype, dropout, recompute)
+        layer = TransformerLayer(cfg, 1, state.tp_group if state else None, sequence_parallel=sp)
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(B, cfg.seq_length // tp if sp else cfg.seq_length, cfg.hidden_size, generator=gen)
+        seen = _saved_bytes(layer, x.to(DTYPES[dtype]).requires_grad_())
+        tables = {t.untyped_storage().data_ptr() for pair in layer.self_attention.rotary._tables.values()
+                  for t in pair}
+        out.append(sum(n for ptr, (n, _) in seen.items() if ptr not in tables))
+    if state:
+        mpu.destroy_model_parallel()
+    return out
+
+
+def _llama_predicted(case, tp: int) -> float:
+    dtype, dropout, sp, recompute = case
+    shape = ModelShape.from_config("gpt", _llama_config(dtype, dropout, recompute), LLAMA["vocab_size"])
+    e = torch.tensor([], dtype=DTYPES[dtype]).element_size()
+    o = ActivationOptions(B, tp, e, sequence_parallel=sp, recompute=recompute, attention="math")
+    return layer_bytes(Spec("layer", 0), shape, o)
+
+
+TP1 = [(dtype, dropout, False, recompute) for dtype in DTYPES for dropout in (0.0, 0.1)
+       for recompute in ("none", "selective")]
+
+
+@pytest.mark.parametrize("case", TP1, ids=lambda c: f"{c[0]}-dropout{c[1]}-{c[3]}")
+def test_llama_layer_formula_matches_saved_tensors(case):
+    """CPU: with attention dropout, attention_core's explicit form (k, v repeated to every head, fp32); without,
+    SDPA's flash kernel (k, v with G heads, the rotated q, k and the fused QKV output they are cut from)."""
+    assert _llama_layer_saved([case], 1) == [_llama_predicted(case, 1)]
+
+
+def test_llama_layer_formula_matches_saved_tensors_at_tp2():
+    """Each rank holds G / t groups and a / t heads; with sequence parallelism the norms, masks and the GEMMs'
+    stored inputs hold s / t positions."""
+    cases = [("fp32", 0.1, False, "none"), ("fp32", 0.0, False, "none"), ("fp32", 0.1, True, "none"),
+             ("bf16", 0.0, True, "none"), ("fp32", 0.1, True, "selective"), ("bf16", 0.1, False, "selective"),
+             ("fp32", 0.0, True, "selective")]
+    per_rank = run_distributed(_llama_layer_saved, 2, cases, 2, timeout=300)
+    predicted = [_llama_predicted(c, 2) for c in cases]
+    for measured in per_rank:
+        assert measured == predicted, list(zip(cases, measured, predicted))
+
+
+def test_gpt2_layer_formula_matches_saved_tensors_without_dropout():
+    """GPT-2's layer without dropout on CPU runs SDPA's flash kernel: the fused-attention terms (no s^2 tensors)."""
+    from megatron.model.config import GPT2Config
+    from megatron.model.transformer import TransformerLayer
+    cfg = GPT2Config(num_layers=2, hidden_size=48, num_attention_heads=6, vocab_size=64, seq_length=24,
+                     hidden_dropout=0.0, attention_dropout=0.0)
+    x = torch.randn(3, 24, 48, requires_grad=True)
+    seen = _saved_bytes(TransformerLayer(cfg, 1), x)
+    o = ActivationOptions(3, 1, 4, attention="math")
+    assert sum(n for n, _ in seen.values()) == layer_bytes(Spec("layer", 0), ModelShape.from_config("gpt", cfg, 64), o)
