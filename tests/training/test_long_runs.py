@@ -39,9 +39,9 @@ def _inject_nan(stage: int, data_rank: int, at_iteration: int, every_later: bool
     now, steps = {"iteration": 0}, {"taken": 0}
     start, forward, take_step = loop.start_iteration, GPT2TransformerLayerPipe.forward, PipelineEngine._take_model_step
 
-    def start_iteration(module, iteration):
+    def start_iteration(module, iteration, replica=(0, 1)):
         now["iteration"] = iteration + 1
-        return start(module, iteration)
+        return start(module, iteration, replica)
 
     def poisoned(self, inputs):
         out = forward(self, inputs)  # the hidden state, with the mask only under --reset-attention-mask
