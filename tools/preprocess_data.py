@@ -5,7 +5,7 @@ Input formats (``--text-format``, default ``auto``: ``jsonl`` for .jsonl/.json f
   lines       one document per line
   paragraphs  documents separated by blank lines (their internal newlines are kept)
 For the two text formats the single ``--json-keys`` name (default ``text``) only names the output.
-Blank lines in jsonl are empty documents.
+Blank lines in jsonl are empty documents; an empty text is an empty document for every tokenizer.
 
 Each document becomes one item (plus ``eod`` with ``--append-eod``); documents with no tokens are skipped
 and counted. The input is streamed: at most ``workers * chunksize * 4`` documents are in flight, so memory
@@ -111,7 +111,7 @@ class Encoder:
             result.error = str(e)
             return result
         for key, text in texts.items():
-            ids = Encoder.tokenizer.tokenize(text)
+            ids = Encoder.tokenizer.tokenize(text) if text else []  # a BOS-adding tokenizer gives [bos] for ""
             if ids and self.args.append_eod:
                 ids.append(Encoder.tokenizer.eod)
             result.ids[key] = np.asarray(ids, dtype=self.dtype) if ids else None
@@ -305,9 +305,11 @@ def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--merge-file", default=None)
-    g.add_argument("--tokenizer-model", default=None, help="SentencePiece model file")
+    g.add_argument("--tokenizer-model", default=None,
+                   help="SentencePiece model file; HuggingFaceTokenizer: tokenizer.json or the folder holding it")
     g.add_argument("--vocab-extra-ids", type=int, default=0)
-    g.add_argument("--append-eod", action="store_true", help="append the end-of-document token to each document")
+    g.add_argument("--append-eod", action="store_true",
+                   help="append the end-of-document token (the tokenizer's eos) to each document")
     g = p.add_argument_group("output data")
     g.add_argument("--output-prefix", required=True)
     g.add_argument("--dataset-impl", choices=["mmap"], default="mmap", help="only mmap (kept for compatibility)")
