@@ -1,4 +1,5 @@
-"""Train a tokenizer on a jsonl or text corpus, offline.
+"""Train a tokenizer on a corpus, offline: jsonl, Parquet or text, as megatron.data.corpus reads them
+(``.jsonl.gz``, ``.jsonl.zst`` and ``.parquet`` included; ``--json-key`` names the key or Parquet column).
 
 ``--type bpe``: byte-level BPE with the ``tokenizers`` library -> ``vocab.json`` + ``merges.txt``, with
 ``<|endoftext|>`` as the special token (id 0) and all 256 byte symbols; loadable by ``GPT2BPETokenizer``.
@@ -14,7 +15,7 @@ for characters outside the vocabulary. Documents are fed line by line (newlines 
 Example::
 
     python tools/train_tokenizer.py --input corpus.jsonl --type bpe --vocab-size 32000 --output-dir tok/
-    python tools/train_tokenizer.py --input corpus.jsonl --type hf-bpe --vocab-size 32000 --output-dir hf-tok/
+    python tools/train_tokenizer.py --input corpus.jsonl.zst --type hf-bpe --vocab-size 32000 --output-dir hf-tok/
 """
 import argparse
 import json
@@ -22,30 +23,15 @@ import os
 import sys
 from typing import Dict, Iterator, List, Optional, Tuple
 
-
 from megatron.config.arguments import ArgumentParser
+from megatron.data.corpus import TEXT_FORMATS, InputError, iter_texts
 from megatron.errors import exit_on_user_error
-from megatron.data.corpus import (TEXT_FORMATS, BadRecord, InputError, iter_records, parse_record,
-                                  resolve_format)
 
 EOD_TOKEN = "<|endoftext|>"
 SPM_MODEL_NAME = "spm"
 TYPES = ("bpe", "hf-bpe", "sentencepiece")
 
-
-def iter_texts(path: str, json_key: str = "text", text_format: str = "auto") -> Iterator[str]:
-    """Document texts of a corpus; raises InputError for a missing file or at the first malformed line."""
-    if not os.path.isfile(path):
-        raise InputError(f"input file {path!r} not found")
-    text_format = resolve_format(path, text_format)
-
-    def texts():
-        for line_no, raw in iter_records(path, text_format):
-            try:
-                yield parse_record(raw, line_no, path, text_format, [json_key])[json_key]
-            except BadRecord as e:
-                raise InputError(str(e)) from None
-    return texts()
+__all__ = ["iter_texts", "train_bpe", "train_hf_bpe", "train_sentencepiece", "main"]
 
 
 class GuardedTexts:
@@ -146,9 +132,11 @@ def train_sentencepiece(texts: Iterator[str], vocab_size: int, output_dir: str) 
 
 def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", required=True, help="jsonl, or text with one document per line / paragraph")
-    p.add_argument("--json-key", default="text")
-    p.add_argument("--text-format", choices=TEXT_FORMATS, default="auto")
+    p.add_argument("--input", required=True, help="jsonl, Parquet, or text with one document per line / paragraph; "
+                   "jsonl and text may be .gz or .zst compressed")
+    p.add_argument("--json-key", default="text", help="the JSON key (Parquet: the string column) of the text")
+    p.add_argument("--text-format", choices=TEXT_FORMATS, default="auto",
+                   help="auto: by the file's suffix (.jsonl/.json, .parquet, else lines), after .gz/.zst")
     p.add_argument("--type", choices=TYPES, required=True,
                    help="bpe: vocab.json + merges.txt (GPT2BPETokenizer); hf-bpe: tokenizer.json + "
                         "tokenizer_config.json (HuggingFaceTokenizer); sentencepiece: spm.model")
