@@ -72,6 +72,7 @@ def test_llama_like_ids_match_transformers(llama_dir, monkeypatch):
 @pytest.mark.parametrize("specials,config,eos,bos", [
     (["<|end_of_text|>", "<|begin_of_text|>"], None, "<|end_of_text|>", "<|begin_of_text|>"),  # Llama-3
     (["<s>", "</s>", "<unk>"], None, "</s>", "<s>"),  # Llama-2
+    (["<bos>", "<eos>", "<pad>"], None, "<eos>", "<bos>"),  # Gemma without its config: pad falls back to eos
     (["<|im_end|>", "<|endoftext|>"], None, "<|endoftext|>", None),  # Qwen2 without its config
     (["<|im_end|>"], {"eos_token": {"content": "<|im_end|>", "special": True}}, "<|im_end|>", None),  # AddedToken form
     (["</s>", "<pad>"], {"eos_token": "</s>", "pad_token": "<pad>"}, "</s>", None),
