@@ -1,4 +1,5 @@
-"""Benchmark tools/preprocess_data.py: throughput with 1 and 2 workers on the same corpus, in one run.
+"""Benchmark tools/preprocess_data.py: throughput with 1 and 2 workers on the same corpus, in one run, read as
+plain jsonl and as the .jsonl.gz, .jsonl.zst and Parquet files corpora ship as.
 
 Protocol:
 1. corpus: the Python standard library's own sources (code, comments, docstrings), split into documents
@@ -6,21 +7,26 @@ Protocol:
 2. tokenizer: byte-level BPE trained by tools/train_tokenizer.py on the first ``--train-mb`` MB;
 3. warm-up: one preprocessing run on a 1 MB slice (imports, page cache);
 4. measured: ``--repeats`` full runs per worker count, the fastest kept; docs/s, tokens/s and MB/s of input
-   as the tool counts them (pool start-up included); ratios are against the first worker count, and the
-   outputs of all runs must be byte-identical. The load average is printed before and after: on a shared
-   machine other jobs skew the ratio.
+   as the tool counts them (pool start-up included; MB/s: of the jsonl lines, of the texts for Parquet); `ratio`
+   is against plain jsonl at the first worker count, `workers x` against the same format at the first worker
+   count (the workers' speed-up), and the outputs of all runs (every format, every worker
+   count) must be byte-identical. Each format is the same documents: gzip level 6, zstd level 3 with checksums,
+   Parquet (pyarrow's defaults, snappy) in row groups of 10,000. The load average is printed before and after:
+   on a shared machine other jobs skew the ratio.
 
     python bench/preprocess_data.py --size-mb 30 --workers 1 2 --repeats 2
 """
 import argparse
 import filecmp
+import gzip
 import json
 import os
 import random
+import shutil
 import sys
 import sysconfig
 import tempfile
-from typing import List
+from typing import Callable, Dict, List
 
 # the repository root, for the tools' modules (tests/ and tools/ are not in the installed package)
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
@@ -70,6 +76,30 @@ def head(src: str, dst: str, size_mb: float) -> str:
     return dst
 
 
+def to_gzip(src: str, dst: str) -> None:
+    with open(src, "rb") as fin, gzip.open(dst, "wb", compresslevel=6) as fout:
+        shutil.copyfileobj(fin, fout, 1 << 20)
+
+
+def to_zstd(src: str, dst: str) -> None:
+    import zstandard
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        zstandard.ZstdCompressor(level=3, write_checksum=True).copy_stream(fin, fout)
+
+
+def to_parquet(src: str, dst: str, rows_per_group: int = 10_000) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    with open(src, encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    pq.write_table(pa.table({"text": texts}), dst, row_group_size=rows_per_group)
+
+
+CONVERTERS: Dict[str, Callable[[str, str], None]] = {
+    "jsonl.gz": to_gzip, "jsonl.zst": to_zstd, "parquet": to_parquet}
+FORMATS = ("jsonl",) + tuple(CONVERTERS)
+
+
 def run(corpus: str, prefix: str, vocab: str, merges: str, workers: int) -> preprocess_data.Stats:
     return preprocess_data.main([
         "--input", corpus, "--output-prefix", prefix, "--append-eod", "--workers", str(workers),
@@ -84,29 +114,40 @@ def main() -> None:
     p.add_argument("--vocab-size", type=int, default=8000)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--formats", nargs="+", choices=FORMATS, default=list(FORMATS))
     args = p.parse_args()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         corpus = os.path.join(tmp, "corpus.jsonl")
         n_docs = write_corpus(corpus, args.size_mb)
-        print(f"corpus: {n_docs} documents, {os.path.getsize(corpus) / 1e6:.1f} MB (Python stdlib sources)")
+        inputs = {fmt: os.path.join(tmp, f"corpus.{fmt}") for fmt in FORMATS if fmt in args.formats}
+        for fmt, path in inputs.items():
+            if fmt != "jsonl":
+                CONVERTERS[fmt](corpus, path)
+        sizes = ", ".join(f"{fmt} {os.path.getsize(path) / 1e6:.1f} MB" for fmt, path in inputs.items())
+        print(f"corpus: {n_docs} documents, {sizes} (Python stdlib sources)")
         train_text = train_tokenizer.iter_texts(head(corpus, os.path.join(tmp, "train.jsonl"), args.train_mb))
         vocab, merges = train_tokenizer.train_bpe(train_text, args.vocab_size, os.path.join(tmp, "bpe"))
         warmup = head(corpus, os.path.join(tmp, "warmup.jsonl"), 1.0)
         run(warmup, os.path.join(tmp, "warmup"), vocab, merges, max(args.workers))
-        results = {}
-        for workers in args.workers:
-            runs = [run(corpus, os.path.join(tmp, f"w{workers}"), vocab, merges, workers) for _ in range(args.repeats)]
-            results[workers] = min(runs, key=lambda stats: stats.seconds)
-        outputs = [os.path.join(tmp, f"w{w}_text_document.bin") for w in args.workers]
-        identical = all(filecmp.cmp(outputs[0], other, shallow=False) for other in outputs[1:])
-        base = results[args.workers[0]]
-        print(f"\nBPE vocab {args.vocab_size}, {base.tokens} tokens, outputs identical across runs: {identical}")
-        print(f"{'workers':>7} {'docs/s':>10} {'tokens/s':>12} {'MB/s':>8} {'ratio':>6}")
-        for workers, stats in results.items():
-            s = stats.seconds
-            print(f"{workers:>7} {stats.docs / s:>10.0f} {stats.tokens / s:>12.0f} {stats.n_bytes / s / 1e6:>8.2f} "
-                  f"{base.seconds / s:>6.2f}")
+        results, outputs = {}, []
+        for fmt in inputs:
+            for workers in args.workers:
+                prefix = os.path.join(tmp, f"{fmt}-w{workers}")
+                runs = [run(inputs[fmt], prefix, vocab, merges, workers) for _ in range(args.repeats)]
+                results[fmt, workers] = min(runs, key=lambda stats: stats.seconds)
+                outputs.append(prefix + "_text_document")
+        identical = all(filecmp.cmp(outputs[0] + ext, other + ext, shallow=False)
+                        for other in outputs[1:] for ext in (".bin", ".idx"))
+        base = next(iter(results.values()))  # plain jsonl (when measured) at the first worker count
+        print(f"\nBPE vocab {args.vocab_size}, {base.tokens} tokens, outputs (.bin and .idx) identical across "
+              f"formats and runs: {identical}")
+        print(f"{'format':>10} {'workers':>7} {'docs/s':>10} {'tokens/s':>12} {'MB/s':>8} {'ratio':>6} "
+              f"{'workers x':>9}")
+        for (fmt, workers), stats in results.items():
+            s, first = stats.seconds, results[fmt, args.workers[0]].seconds
+            print(f"{fmt:>10} {workers:>7} {stats.docs / s:>10.0f} {stats.tokens / s:>12.0f} "
+                  f"{stats.n_bytes / s / 1e6:>8.2f} {base.seconds / s:>6.2f} {first / s:>9.2f}")
         print(f"cpu cores: {os.cpu_count()}, 1-min load average before/after: {load_before:.1f}/"
               f"{os.getloadavg()[0]:.1f}")
 

@@ -1,11 +1,16 @@
 """Tokenize a corpus into Megatron mmap datasets ``{output_prefix}_{key}_document.{bin,idx}``.
 
-Input formats (``--text-format``, default ``auto``: ``jsonl`` for .jsonl/.json files, ``lines`` otherwise):
+Input formats (``--text-format``, default ``auto``: ``jsonl`` for .jsonl/.json files, ``parquet`` for .parquet,
+``lines`` otherwise; a ``.gz`` or ``.zst`` suffix is read through, e.g. ``corpus.jsonl.zst`` is compressed jsonl):
   jsonl       one JSON object per line; one output dataset per ``--json-keys`` key
   lines       one document per line
   paragraphs  documents separated by blank lines (their internal newlines are kept)
+  parquet     one document per row; one output dataset per ``--json-keys`` column (string columns; a null is a
+              bad record, as JSON's null is; errors name the row, counted from 0)
 For the two text formats the single ``--json-keys`` name (default ``text``) only names the output.
-Blank lines in jsonl are empty documents.
+Blank lines in jsonl are empty documents; an empty text is an empty document for every tokenizer.
+Compressed and Parquet inputs are streamed and give the same .bin/.idx as the plain jsonl; a damaged file
+(truncated, corrupt, no Parquet footer) is one ``error:`` line naming it.
 
 Each document becomes one item (plus ``eod`` with ``--append-eod``); documents with no tokens are skipped
 and counted. The input is streamed: at most ``workers * chunksize * 4`` documents are in flight, so memory
@@ -27,14 +32,13 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional
 
 import numpy as np
 
 from megatron.config.arguments import ArgumentParser
 from megatron.data import indexed_dataset
-from megatron.data.corpus import (TEXT_FORMATS, BadRecord, InputError, iter_records, parse_record,
-                                  resolve_format)
+from megatron.data.corpus import TEXT_FORMATS, BadRecord, Corpus, InputError, Record, open_corpus, record_bytes
 from megatron.errors import exit_on_user_error
 from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer
 
@@ -94,24 +98,23 @@ class Encoder:
     """Picklable per-process tokenizing function; ``initializer`` builds the tokenizer in each worker."""
     tokenizer = None
 
-    def __init__(self, args: argparse.Namespace, text_format: str, dtype):
-        self.args, self.text_format, self.dtype = args, text_format, dtype
+    def __init__(self, args: argparse.Namespace, corpus: Corpus, dtype):
+        self.args, self.corpus, self.dtype = args, corpus, dtype
 
     def initializer(self) -> None:
         a = self.args
         Encoder.tokenizer = build_tokenizer(a.tokenizer_type, a.vocab_file, a.merge_file, a.tokenizer_model,
                                             a.vocab_extra_ids)
 
-    def encode(self, record: Tuple[int, bytes]) -> Encoded:
-        line_no, raw = record
-        result = Encoded(line_no, len(raw))
+    def encode(self, record: Record) -> Encoded:
+        result = Encoded(record[0], record_bytes(record))
         try:
-            texts = parse_record(raw, line_no, self.args.input, self.text_format, self.args.json_keys)
+            texts = self.corpus.parse(record)
         except BadRecord as e:
             result.error = str(e)
             return result
         for key, text in texts.items():
-            ids = Encoder.tokenizer.tokenize(text)
+            ids = Encoder.tokenizer.tokenize(text) if text else []  # a BOS-adding tokenizer gives [bos] for ""
             if ids and self.args.append_eod:
                 ids.append(Encoder.tokenizer.eod)
             result.ids[key] = np.asarray(ids, dtype=self.dtype) if ids else None
@@ -218,9 +221,9 @@ def _consume(results: Iterable[Encoded], outputs: Outputs, stats: Stats, args, o
     stats.seconds = time.perf_counter() - start
 
 
-def _run(args, text_format: str, encoder: Encoder, outputs: Outputs, stop: StopSignals) -> Stats:
+def _run(args, encoder: Encoder, outputs: Outputs, stop: StopSignals) -> Stats:
     stats, start = Stats(), time.perf_counter()
-    records = iter_records(args.input, text_format)
+    records = encoder.corpus.records()
     if args.workers == 1:
         encoder.initializer()
         _consume(map(encoder.encode, records), outputs, stats, args, lambda: None, start, stop)
@@ -258,20 +261,11 @@ def _shutdown(pool: multiprocessing.pool.Pool, results: Iterator) -> None:
         pool.join()
 
 
-def _check_args(args) -> None:
-    if not os.path.isfile(args.input):
-        raise InputError(f"input file {args.input!r} not found")
-    if args.workers < 1 or args.log_interval < 1:
-        raise InputError(f"--workers ({args.workers}) and --log-interval ({args.log_interval}) must be >= 1")
-    text_format = resolve_format(args.input, args.text_format)
-    if text_format != "jsonl" and len(args.json_keys) != 1:
-        raise InputError(f"--text-format {text_format} has one text per document; got --json-keys {args.json_keys}")
-
-
 def preprocess(args: argparse.Namespace, stop: Optional[StopSignals] = None) -> Stats:
     """Run the tool on parsed arguments; raises InputError for bad input, Terminated when ``stop`` saw a signal."""
-    _check_args(args)
-    text_format = resolve_format(args.input, args.text_format)
+    if args.workers < 1 or args.log_interval < 1:
+        raise InputError(f"--workers ({args.workers}) and --log-interval ({args.log_interval}) must be >= 1")
+    corpus = open_corpus(args.input, args.text_format, args.json_keys)
     try:
         tokenizer = build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.tokenizer_model,
                                     args.vocab_extra_ids)
@@ -282,7 +276,7 @@ def preprocess(args: argparse.Namespace, stop: Optional[StopSignals] = None) -> 
     os.makedirs(out_dir, exist_ok=True)
     outputs = Outputs(args.output_prefix, args.json_keys, dtype)
     try:
-        stats = _run(args, text_format, Encoder(args, text_format, dtype), outputs, stop or StopSignals())
+        stats = _run(args, Encoder(args, corpus, dtype), outputs, stop or StopSignals())
         outputs.commit()
     except BaseException:
         outputs.discard()
@@ -297,17 +291,23 @@ def preprocess(args: argparse.Namespace, stop: Optional[StopSignals] = None) -> 
 def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
     g = p.add_argument_group("input data")
-    g.add_argument("--input", required=True, help="jsonl, or text with one document per line / paragraph")
-    g.add_argument("--text-format", choices=TEXT_FORMATS, default="auto")
-    g.add_argument("--json-keys", nargs="+", default=["text"], help="keys to extract from each JSON object")
-    g.add_argument("--skip-bad-lines", action="store_true", help="skip and count malformed lines instead of failing")
+    g.add_argument("--input", required=True, help="jsonl, Parquet, or text with one document per line / paragraph; "
+                   "jsonl and text may be .gz or .zst compressed (e.g. corpus.jsonl.zst)")
+    g.add_argument("--text-format", choices=TEXT_FORMATS, default="auto",
+                   help="auto: by the file's suffix (.jsonl/.json, .parquet, else lines), after .gz/.zst")
+    g.add_argument("--json-keys", nargs="+", default=["text"],
+                   help="keys to extract from each JSON object (Parquet: string columns)")
+    g.add_argument("--skip-bad-lines", action="store_true",
+                   help="skip and count malformed lines (Parquet: rows holding a null) instead of failing")
     g = p.add_argument_group("tokenizer")
     g.add_argument("--tokenizer-type", required=True, choices=TOKENIZER_TYPES)
     g.add_argument("--vocab-file", default=None)
     g.add_argument("--merge-file", default=None)
-    g.add_argument("--tokenizer-model", default=None, help="SentencePiece model file")
+    g.add_argument("--tokenizer-model", default=None,
+                   help="SentencePiece model file; HuggingFaceTokenizer: tokenizer.json or the folder holding it")
     g.add_argument("--vocab-extra-ids", type=int, default=0)
-    g.add_argument("--append-eod", action="store_true", help="append the end-of-document token to each document")
+    g.add_argument("--append-eod", action="store_true",
+                   help="append the end-of-document token (the tokenizer's eos) to each document")
     g = p.add_argument_group("output data")
     g.add_argument("--output-prefix", required=True)
     g.add_argument("--dataset-impl", choices=["mmap"], default="mmap", help="only mmap (kept for compatibility)")

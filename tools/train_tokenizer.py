@@ -1,7 +1,12 @@
-"""Train a tokenizer on a jsonl or text corpus, offline.
+"""Train a tokenizer on a corpus, offline: jsonl, Parquet or text, as megatron.data.corpus reads them
+(``.jsonl.gz``, ``.jsonl.zst`` and ``.parquet`` included; ``--json-key`` names the key or Parquet column).
 
 ``--type bpe``: byte-level BPE with the ``tokenizers`` library -> ``vocab.json`` + ``merges.txt``, with
 ``<|endoftext|>`` as the special token (id 0) and all 256 byte symbols; loadable by ``GPT2BPETokenizer``.
+
+``--type hf-bpe``: the same byte-level BPE saved as a Hugging Face ``tokenizer.json`` + ``tokenizer_config.json``
+(which names ``<|endoftext|>`` as its eos); loadable by ``HuggingFaceTokenizer`` (``--tokenizer-model`` the
+folder) and by transformers. Both files are written under temporary names and renamed.
 
 ``--type sentencepiece``: unigram SentencePiece -> ``spm.model`` (+ ``spm.vocab``), T5 ids
 (pad=0, eos=1, unk=2, no bos). Lossless settings: identity normalization, whitespace kept, byte fallback
@@ -10,35 +15,23 @@ for characters outside the vocabulary. Documents are fed line by line (newlines 
 Example::
 
     python tools/train_tokenizer.py --input corpus.jsonl --type bpe --vocab-size 32000 --output-dir tok/
+    python tools/train_tokenizer.py --input corpus.jsonl.zst --type hf-bpe --vocab-size 32000 --output-dir hf-tok/
 """
 import argparse
+import json
 import os
 import sys
-from typing import Iterator, List, Optional, Tuple
-
+from typing import Dict, Iterator, List, Optional, Tuple
 
 from megatron.config.arguments import ArgumentParser
+from megatron.data.corpus import TEXT_FORMATS, InputError, iter_texts
 from megatron.errors import exit_on_user_error
-from megatron.data.corpus import (TEXT_FORMATS, BadRecord, InputError, iter_records, parse_record,
-                                  resolve_format)
 
 EOD_TOKEN = "<|endoftext|>"
 SPM_MODEL_NAME = "spm"
+TYPES = ("bpe", "hf-bpe", "sentencepiece")
 
-
-def iter_texts(path: str, json_key: str = "text", text_format: str = "auto") -> Iterator[str]:
-    """Document texts of a corpus; raises InputError for a missing file or at the first malformed line."""
-    if not os.path.isfile(path):
-        raise InputError(f"input file {path!r} not found")
-    text_format = resolve_format(path, text_format)
-
-    def texts():
-        for line_no, raw in iter_records(path, text_format):
-            try:
-                yield parse_record(raw, line_no, path, text_format, [json_key])[json_key]
-            except BadRecord as e:
-                raise InputError(str(e)) from None
-    return texts()
+__all__ = ["iter_texts", "train_bpe", "train_hf_bpe", "train_sentencepiece", "main"]
 
 
 class GuardedTexts:
@@ -59,8 +52,8 @@ class GuardedTexts:
             raise self.error
 
 
-def train_bpe(texts: Iterator[str], vocab_size: int, output_dir: str) -> Tuple[str, str]:
-    """Byte-level BPE; returns (vocab.json, merges.txt) paths."""
+def _train_byte_level(texts: Iterator[str], vocab_size: int):
+    """A trained ``tokenizers.ByteLevelBPETokenizer``: the 256 bytes, ``<|endoftext|>`` (id 0), merges."""
     from tokenizers import ByteLevelBPETokenizer
 
     if vocab_size < 257:
@@ -71,9 +64,40 @@ def train_bpe(texts: Iterator[str], vocab_size: int, output_dir: str) -> Tuple[s
     tokenizer.train_from_iterator(guarded, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOD_TOKEN],
                                   show_progress=False)
     guarded.check()
+    return tokenizer
+
+
+def train_bpe(texts: Iterator[str], vocab_size: int, output_dir: str) -> Tuple[str, str]:
+    """Byte-level BPE; returns (vocab.json, merges.txt) paths."""
+    tokenizer = _train_byte_level(texts, vocab_size)
     os.makedirs(output_dir, exist_ok=True)
     vocab_file, merge_file = tokenizer.save_model(output_dir)
     return vocab_file, merge_file
+
+
+def _write_atomically(contents: Dict[str, str]) -> None:
+    """Write each path's text under a temporary name, then rename them all (none is left half-written)."""
+    temps = {path: f"{path}.tmp{os.getpid()}" for path in contents}
+    try:
+        for path, text in contents.items():
+            with open(temps[path], "w", encoding="utf-8") as f:
+                f.write(text)
+        for path, temp in temps.items():
+            os.replace(temp, path)
+    finally:
+        for temp in temps.values():
+            if os.path.exists(temp):
+                os.remove(temp)
+
+
+def train_hf_bpe(texts: Iterator[str], vocab_size: int, output_dir: str) -> Tuple[str, str]:
+    """Byte-level BPE as a Hugging Face folder; returns (tokenizer.json, tokenizer_config.json) paths."""
+    tokenizer = _train_byte_level(texts, vocab_size)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOD_TOKEN}
+    os.makedirs(output_dir, exist_ok=True)
+    paths = (os.path.join(output_dir, "tokenizer.json"), os.path.join(output_dir, "tokenizer_config.json"))
+    _write_atomically({paths[0]: tokenizer.to_str(), paths[1]: json.dumps(config, indent=2) + "\n"})
+    return paths
 
 
 def _lines(texts: Iterator[str]) -> Iterator[str]:
@@ -108,10 +132,14 @@ def train_sentencepiece(texts: Iterator[str], vocab_size: int, output_dir: str) 
 
 def get_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", required=True, help="jsonl, or text with one document per line / paragraph")
-    p.add_argument("--json-key", default="text")
-    p.add_argument("--text-format", choices=TEXT_FORMATS, default="auto")
-    p.add_argument("--type", choices=["bpe", "sentencepiece"], required=True)
+    p.add_argument("--input", required=True, help="jsonl, Parquet, or text with one document per line / paragraph; "
+                   "jsonl and text may be .gz or .zst compressed")
+    p.add_argument("--json-key", default="text", help="the JSON key (Parquet: the string column) of the text")
+    p.add_argument("--text-format", choices=TEXT_FORMATS, default="auto",
+                   help="auto: by the file's suffix (.jsonl/.json, .parquet, else lines), after .gz/.zst")
+    p.add_argument("--type", choices=TYPES, required=True,
+                   help="bpe: vocab.json + merges.txt (GPT2BPETokenizer); hf-bpe: tokenizer.json + "
+                        "tokenizer_config.json (HuggingFaceTokenizer); sentencepiece: spm.model")
     p.add_argument("--vocab-size", type=int, required=True)
     p.add_argument("--output-dir", required=True)
     return p.parse_args(argv)
@@ -123,6 +151,8 @@ def main(argv: Optional[List[str]] = None) -> List[str]:
     texts = iter_texts(args.input, args.json_key, args.text_format)
     if args.type == "bpe":
         paths = list(train_bpe(texts, args.vocab_size, args.output_dir))
+    elif args.type == "hf-bpe":
+        paths = list(train_hf_bpe(texts, args.vocab_size, args.output_dir))
     else:
         paths = [train_sentencepiece(texts, args.vocab_size, args.output_dir)]
     print(f"wrote {', '.join(paths)}", file=sys.stderr)

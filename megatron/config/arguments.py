@@ -188,7 +188,8 @@ def _data_args(p: argparse.ArgumentParser) -> None:
                    help="default: GPT2BPETokenizer for GPT-2, SentencePieceTokenizer for T5")
     g.add_argument("--vocab-file", type=str, default=None)
     g.add_argument("--merge-file", type=str, default=None)
-    g.add_argument("--tokenizer-model", type=str, default=None, help="SentencePiece model")
+    g.add_argument("--tokenizer-model", type=str, default=None,
+                   help="SentencePiece model; HuggingFaceTokenizer: tokenizer.json or the folder holding it")
     g.add_argument("--vocab-extra-ids", type=int, default=0, help="T5 sentinel tokens")
     g.add_argument("--reset-position-ids", action="store_true")
     g.add_argument("--reset-attention-mask", action="store_true")

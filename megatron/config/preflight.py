@@ -9,7 +9,8 @@ DeepSpeed, so a mistake is reported in about a second instead of after N process
 example scripts run it before every launch (`CHECK_ARGS=0` skips it).
 
 `check_inputs` also runs at the start of every pretraining process (`deep=False`: files exist); the
-preflight also opens each dataset's index (`deep=True`: header, sizes and .bin length).
+preflight also opens each dataset's index (`deep=True`: header, sizes and .bin length) and loads a
+HuggingFaceTokenizer's tokenizer.json.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import List, Optional, Sequence
 
 from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
 from megatron.errors import UserError, exit_on_user_error
+from megatron.tokenizer.hf_tokenizer import HuggingFaceTokenizer, tokenizer_json_path
 
 ENTRY_POINTS = {"gpt": "pretrain_gpt2.py", "t5": "pretrain_t5.py"}
 
@@ -57,6 +59,10 @@ def check_inputs(args: argparse.Namespace, deep: bool = False) -> None:
         _check_file("--merge-file", args.merge_file, "--tokenizer-type GPT2BPETokenizer")
     elif args.tokenizer_type == "SentencePieceTokenizer":
         _check_file("--tokenizer-model", args.tokenizer_model, "--tokenizer-type SentencePieceTokenizer")
+    elif args.tokenizer_type == "HuggingFaceTokenizer":
+        tokenizer_json_path(args.tokenizer_model)
+        if deep:  # the file loads and names an eos (a few hundred ms for a 100k-token vocabulary)
+            HuggingFaceTokenizer(args.tokenizer_model, args.vocab_extra_ids)
 
 
 def _parse(argv: Sequence[str]) -> tuple:

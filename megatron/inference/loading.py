@@ -70,13 +70,15 @@ def build_tokenizer_from(saved: Dict[str, Any], overrides: Dict[str, Optional[st
     if spec["tokenizer_type"] is None:
         raise UserError(f"checkpoint {where} was saved without a tokenizer argument (tokenizer_type); pass "
                         f"--tokenizer-type with --vocab-file/--merge-file or --tokenizer-model")
-    needed = ("tokenizer_model",) if spec["tokenizer_type"] == "SentencePieceTokenizer" else ("vocab_file",
-                                                                                              "merge_file")
+    one_file = spec["tokenizer_type"] in ("SentencePieceTokenizer", "HuggingFaceTokenizer")
+    needed = ("tokenizer_model",) if one_file else ("vocab_file", "merge_file")
+    # a HuggingFaceTokenizer's --tokenizer-model may be the folder holding tokenizer.json
+    exists = os.path.exists if spec["tokenizer_type"] == "HuggingFaceTokenizer" else os.path.isfile
     for name in needed:
         path, flag = spec[name], "--" + name.replace("_", "-")
-        if overrides.get(name) and not os.path.isfile(path):
+        if overrides.get(name) and not exists(path):
             raise UserError(f"{flag} {path}: no such file")
-        if path is None or not os.path.isfile(path):
+        if path is None or not exists(path):
             state = "has no" if path is None else f"names {path!r} for"
             raise UserError(f"checkpoint {where} {state} {name} and no such file exists here; pass {flag} FILE")
     try:

@@ -3,6 +3,9 @@
     make_corpus(dir) -> path of a jsonl file ({"text": ...} per line, ~300 varied documents)
     make_bpe(dir, vocab_size=500) -> (vocab.json, merges.txt)
     make_spm(dir, vocab_size=600) -> spm.model
+    make_hf_bpe(dir, vocab_size=500) -> folder with tokenizer.json + tokenizer_config.json (eos <|endoftext|>)
+    make_llama_like(dir) -> folder: make_hf_bpe's tokenizer with Llama-3's special tokens, a post-processor that
+        adds <|begin_of_text|> (Llama-3's TemplateProcessing) and a truncation setting that must be ignored
 
 make_bpe's vocab has exactly vocab_size entries (<|endoftext|> = 0); make_spm's model may have fewer pieces
 than asked on this small corpus (hard_vocab_limit=False; 600 gives 467): read the size from the tokenizer.
@@ -12,7 +15,7 @@ import os
 import random
 from typing import List, Tuple
 
-from tools.train_tokenizer import iter_texts, train_bpe, train_sentencepiece
+from tools.train_tokenizer import iter_texts, train_bpe, train_hf_bpe, train_sentencepiece
 
 WORDS = ("the model data parallel pipeline tensor stage gradient token layer attention batch "
          "optimizer schedule checkpoint memory throughput sequence embedding vocabulary").split()
@@ -60,3 +63,34 @@ def make_bpe(dir_path: str, vocab_size: int = 500) -> Tuple[str, str]:
 def make_spm(dir_path: str, vocab_size: int = 600) -> str:
     corpus = make_corpus(dir_path)
     return train_sentencepiece(iter_texts(corpus), vocab_size, os.path.join(dir_path, "spm"))
+
+
+def make_hf_bpe(dir_path: str, vocab_size: int = 500) -> str:
+    corpus = make_corpus(dir_path)
+    folder = os.path.join(dir_path, "hf")
+    train_hf_bpe(iter_texts(corpus), vocab_size, folder)
+    return folder
+
+
+LLAMA3_SPECIAL = ("<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>")
+
+
+def make_llama_like(dir_path: str) -> str:
+    from tokenizers import Tokenizer, processors
+
+    tokenizer = Tokenizer.from_file(os.path.join(make_hf_bpe(dir_path), "tokenizer.json"))
+    tokenizer.add_special_tokens(list(LLAMA3_SPECIAL))
+    bos = (LLAMA3_SPECIAL[0], tokenizer.token_to_id(LLAMA3_SPECIAL[0]))
+    tokenizer.post_processor = processors.Sequence([
+        processors.ByteLevel(trim_offsets=False),
+        processors.TemplateProcessing(single=f"{bos[0]} $A", pair=f"{bos[0]} $A {bos[0]} $B:1", special_tokens=[bos]),
+    ])
+    tokenizer.enable_truncation(8)  # transformers does not truncate unless asked, and neither may we
+    folder = os.path.join(dir_path, "llama")
+    os.makedirs(folder)
+    tokenizer.save(os.path.join(folder, "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": LLAMA3_SPECIAL[0],
+              "eos_token": LLAMA3_SPECIAL[1]}
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(config, f)
+    return folder
