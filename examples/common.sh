@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared by ds_pretrain_gpt2.sh and ds_pretrain_t5.sh (sourced, not run): layout and run defaults, common
+# Shared by ds_pretrain_gpt2.sh, ds_pretrain_llama.sh and ds_pretrain_t5.sh (sourced, not run): layout and run defaults, common
 # arguments, default data and the launcher.
 # Expects REPO and PYTHON to be set by the caller.
 
@@ -79,8 +79,9 @@ common_train_args() {
 
 # build_default_data DIR TOKENIZER_KIND VOCAB_SIZE
 #   The embedded default corpus (docstrings of Python's standard library), a tokenizer trained on it
-#   (bpe -> DIR/tokenizer/{vocab.json,merges.txt}, sentencepiece -> DIR/tokenizer/spm.model) and the
-#   tokenized .bin/.idx with prefix DIR/stdlib_docs_text_document. Skipped when the .idx already exists.
+#   (bpe -> DIR/tokenizer/{vocab.json,merges.txt}, sentencepiece -> DIR/tokenizer/spm.model, hf-bpe ->
+#   DIR/tokenizer/tokenizer.json) and the tokenized .bin/.idx with prefix DIR/stdlib_docs_text_document. Skipped
+#   when the .idx already exists.
 build_default_data() {
     local dir=$1 kind=$2 vocab_size=$3
     local corpus=$dir/stdlib_docs.jsonl tok=$dir/tokenizer
@@ -94,6 +95,8 @@ build_default_data() {
     local tok_args=(--tokenizer-type GPT2BPETokenizer --vocab-file "$tok/vocab.json" --merge-file "$tok/merges.txt")
     if [[ $kind == sentencepiece ]]; then
         tok_args=(--tokenizer-type SentencePieceTokenizer --tokenizer-model "$tok/spm.model")
+    elif [[ $kind == hf-bpe ]]; then
+        tok_args=(--tokenizer-type HuggingFaceTokenizer --tokenizer-model "$tok")
     fi
     "$PYTHON" "$REPO/tools/preprocess_data.py" --input "$corpus" "${tok_args[@]}" --append-eod \
         --output-prefix "$dir/stdlib_docs" --workers 1

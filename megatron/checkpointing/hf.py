@@ -25,8 +25,9 @@ import torch
 from megatron.errors import UserError
 from .consolidated import Consolidated, layout_of, read_weights
 from .files import CheckpointFileError, atomic_folder, publish_latest, read_args
-from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, hf_rows, import_tokenizer, layout_args,
-                        read_json, sentinel_order, t5_args, t5_hf_config, token_ids, write_json, write_tokenizer)
+from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, hf_rows, layout_args, read_json, t5_args,
+                        t5_hf_config, token_ids, write_json)
+from .hf_tokenizer_files import import_tokenizer, sentinel_order, write_tokenizer
 from .hf_llama import ARCHITECTURES, is_llama_family, llama_args, llama_hf_config, llama_rules
 from .hf_names import Rule, gpt2_rules, t5_rules
 from .layouts import check_layout, write_layout
@@ -105,12 +106,11 @@ def _tokenizer(args: Dict, overrides: Dict[str, Optional[str]]):
         return None
     spec = {k: overrides.get(k) or args.get(k) for k in ("tokenizer_type", "vocab_file", "merge_file",
                                                           "tokenizer_model")}
-    needed = ["tokenizer_model"] if spec["tokenizer_type"] == "SentencePieceTokenizer" else ["vocab_file",
-                                                                                            "merge_file"]
+    needed = ["vocab_file", "merge_file"] if spec["tokenizer_type"] == "GPT2BPETokenizer" else ["tokenizer_model"]
     for key in needed:
-        if not spec[key] or not os.path.isfile(spec[key]):
-            raise UserError(f"export-hf: the checkpoint's {key} {spec[key]!r} is not a file here; pass "
-                            f"--{key.replace('_', '-')} FILE")
+        if not spec[key] or not os.path.exists(spec[key]):
+            raise UserError(f"export-hf: the checkpoint's {key} {spec[key]!r} does not exist here; pass "
+                            f"--{key.replace('_', '-')} PATH")
     args.update(spec)
     return build_tokenizer(spec["tokenizer_type"], spec["vocab_file"], spec["merge_file"], spec["tokenizer_model"],
                            args.get("vocab_extra_ids", 0) or 0)

@@ -1,26 +1,17 @@
-"""Hugging Face config.json / generation_config.json / tokenizer files <-> this project's saved arguments.
+"""Hugging Face config.json / generation_config.json <-> this project's saved arguments (GPT-2 and T5; the Llama
+family in `hf_llama`, tokenizer files in `hf_tokenizer_files`).
 
 Written and read as plain JSON, so export needs no `transformers` (only `safetensors`).
-
-T5 sentinels: this project numbers `<extra_id_i>` = V + i after the V sentencepiece pieces (Megatron's
-order); transformers' T5Tokenizer numbers them the other way round (`<extra_id_i>` = V + E - 1 - i). Export
-with a sentencepiece tokenizer reorders those E rows of the word table (and untied head) so the exported
-model and T5Tokenizer agree; import reorders them back (`sentinel_order`). A GPT-2 BPE tokenizer's extra ids
-are exported as added tokens with this project's ids, no reordering.
 """
 from __future__ import annotations
 
 import json
 import os
-import re
-import shutil
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List
 
 from megatron.errors import UserError
 from megatron.model.config import padded_vocab_size
 
-SENTINEL = re.compile(r"<extra_id_(\d+)>")
-T5_DEFAULT_EXTRA_IDS = 100  # transformers' T5Tokenizer(extra_ids=100)
 GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 T5_FFN = ("relu", "gated-gelu")
 
@@ -48,7 +39,8 @@ def token_ids(args: Dict[str, Any], tokenizer) -> Dict[str, int]:
     if tokenizer is None:
         return dict(args.get("hf_token_ids") or {})
     if args["model_type"] == "gpt":
-        return {"bos_token_id": tokenizer.eod, "eos_token_id": tokenizer.eod}
+        bos = getattr(tokenizer, "bos", None)
+        return {"bos_token_id": tokenizer.eod if bos is None else bos, "eos_token_id": tokenizer.eod}
     return {"pad_token_id": tokenizer.pad, "eos_token_id": tokenizer.eos, "decoder_start_token_id": tokenizer.pad}
 
 
@@ -94,40 +86,6 @@ def generation_config(hf: Dict[str, Any]) -> Dict[str, Any]:
     return {k: hf[k] for k in keys if k in hf}
 
 
-# --- export: tokenizer files -------------------------------------------------------------------------------
-def write_tokenizer(out: str, args: Dict[str, Any], tokenizer, max_length: int) -> List[str]:
-    """Tokenizer files transformers' AutoTokenizer loads; returns the names written."""
-    extra = args.get("vocab_extra_ids", 0) or 0
-    if args["tokenizer_type"] == "GPT2BPETokenizer":
-        shutil.copyfile(args["vocab_file"], os.path.join(out, "vocab.json"))
-        shutil.copyfile(args["merge_file"], os.path.join(out, "merges.txt"))
-        eod = "<|endoftext|>"
-        added = {str(i): {"content": f"<extra_id_{k}>", "special": True, "lstrip": False, "rstrip": False,
-                          "normalized": False, "single_word": False}
-                 for k, i in enumerate(tokenizer.sentinel_ids)}
-        write_json(os.path.join(out, "tokenizer_config.json"),
-                   {"tokenizer_class": "GPT2Tokenizer", "bos_token": eod, "eos_token": eod, "unk_token": eod,
-                    "add_prefix_space": False, "model_max_length": max_length, "added_tokens_decoder": added})
-        return ["vocab.json", "merges.txt", "tokenizer_config.json"]
-    shutil.copyfile(args["tokenizer_model"], os.path.join(out, "spiece.model"))
-    write_json(os.path.join(out, "tokenizer_config.json"),
-               {"tokenizer_class": "T5Tokenizer", "extra_ids": extra, "eos_token": "</s>", "unk_token": "<unk>",
-                "pad_token": "<pad>", "model_max_length": max_length})
-    return ["spiece.model", "tokenizer_config.json"]
-
-
-def sentinel_order(args: Dict[str, Any], rows: int) -> Optional[List[int]]:
-    """Row order mapping this project's ids to T5Tokenizer's (an involution), or None when ids agree:
-    HF row r holds our row order[r]."""
-    extra = args.get("vocab_extra_ids", 0) or 0
-    if args.get("tokenizer_type") != "SentencePieceTokenizer" or extra == 0:
-        return None
-    base = args["vocab_size"] - extra
-    order = list(range(rows))
-    order[base:base + extra] = reversed(range(base, base + extra))
-    return order
-
-
 # --- import: HF config -> our arguments --------------------------------------------------------------------
 def _unsupported(options: List[str], where: str) -> None:
     if options:
@@ -170,72 +128,6 @@ def t5_args(cfg: Dict[str, Any], where: str) -> Dict[str, Any]:
                 seq_length=512, encoder_seq_length=512, decoder_seq_length=128, max_position_embeddings=512,
                 layernorm_epsilon=cfg.get("layer_norm_epsilon", 1e-6), hidden_dropout=cfg.get("dropout_rate", 0.1),
                 attention_dropout=cfg.get("dropout_rate", 0.1), init_method_std=0.02)
-
-
-def import_tokenizer(hf_dir: str, folder: str) -> Tuple[Dict[str, Any], Optional[object]]:
-    """Copy the HF tokenizer files into the checkpoint folder; (tokenizer arguments, tokenizer) or ({}, None).
-
-    The sentinel count is the one transformers would load: the `<extra_id_*>` tokens tokenizer.json (else
-    tokenizer_config.json) lists, else tokenizer_config.json's `extra_ids`, else T5Tokenizer's default of
-    100 for a sentencepiece model (0 for GPT-2 BPE). Listed ids must follow the numbering `sentinel_order`
-    assumes (T5Tokenizer: `<extra_id_k>` = pieces + E - 1 - k; BPE: base + k)."""
-    from megatron.tokenizer import build_tokenizer
-    tok_cfg_path = os.path.join(hf_dir, "tokenizer_config.json")
-    tok_cfg = read_json(tok_cfg_path) if os.path.isfile(tok_cfg_path) else {}
-    listed = _listed_sentinels(hf_dir, tok_cfg)
-    if os.path.isfile(os.path.join(hf_dir, "spiece.model")):
-        model = os.path.join(folder, "spiece.model")
-        shutil.copyfile(os.path.join(hf_dir, "spiece.model"), model)
-        extra = len(listed) if listed else tok_cfg.get("extra_ids", T5_DEFAULT_EXTRA_IDS)
-        args = dict(tokenizer_type="SentencePieceTokenizer", tokenizer_model=os.path.abspath(model),
-                    vocab_file=None, merge_file=None, vocab_extra_ids=extra)
-    elif os.path.isfile(os.path.join(hf_dir, "vocab.json")) and os.path.isfile(os.path.join(hf_dir, "merges.txt")):
-        for name in ("vocab.json", "merges.txt"):
-            shutil.copyfile(os.path.join(hf_dir, name), os.path.join(folder, name))
-        args = dict(tokenizer_type="GPT2BPETokenizer", vocab_file=os.path.abspath(os.path.join(folder, "vocab.json")),
-                    merge_file=os.path.abspath(os.path.join(folder, "merges.txt")), tokenizer_model=None,
-                    vocab_extra_ids=len(listed))
-    else:
-        return {}, None
-    tokenizer = build_tokenizer(args["tokenizer_type"], args["vocab_file"], args["merge_file"],
-                                args["tokenizer_model"], args["vocab_extra_ids"])
-    _check_sentinel_ids(listed, args, tokenizer, hf_dir)
-    return args, tokenizer
-
-
-def _listed_sentinels(hf_dir: str, tok_cfg: Dict[str, Any]) -> Dict[int, Optional[int]]:
-    """{k: HF id of <extra_id_k>} from tokenizer.json's added tokens, else tokenizer_config.json's
-    added_tokens_decoder, else its special-token lists (ids unknown: None); {} when none lists a sentinel."""
-    tok_json = os.path.join(hf_dir, "tokenizer.json")
-    sources = [[(t.get("content", ""), t.get("id")) for t in read_json(tok_json).get("added_tokens", [])]
-               if os.path.isfile(tok_json) else [],
-               [(v.get("content", ""), int(i)) for i, v in tok_cfg.get("added_tokens_decoder", {}).items()],
-               [(t if isinstance(t, str) else t.get("content", ""), None)
-                for key in ("additional_special_tokens", "extra_special_tokens") for t in tok_cfg.get(key) or []]]
-    for tokens in sources:
-        found = {}
-        for name, hf_id in tokens:
-            match = SENTINEL.fullmatch(name)
-            if match:
-                found[int(match.group(1))] = hf_id
-        if found:
-            return found
-    return {}
-
-
-def _check_sentinel_ids(listed: Dict[int, Optional[int]], args: Dict[str, Any], tokenizer, where: str) -> None:
-    extra = args["vocab_extra_ids"]
-    if listed and sorted(listed) != list(range(extra)):
-        raise UserError(f"{where}: the tokenizer lists sentinels <extra_id_k> for k in {sorted(listed)}, not 0 .. "
-                        f"{extra - 1}; this project numbers {extra} sentinels from 0")
-    base = tokenizer.vocab_size - extra
-    reverse = args["tokenizer_type"] == "SentencePieceTokenizer"
-    for k, hf_id in sorted(listed.items()):
-        expected = base + extra - 1 - k if reverse else base + k
-        if hf_id is not None and hf_id != expected:
-            raise UserError(f"{where}: <extra_id_{k}> has id {hf_id}, but after the tokenizer's {base} base ids "
-                            f"{'T5Tokenizer numbers it' if reverse else 'it is numbered'} {expected}; import-hf "
-                            f"reads sentinels only in that numbering")
 
 
 def layout_args(args: Dict[str, Any], tp: int, pp: int) -> Dict[str, Any]:

@@ -1,6 +1,6 @@
 """export-hf --verify: load the exported folder with transformers and compare its logits with this project's
 model (built at tp = 1 from the checkpoint) on random ids, fp32. Needs `transformers` (a test/optional
-dependency). Ids and logits are compared in this project's numbering (`hf_config.sentinel_order`)."""
+dependency). Ids and logits are compared in this project's numbering (`hf_tokenizer_files.sentinel_order`)."""
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -9,7 +9,7 @@ import torch
 
 from megatron.errors import UserError
 from .files import checkpoint_folder, read_args
-from .hf_config import sentinel_order
+from .hf_tokenizer_files import sentinel_order
 from .names import model_config
 from .weights import load_weights_into
 

@@ -5,7 +5,7 @@ Shape legend: b examples in a batch, s' longest example in it (<= seq_length), V
 Each jsonl line {"text": ...} gives context ids and target ids (Megatron's two definitions):
     default    ids = tokenize(text): context = ids[:-1], target = ids[-1:]  (the final token)
     --strict   word = text.split()[-1]: context = tokenize(text before it, stripped),
-               target = tokenize(" " + word)                               (the whole last word)
+               target = tokenize(" " + word)                               (the whole last word; no BOS)
 An example is correct when, fed context + target[:-1] (teacher forcing), the argmax at every target
 position is the target token. accuracy = correct / examples. An example longer than seq_length + 1 tokens
 loses context from the left (counted in `truncated`).
@@ -48,7 +48,7 @@ def split_example(text: str, tokenizer, strict: bool) -> Tuple[List[int], List[i
         return ids[:-1], ids[-1:]
     word = text.split()[-1]
     start = text.rfind(word)
-    return tokenizer.tokenize(text[:start].strip()), tokenizer.tokenize(" " + word)
+    return tokenizer.tokenize(text[:start].strip()), tokenizer.tokenize_continuation(" " + word)
 
 
 def read_lambada(path: str, tokenizer, strict: bool, json_key: str = "text") -> List[Tuple[List[int], List[int]]]:

@@ -27,6 +27,10 @@ class AbstractTokenizer:
     def tokenize(self, text: str) -> List[int]:
         raise NotImplementedError
 
+    def tokenize_continuation(self, text: str) -> List[int]:
+        """Ids of text that continues other text: nothing a tokenizer adds at a sequence's start (a BOS)."""
+        return self.tokenize(text)
+
     def _decode(self, ids: Sequence[int]) -> str:
         """Text of ids that are all in the base vocabulary."""
         raise NotImplementedError

@@ -149,6 +149,9 @@ class HuggingFaceTokenizer(AbstractTokenizer):
     def tokenize(self, text: str) -> List[int]:
         return self._tok.encode(text).ids
 
+    def tokenize_continuation(self, text: str) -> List[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
     def _decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 

@@ -166,3 +166,48 @@ def test_a_different_rotary_base_is_refused_unless_finetuning(tmp_path):
     with pytest.raises(CheckpointMismatchError, match="has rotary_base = 10000.0 but the model has 500000.0"):
         load_weights_into(other, folder, saved)
     load_weights_into(other, folder, saved, function=False)
+
+
+def test_hub_tokenizer_json_imports_exports_and_generates_as_transformers(tmp_path):
+    """A Llama folder as the hub ships it: weights, config.json, tokenizer.json with a BOS-adding post-processor and
+    tokenizer_config.json naming eos and bos. import-hf takes the tokenizer as HuggingFaceTokenizer; greedy
+    `tools/generate.py` text equals transformers' generate from the exported folder, whose AutoTokenizer encodes as
+    the imported one does."""
+    import shutil
+    import subprocess
+    import sys
+    from megatron.checkpointing import read_checkpoint_args
+    from megatron.tokenizer import build_tokenizer
+    from tests.data.corpus import make_llama_like
+    from tests.inference.common import ROOT
+    tok_dir = make_llama_like(str(tmp_path))
+    tokenizer = build_tokenizer("HuggingFaceTokenizer", tokenizer_model=tok_dir)
+    hf_dir, ckpt, out = (str(tmp_path / n) for n in ("hf", "ckpt", "out"))
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, initializer_range=1.0,
+        bos_token_id=tokenizer.bos, eos_token_id=tokenizer.eos)).eval()
+    model.save_pretrained(hf_dir)
+    for name in os.listdir(tok_dir):
+        shutil.copy(os.path.join(tok_dir, name), hf_dir)
+    _import(hf_dir, ckpt, 2, 1)
+    assert read_checkpoint_args(ckpt)["tokenizer_type"] == "HuggingFaceTokenizer"
+    run(["export-hf", "--load", ckpt, "--output", out])
+    prompt = "the model data parallel"
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
+    ids = hf_tok(prompt, return_tensors="pt").input_ids
+    assert ids[0].tolist() == tokenizer.tokenize(prompt) and ids[0, 0] == tokenizer.bos
+    result = subprocess.run([sys.executable, "tools/generate.py", "--load", ckpt, "--prompt", prompt,
+                             "--max-new-tokens", "10", "--output", str(tmp_path / "gen.jsonl")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    with open(tmp_path / "gen.jsonl") as f:
+        ours = json.loads(f.readline())["completion"]
+    with torch.no_grad():
+        new = transformers.AutoModelForCausalLM.from_pretrained(out).generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10,
+            eos_token_id=tokenizer.eos, pad_token_id=tokenizer.eos)[0, ids.size(1):].tolist()
+    new = new[:new.index(tokenizer.eos)] if tokenizer.eos in new else new
+    assert len(set(new)) > 2, "greedy text should not be degenerate"
+    assert ours == hf_tok.decode(new), f"ours {ours!r} vs transformers {hf_tok.decode(new)!r}"
