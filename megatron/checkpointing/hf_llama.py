@@ -84,8 +84,8 @@ def llama_args(cfg: Dict[str, Any], where: str) -> Dict[str, Any]:
                 encoder_seq_length=positions, decoder_seq_length=positions,
                 layernorm_epsilon=cfg.get("rms_norm_eps", 1e-6), init_method_std=cfg.get("initializer_range", 0.02),
                 hidden_dropout=0.0, attention_dropout=cfg.get("attention_dropout", 0.0), **LLAMA_FLAGS,
-                add_qkv_bias=kind == "qwen2", group_query_attention=groups != heads,
-                num_query_groups=groups if groups != heads else None, rotary_base=float(rope["rope_theta"]),
+                add_qkv_bias=kind == "qwen2", group_query_attention=True, num_query_groups=groups,
+                rotary_base=float(rope["rope_theta"]),
                 rotary_percent=1.0, untie_embeddings_and_output_weights=not cfg.get("tie_word_embeddings", False),
                 use_rope_scaling=rope["rope_type"] == "llama3")
     if args["use_rope_scaling"]:
