@@ -246,3 +246,14 @@ launch_once() {
     fi
     return "$status"
 }
+
+# greedy_samples: two short greedy samples from the checkpoint in SAVE (tools/generate.py; SAMPLES=0 skips them),
+#   each cut at its first blank line (a tiny default model soon continues with newlines only).
+greedy_samples() {
+    if [[ ${SAMPLES:-1} == 0 ]]; then
+        return
+    fi
+    echo "greedy samples from the checkpoint in $SAVE:"
+    (cd "$REPO" && "$PYTHON" tools/generate.py --load "$SAVE" --max-new-tokens 24 --stop $'\n\n' \
+        --prompt "Return the number of" --prompt "Return a list of")
+}

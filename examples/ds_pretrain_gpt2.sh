@@ -67,10 +67,4 @@ fi
 preflight gpt "${TRAIN_ARGS[@]}" "$@"
 echo "GPT-2: tp=$TP, pp=$PP, $TRAIN_ITERS iterations, checkpoints in $SAVE"
 launch pretrain_gpt2.py "${TRAIN_ARGS[@]}" "$@"
-# Two short greedy samples from the checkpoint just saved (tools/generate.py; SAMPLES=0 skips them), each cut
-# at its first blank line (the tiny default model soon continues with newlines only).
-if [[ ${SAMPLES:-1} != 0 ]]; then
-    echo "greedy samples from the checkpoint in $SAVE:"
-    (cd "$REPO" && "$PYTHON" tools/generate.py --load "$SAVE" --max-new-tokens 24 --stop $'\n\n' \
-        --prompt "Return the number of" --prompt "Return a list of")
-fi
+greedy_samples

@@ -75,8 +75,4 @@ fi
 preflight gpt "${TRAIN_ARGS[@]}" "$@"
 echo "Llama-style GPT: tp=$TP, pp=$PP, $TRAIN_ITERS iterations, checkpoints in $SAVE"
 launch pretrain_gpt2.py "${TRAIN_ARGS[@]}" "$@"
-if [[ ${SAMPLES:-1} != 0 ]]; then
-    echo "greedy samples from the checkpoint in $SAVE:"
-    (cd "$REPO" && "$PYTHON" tools/generate.py --load "$SAVE" --max-new-tokens 24 --stop $'\n\n' \
-        --prompt "Return the number of" --prompt "Return a list of")
-fi
+greedy_samples
