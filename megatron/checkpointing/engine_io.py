@@ -57,7 +57,7 @@ SHAPE_FIELDS = ("model_type", "num_layers", "hidden_size", "ffn_hidden_size", "n
                 "decoder_seq_length", "decoder_num_layers", "feed_forward_proj", "untie_embeddings_and_output_weights",
                 "relative_attention_num_buckets", "position_embedding_type", "rotary_base", "rotary_percent",
                 "use_rope_scaling", "normalization", "swiglu", "group_query_attention", "num_query_groups",
-                "disable_bias_linear", "add_qkv_bias")
+                "disable_bias_linear", "add_qkv_bias", "gelu")
 
 
 def commit(save_dir: str, tag: str) -> None:

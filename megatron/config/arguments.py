@@ -103,6 +103,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-query-groups", type=int, default=None,
                    help="with --group-query-attention, default 1 (multi-query attention)")
     g.add_argument("--disable-bias-linear", action="store_true", default=None, help="no bias in any linear layer")
+    g.add_argument("--gelu", choices=["tanh", "erf"], default="tanh",
+                   help="the MLP's GELU (without --swiglu): tanh (GPT-2's approximation, default; Megatron-LM's "
+                        "--openai-gelu and its fused bias-GELU) or erf (exact; Megatron-LM's F.gelu)")
     g.add_argument("--add-qkv-bias", action="store_true", default=None,
                    help="a bias in the QKV projection even with --disable-bias-linear (Qwen2)")
     g = p.add_argument_group("T5 (v1.0 defaults; T5 v1.1: --feed-forward-proj gated-gelu "
