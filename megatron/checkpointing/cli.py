@@ -9,6 +9,8 @@
     python tools/convert_checkpoint.py to-fp32 --load CKPT_DIR --output FILE(.pt|.safetensors)
 
 CKPT_DIR is a directory written with --save (its `latest` tag is used unless --tag is given) or a tag folder.
+Every checkpoint file is read with torch.load(weights_only=True) and an allowlist of globals; a file whose pickle
+needs anything else is refused in one line naming the file and the global (--trust-checkpoint: trusted files).
 Outputs are written under a temporary name and renamed when complete; inputs are only read. The library is
 megatron/checkpointing (the same code loads checkpoints in training). The same command line is
 `megatron-convert-checkpoint` and `python -m megatron.checkpointing.cli` where the package is installed.
@@ -53,6 +55,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--load", required=True, metavar="CKPT_DIR")
     s.add_argument("--output", required=True, metavar="FILE")
     s.add_argument("--tag", default=None)
+    for s in sub.choices.values():
+        s.add_argument("--trust-checkpoint", action="store_true",
+                       help="read the input's pickles with torch.load(weights_only=False), only for files from a "
+                            "source you trust (a pickle can run any code); by default they are read with "
+                            "weights_only=True and an allowlist, and a file needing more is refused in one line")
     return p
 
 
@@ -65,8 +72,10 @@ def run(argv: Optional[List[str]] = None) -> None:
     """Parse `argv` and run one subcommand (what `main` does, without the exit-status handling)."""
     args = _parser().parse_args(argv)
     from megatron.checkpointing.files import show_progress
+    from tds.safe_load import trusted
     show_progress(True)
-    COMMANDS[args.command](args)
+    with trusted(args.trust_checkpoint):
+        COMMANDS[args.command](args)
 
 
 def _inspect(args) -> None:

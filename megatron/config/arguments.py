@@ -269,6 +269,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--finetune", action="store_true",
                    help="load only the model weights from --load (any tp/pp/dp): iteration 0, fresh optimizer and "
                         "LR schedule, 0 consumed samples")
+    g.add_argument("--trust-checkpoint", action="store_true",
+                   help="read the checkpoint's pickles with torch.load(weights_only=False): only for a file from a "
+                        "source you trust (a pickle can run any code). By default every checkpoint file is read "
+                        "with weights_only=True and an allowlist, and a file that needs anything else is refused")
 
 
 def _deepspeed_args(p: argparse.ArgumentParser) -> None:
