@@ -1,10 +1,14 @@
-"""Checkpoint conversion: inspect, reshape to any (tp, pp, dp), Hugging Face export / import, consolidated fp32.
+"""Checkpoint conversion: inspect, reshape to any (tp, pp, dp), Hugging Face and Megatron-LM export / import, fp32.
 
     python tools/convert_checkpoint.py inspect CKPT_DIR [--verify]
     python tools/convert_checkpoint.py reshape --load CKPT_DIR --save OUT_DIR --tensor-model-parallel-size T \\
         --pipe-parallel-size P [--data-parallel-size D] [--no-optimizer]
     python tools/convert_checkpoint.py export-hf --load CKPT_DIR --output HF_DIR [--verify]
     python tools/convert_checkpoint.py import-hf --input HF_DIR --save CKPT_DIR --tensor-model-parallel-size T \\
+        --pipe-parallel-size P
+    python tools/convert_checkpoint.py import-megatron --input DIR --save CKPT_DIR --tensor-model-parallel-size T \\
+        --pipe-parallel-size P [--qkv-order 0|1|2] [--data-path PREFIX] [--num-attention-heads N] [--vocab-size V]
+    python tools/convert_checkpoint.py export-megatron --load CKPT_DIR --output DIR --tensor-model-parallel-size T \\
         --pipe-parallel-size P
     python tools/convert_checkpoint.py to-fp32 --load CKPT_DIR --output FILE(.pt|.safetensors)
 
@@ -51,6 +55,32 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--input", required=True, metavar="HF_DIR")
     s.add_argument("--save", required=True, metavar="CKPT_DIR", help="new directory (must not exist)")
     _layout(s)
+    s = sub.add_parser("import-megatron", help="a GPT checkpoint of Megatron-LM (legacy or torch_dist), "
+                                               "Megatron-DeepSpeed, DeepSpeedExamples v1.1.5 or CPM-Pretrain -> a "
+                                               "checkpoint to --load")
+    s.add_argument("--input", required=True, metavar="DIR", help="the source's save directory or iteration folder "
+                                                                 "(the format is detected from the files)")
+    s.add_argument("--save", required=True, metavar="CKPT_DIR", help="new directory (must not exist)")
+    _layout(s)
+    s.add_argument("--qkv-order", choices=["0", "1", "2"], default=None,
+                   help="the fused QKV rows' order: 0 ([3, np, hn], checkpoint_version 0), 1 ([np, hn, 3], 1.0) or 2 "
+                        "([np, 3, hn], 2.0 / 3.0; grouped with GQA); default: the recorded checkpoint_version, else "
+                        "the lowest loss on --data-path, else 2")
+    s.add_argument("--data-path", default=None, metavar="PREFIX",
+                   help="a Megatron dataset (.bin/.idx, the source's tokenizer): report the loss of a few sequences "
+                        "under each QKV order and name the plausible one")
+    s.add_argument("--num-attention-heads", type=int, default=None,
+                   help="heads, for files that record no arguments (DeepSpeedExamples v1.1.5, CPM-Pretrain)")
+    s.add_argument("--vocab-size", type=int, default=None,
+                   help="the tokenizer's ids (default: the source's vocab_size, else every row of its table)")
+    s.add_argument("--gelu", choices=["tanh", "erf"], default=None,
+                   help="override the GELU read from the source's arguments (--openai-gelu, --bias-gelu-fusion)")
+    s = sub.add_parser("export-megatron", help="a GPT checkpoint -> Megatron-LM's legacy format (checkpoint_version "
+                                               "3.0) at any (tp, pp)")
+    s.add_argument("--load", required=True, metavar="CKPT_DIR")
+    s.add_argument("--output", required=True, metavar="DIR", help="new directory (must not exist)")
+    _layout(s)
+    s.add_argument("--tag", default=None)
     s = sub.add_parser("to-fp32", help="one consolidated fp32 state dict of the plain model (tp = 1)")
     s.add_argument("--load", required=True, metavar="CKPT_DIR")
     s.add_argument("--output", required=True, metavar="FILE")
@@ -128,6 +158,28 @@ def _import(args) -> None:
     print(f"vocabulary: {vocab} ids{sentinels}{padding}, padded to {saved['padded_vocab_size']}")
 
 
+def _import_megatron(args) -> None:
+    from megatron.checkpointing.flags import model_flags
+    from megatron.checkpointing.mlm_args import ImportOptions
+    from megatron.checkpointing.mlm_import import import_megatron
+    opts = ImportOptions(num_attention_heads=args.num_attention_heads, vocab_size=args.vocab_size, gelu=args.gelu,
+                         qkv_order=args.qkv_order)
+    r = import_megatron(args.input, args.save, args.tensor_model_parallel_size, args.pipe_parallel_size, opts,
+                        args.data_path)
+    print(f"imported {r.fmt} into {args.save}/{r.tag} at (tp, pp) = ({args.tensor_model_parallel_size}, "
+          f"{args.pipe_parallel_size})")
+    print("\n".join(r.lines))
+    print(f"model flags: {' '.join(model_flags(r.args))}")
+
+
+def _export_megatron(args) -> None:
+    from megatron.checkpointing.mlm_export import export_megatron
+    name = export_megatron(args.load, args.output, args.tensor_model_parallel_size, args.pipe_parallel_size, args.tag)
+    print(f"exported to Megatron-LM's legacy format (checkpoint_version 3.0) at (tp, pp) = "
+          f"({args.tensor_model_parallel_size}, {args.pipe_parallel_size}): {args.output}/{name}; Megatron-LM loads it "
+          f"with --load {args.output} --use-checkpoint-args --no-load-optim --no-load-rng")
+
+
 def _to_fp32(args) -> None:
     from megatron.checkpointing.fp32 import to_fp32
     state = to_fp32(args.load, args.output, args.tag)
@@ -135,7 +187,7 @@ def _to_fp32(args) -> None:
 
 
 COMMANDS = {"inspect": _inspect, "reshape": _reshape, "export-hf": _export, "import-hf": _import,
-            "to-fp32": _to_fp32}
+            "import-megatron": _import_megatron, "export-megatron": _export_megatron, "to-fp32": _to_fp32}
 
 
 def main() -> None:

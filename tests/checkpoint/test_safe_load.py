@@ -1,10 +1,11 @@
 """Every checkpoint file is read with torch.load(weights_only=True) and an allowlist (tds/safe_load.py): a file whose
 pickle would run a command (written here: `os.system("touch <marker>")`) is refused in one line naming the file and
-the global by inspect, reshape, import-hf and the engine's own reads (DeepSpeed's state-dict loaders, and `--load`
-through `_named_read_errors`); the command never runs. A file needing a global outside the allowlist is read with
---trust-checkpoint. (`--load` through the
+the global by inspect, reshape, import-hf, import-megatron (legacy files, torch_dist's index and items) and the
+engine's own reads (DeepSpeed's state-dict loaders, and `--load` through `_named_read_errors`); the command never
+runs. A legacy file needing a global outside the allowlist loads with --trust-checkpoint. (`--load` through the
 example script: tests/training/test_damaged_checkpoint.py.)"""
 import os
+import pickle
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from megatron.checkpointing.manifest import write_manifest
 from megatron.errors import UserError
 from tds.safe_load import SafeCheckpointEngine, UnsafeCheckpointError
+from tests.checkpoint import megatron_fixtures as fx
 from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic
 from tools.convert_checkpoint import run
 
@@ -104,6 +106,48 @@ def test_import_hf_refuses(tmp_path, marker):
     _poison(str(hf / "pytorch_model.bin"), marker)
     _refused(["import-hf", "--input", str(hf), "--save", str(tmp_path / "out"), "--tensor-model-parallel-size", "1",
               "--pipe-parallel-size", "1"], str(hf / "pytorch_model.bin"))
+
+
+def _import_argv(src: str, out: str, *extra) -> list:
+    return ["import-megatron", "--input", src, "--save", out, "--tensor-model-parallel-size", "1",
+            "--pipe-parallel-size", "1", *extra]
+
+
+def test_import_megatron_refuses(tmp_path, marker):
+    src = str(tmp_path / "legacy")
+    os.makedirs(src)
+    fx.write_legacy(src, fx.reference("gpt2"), 2, 1, 3.0)
+    path = os.path.join(src, "iter_0000120", "mp_rank_01", "model_optim_rng.pt")
+    _poison(path, marker)
+    _refused(_import_argv(src, str(tmp_path / "out")), path)
+
+    dist = str(tmp_path / "dist")
+    os.makedirs(dist)
+    fx.write_torch_dist(dist, fx.reference("gpt2"), 1, 1, te_norms=False)
+    index = os.path.join(dist, "iter_0000300", ".metadata")
+    with open(index, "wb") as f:
+        pickle.dump(Command(marker), f)
+    _refused(_import_argv(dist, str(tmp_path / "out")), index)
+    fx.write_torch_dist(str(tmp_path / "dist2"), fx.reference("gpt2"), 1, 1, te_norms=False)
+    common = os.path.join(tmp_path / "dist2", "iter_0000300", "common.pt")
+    _poison(common, marker)
+    _refused(_import_argv(str(tmp_path / "dist2"), str(tmp_path / "out")), common)
+
+
+def test_trusted_legacy_file_loads_with_the_flag(tmp_path, capsys):
+    src = str(tmp_path / "legacy")
+    os.makedirs(src)
+    fx.write_legacy(src, fx.reference("gpt2"), 1, 1, 3.0)
+    path = os.path.join(src, "iter_0000120", "mp_rank_00", "model_optim_rng.pt")
+    with fx.megatron_classes():
+        state = torch.load(path, weights_only=False)
+        state["optimizer"]["custom"] = Custom()
+        torch.save(state, path)
+    with pytest.raises(UserError) as err:
+        run(_import_argv(src, str(tmp_path / "out")))
+    assert "Custom" in str(err.value) and path in str(err.value)
+    run(_import_argv(src, str(tmp_path / "out"), "--trust-checkpoint"))
+    assert "imported Megatron-LM legacy checkpoint" in capsys.readouterr().out
 
 
 def test_engine_reads_are_safe(tmp_path, marker):
