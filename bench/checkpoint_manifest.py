@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from megatron.checkpointing.files import folder_bytes  # noqa: E402
+from megatron.checkpointing.files import folder_bytes, load_file  # noqa: E402
 from megatron.checkpointing.manifest import save_manifest, saved_files  # noqa: E402
 from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic  # noqa: E402
 from tests.dist import run_distributed  # noqa: E402
@@ -45,7 +45,7 @@ def _between_barriers(fn) -> float:
 def _rank(src: str, root: str, repeats: int) -> list:
     """(save seconds, manifest seconds) of each repeat, on this rank."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    mine = {n: torch.load(os.path.join(src, n), weights_only=False) for n in saved_files(src)[rank::world]
+    mine = {n: load_file(os.path.join(src, n), mmap=False) for n in saved_files(src)[rank::world]
             if n.endswith(".pt")}  # megatron_args.json, a few kB, is left out of the save and in the manifest
     times = []
     for r in range(repeats):

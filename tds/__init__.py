@@ -18,6 +18,7 @@ from deepspeed.runtime.pipe.module import PipelineModule as _DSPipelineModule
 
 from . import pipe
 from .device import init_distributed
+from .safe_load import make_safe
 from .pipe import PipelineEngine, PipelineModule
 
 REPLACED = ("initialize", "init_distributed", "pipe", "PipelineEngine", "PipelineModule")  # differ from deepspeed's
@@ -56,10 +57,12 @@ def initialize(args: Any = None, model=None, optimizer=None, model_parameters=No
     if model is None:
         raise ValueError("tds.initialize needs a model")
     if not isinstance(model, _DSPipelineModule):
-        return _ds.initialize(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
-                              training_data=training_data, lr_scheduler=lr_scheduler, mpu=mpu,
-                              dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
-                              config_params=config_params, **kwargs)
+        out = _ds.initialize(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
+                             training_data=training_data, lr_scheduler=lr_scheduler, mpu=mpu,
+                             dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
+                             config_params=config_params, **kwargs)
+        make_safe(out[0])  # its checkpoint reads: weights_only=True and the allowlist (tds.safe_load)
+        return out
     if not isinstance(model, PipelineModule):
         raise TypeError(f"{type(model).__name__} is DeepSpeed's own PipelineModule; build it from "
                         f"tds.pipe.PipelineModule (with `import tds as deepspeed`, deepspeed.pipe.PipelineModule)")

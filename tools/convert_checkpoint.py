@@ -1,6 +1,6 @@
-"""Checkpoint conversion: inspect, reshape to any (tp, pp, dp), Hugging Face export / import, consolidated fp32.
+"""Checkpoint conversion: inspect, reshape to any (tp, pp, dp), Hugging Face and Megatron-LM export / import, fp32.
 
-    python tools/convert_checkpoint.py {inspect,reshape,export-hf,import-hf,to-fp32} --help
+    python tools/convert_checkpoint.py {inspect,reshape,export-hf,import-hf,import-megatron,export-megatron,to-fp32} --help
 
 The command line is `megatron.checkpointing.cli` (its docstring lists every subcommand); the library is
 megatron/checkpointing, the same code that loads checkpoints in training.

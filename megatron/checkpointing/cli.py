@@ -1,4 +1,4 @@
-"""Checkpoint conversion: inspect, reshape to any (tp, pp, dp), Hugging Face export / import, consolidated fp32.
+"""Checkpoint conversion: inspect, reshape to any (tp, pp, dp), Hugging Face and Megatron-LM export / import, fp32.
 
     python tools/convert_checkpoint.py inspect CKPT_DIR [--verify]
     python tools/convert_checkpoint.py reshape --load CKPT_DIR --save OUT_DIR --tensor-model-parallel-size T \\
@@ -6,9 +6,15 @@
     python tools/convert_checkpoint.py export-hf --load CKPT_DIR --output HF_DIR [--verify]
     python tools/convert_checkpoint.py import-hf --input HF_DIR --save CKPT_DIR --tensor-model-parallel-size T \\
         --pipe-parallel-size P
+    python tools/convert_checkpoint.py import-megatron --input DIR --save CKPT_DIR --tensor-model-parallel-size T \\
+        --pipe-parallel-size P [--qkv-order 0|1|2] [--data-path PREFIX] [--num-attention-heads N] [--vocab-size V]
+    python tools/convert_checkpoint.py export-megatron --load CKPT_DIR --output DIR --tensor-model-parallel-size T \\
+        --pipe-parallel-size P
     python tools/convert_checkpoint.py to-fp32 --load CKPT_DIR --output FILE(.pt|.safetensors)
 
 CKPT_DIR is a directory written with --save (its `latest` tag is used unless --tag is given) or a tag folder.
+Every checkpoint file is read with torch.load(weights_only=True) and an allowlist of globals; a file whose pickle
+needs anything else is refused in one line naming the file and the global (--trust-checkpoint: trusted files).
 Outputs are written under a temporary name and renamed when complete; inputs are only read. The library is
 megatron/checkpointing (the same code loads checkpoints in training). The same command line is
 `megatron-convert-checkpoint` and `python -m megatron.checkpointing.cli` where the package is installed.
@@ -49,10 +55,41 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--input", required=True, metavar="HF_DIR")
     s.add_argument("--save", required=True, metavar="CKPT_DIR", help="new directory (must not exist)")
     _layout(s)
+    s = sub.add_parser("import-megatron", help="a GPT checkpoint of Megatron-LM (legacy or torch_dist), "
+                                               "Megatron-DeepSpeed, DeepSpeedExamples v1.1.5 or CPM-Pretrain -> a "
+                                               "checkpoint to --load")
+    s.add_argument("--input", required=True, metavar="DIR", help="the source's save directory or iteration folder "
+                                                                 "(the format is detected from the files)")
+    s.add_argument("--save", required=True, metavar="CKPT_DIR", help="new directory (must not exist)")
+    _layout(s)
+    s.add_argument("--qkv-order", choices=["0", "1", "2"], default=None,
+                   help="the fused QKV rows' order: 0 ([3, np, hn], checkpoint_version 0), 1 ([np, hn, 3], 1.0) or 2 "
+                        "([np, 3, hn], 2.0 / 3.0; grouped with GQA); default: the recorded checkpoint_version, else "
+                        "the lowest loss on --data-path, else 2")
+    s.add_argument("--data-path", default=None, metavar="PREFIX",
+                   help="a Megatron dataset (.bin/.idx, the source's tokenizer): report the loss of a few sequences "
+                        "under each QKV order and name the plausible one")
+    s.add_argument("--num-attention-heads", type=int, default=None,
+                   help="heads, for files that record no arguments (DeepSpeedExamples v1.1.5, CPM-Pretrain)")
+    s.add_argument("--vocab-size", type=int, default=None,
+                   help="the tokenizer's ids (default: the source's vocab_size, else every row of its table)")
+    s.add_argument("--gelu", choices=["tanh", "erf"], default=None,
+                   help="override the GELU read from the source's arguments (--openai-gelu, --bias-gelu-fusion)")
+    s = sub.add_parser("export-megatron", help="a GPT checkpoint -> Megatron-LM's legacy format (checkpoint_version "
+                                               "3.0) at any (tp, pp)")
+    s.add_argument("--load", required=True, metavar="CKPT_DIR")
+    s.add_argument("--output", required=True, metavar="DIR", help="new directory (must not exist)")
+    _layout(s)
+    s.add_argument("--tag", default=None)
     s = sub.add_parser("to-fp32", help="one consolidated fp32 state dict of the plain model (tp = 1)")
     s.add_argument("--load", required=True, metavar="CKPT_DIR")
     s.add_argument("--output", required=True, metavar="FILE")
     s.add_argument("--tag", default=None)
+    for s in sub.choices.values():
+        s.add_argument("--trust-checkpoint", action="store_true",
+                       help="read the input's pickles with torch.load(weights_only=False), only for files from a "
+                            "source you trust (a pickle can run any code); by default they are read with "
+                            "weights_only=True and an allowlist, and a file needing more is refused in one line")
     return p
 
 
@@ -65,8 +102,10 @@ def run(argv: Optional[List[str]] = None) -> None:
     """Parse `argv` and run one subcommand (what `main` does, without the exit-status handling)."""
     args = _parser().parse_args(argv)
     from megatron.checkpointing.files import show_progress
+    from tds.safe_load import trusted
     show_progress(True)
-    COMMANDS[args.command](args)
+    with trusted(args.trust_checkpoint):
+        COMMANDS[args.command](args)
 
 
 def _inspect(args) -> None:
@@ -119,6 +158,28 @@ def _import(args) -> None:
     print(f"vocabulary: {vocab} ids{sentinels}{padding}, padded to {saved['padded_vocab_size']}")
 
 
+def _import_megatron(args) -> None:
+    from megatron.checkpointing.flags import model_flags
+    from megatron.checkpointing.mlm_args import ImportOptions
+    from megatron.checkpointing.mlm_import import import_megatron
+    opts = ImportOptions(num_attention_heads=args.num_attention_heads, vocab_size=args.vocab_size, gelu=args.gelu,
+                         qkv_order=args.qkv_order)
+    r = import_megatron(args.input, args.save, args.tensor_model_parallel_size, args.pipe_parallel_size, opts,
+                        args.data_path)
+    print(f"imported {r.fmt} into {args.save}/{r.tag} at (tp, pp) = ({args.tensor_model_parallel_size}, "
+          f"{args.pipe_parallel_size})")
+    print("\n".join(r.lines))
+    print(f"model flags: {' '.join(model_flags(r.args))}")
+
+
+def _export_megatron(args) -> None:
+    from megatron.checkpointing.mlm_export import export_megatron
+    name = export_megatron(args.load, args.output, args.tensor_model_parallel_size, args.pipe_parallel_size, args.tag)
+    print(f"exported to Megatron-LM's legacy format (checkpoint_version 3.0) at (tp, pp) = "
+          f"({args.tensor_model_parallel_size}, {args.pipe_parallel_size}): {args.output}/{name}; Megatron-LM loads it "
+          f"with --load {args.output} --use-checkpoint-args --no-load-optim --no-load-rng")
+
+
 def _to_fp32(args) -> None:
     from megatron.checkpointing.fp32 import to_fp32
     state = to_fp32(args.load, args.output, args.tag)
@@ -126,7 +187,7 @@ def _to_fp32(args) -> None:
 
 
 COMMANDS = {"inspect": _inspect, "reshape": _reshape, "export-hf": _export, "import-hf": _import,
-            "to-fp32": _to_fp32}
+            "import-megatron": _import_megatron, "export-megatron": _export_megatron, "to-fp32": _to_fp32}
 
 
 def main() -> None:

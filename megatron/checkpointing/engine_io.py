@@ -42,10 +42,11 @@ import torch.distributed as dist
 from megatron.errors import one_line
 from megatron.mpu import rng_states, set_rng_states
 from megatron.logging_utils import print_rank_0
+from tds.safe_load import UnsafeCheckpointError, trusted
 from .async_save import save_async
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
-from .files import (CheckpointMismatchError, checkpoint_folder, checkpoint_tag, publish_latest,
-                    read_args, read_latest, write_args)
+from .files import (CheckpointMismatchError, UntrustedCheckpointError, checkpoint_folder, checkpoint_tag,
+                    publish_latest, read_args, read_latest, write_args)
 from .manifest import WEIGHTS, check_files, checked_folder, damaged_error, parts_read, save_manifest
 from .names import PIPE_FORM, layout_record, plain_pp1, virtual_stages, with_records
 from .weights import load_weights_into, reshape_command
@@ -57,7 +58,7 @@ SHAPE_FIELDS = ("model_type", "num_layers", "hidden_size", "ffn_hidden_size", "n
                 "decoder_seq_length", "decoder_num_layers", "feed_forward_proj", "untie_embeddings_and_output_weights",
                 "relative_attention_num_buckets", "position_embedding_type", "rotary_base", "rotary_percent",
                 "use_rope_scaling", "normalization", "swiglu", "group_query_attention", "num_query_groups",
-                "disable_bias_linear", "add_qkv_bias")
+                "disable_bias_linear", "add_qkv_bias", "gelu")
 
 
 def commit(save_dir: str, tag: str) -> None:
@@ -115,7 +116,14 @@ def _dims(cfg) -> Tuple[int, int, int]:
 
 def load_checkpoint(engine, cfg) -> Tuple[int, int]:
     """Load the checkpoint `latest` names under --load; returns (iteration, consumed_train_samples),
-    (0, 0) when there is none or when only weights are loaded (--finetune, weights-only checkpoints)."""
+    (0, 0) when there is none or when only weights are loaded (--finetune, weights-only checkpoints).
+    Every file is read with weights_only=True and the allowlist (`tds.safe_load`), or, with
+    --trust-checkpoint, as a trusted pickle."""
+    with trusted(cfg.checkpoint.trust_checkpoint):
+        return _load_checkpoint(engine, cfg)
+
+
+def _load_checkpoint(engine, cfg) -> Tuple[int, int]:
     load_dir, step, pretrained = cfg.checkpoint.load, cfg.checkpoint.ckpt_step, cfg.checkpoint.pretrained_checkpoint
     tag = (read_latest(load_dir) if load_dir else None) if step is None else checkpoint_tag(step)
     if tag is None and pretrained:
@@ -212,6 +220,8 @@ def _named_read_errors(engine, folder: str, saved: Dict[str, Any]) -> Iterator[N
     def load(path, *args, **kwargs):
         try:
             return read(path, *args, **kwargs)
+        except UnsafeCheckpointError as err:
+            raise UntrustedCheckpointError(str(err)) from None
         except Exception as err:  # noqa: BLE001 (torch.load of one file: whatever it raises, the file is unreadable)
             what = f"unreadable ({type(err).__name__}: {one_line(err)[:120]})"
             raise damaged_error(folder, os.path.basename(path), what, saved) from None

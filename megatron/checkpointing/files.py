@@ -20,9 +20,8 @@ import sys
 import zipfile
 from typing import Any, Dict, Iterable, Iterator, Optional
 
-import torch
-
 from megatron.errors import UserError
+from tds.safe_load import UnsafeCheckpointError, load as safe_load
 
 LATEST = "latest"
 ARGS_FILE = "megatron_args.json"
@@ -34,6 +33,10 @@ class CheckpointMismatchError(UserError):
 
 class CheckpointFileError(UserError):
     """A checkpoint file or folder is missing, truncated or not a checkpoint of this project."""
+
+
+class UntrustedCheckpointError(UserError):
+    """A checkpoint file whose pickle names a global outside the allowlist (tds/safe_load.py); nothing ran."""
 
 
 def checkpoint_tag(iteration: int) -> str:
@@ -116,8 +119,12 @@ def folder_bytes(folder: str, names: Optional[Iterable[str]] = None) -> int:
     return sum(os.path.getsize(os.path.join(folder, f)) for f in (os.listdir(folder) if names is None else names))
 
 
-def load_file(path: str, mmap: bool = True) -> Any:
-    """torch.load of a checkpoint file on CPU; CheckpointFileError naming the file if missing or truncated.
+def load_file(path: str, mmap: bool = True, allow: Optional[Dict[str, Any]] = None,
+              stub_modules: Iterable[str] = ()) -> Any:
+    """torch.load of a checkpoint file on CPU with weights_only=True and an allowlist (`tds.safe_load`: the
+    globals this project's files hold, or `allow`; `stub_modules` for files of other code bases);
+    CheckpointFileError naming the file if missing or truncated, UntrustedCheckpointError naming it and the
+    global its pickle would call (--trust-checkpoint is the opt-in for a trusted legacy file).
 
     mmap=True maps the tensors' storage instead of reading it (only what is used is read)."""
     if not os.path.isfile(path):
@@ -125,7 +132,9 @@ def load_file(path: str, mmap: bool = True) -> Any:
                                   f"killed while saving?) or was written at another layout than its "
                                   f"{ARGS_FILE} says")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+        return safe_load(path, map_location="cpu", mmap=mmap, allow=allow, stub_modules=stub_modules)
+    except UnsafeCheckpointError as err:
+        raise UntrustedCheckpointError(str(err)) from None
     except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError, KeyError, ValueError) as err:
         size = os.path.getsize(path)
         raise CheckpointFileError(f"checkpoint file {path} ({size} bytes) cannot be read, it is truncated or "

@@ -12,7 +12,7 @@ VALUED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
           ("normalization", "--normalization"), ("num_query_groups", "--num-query-groups"),
           ("decoder_num_layers", "--decoder-num-layers"), ("feed_forward_proj", "--feed-forward-proj"),
           ("relative_attention_num_buckets", "--relative-attention-num-buckets"),
-          ("relative_attention_max_distance", "--relative-attention-max-distance"))
+          ("relative_attention_max_distance", "--relative-attention-max-distance"), ("gelu", "--gelu"))
 ROPE = (("rotary_base", "--rotary-base"), ("rotary_percent", "--rotary-percent"))
 ROPE_SCALING = (("rope_scaling_factor", "--rope-scaling-factor"),
                 ("rope_scaling_low_freq_factor", "--rope-scaling-low-freq-factor"),

@@ -24,7 +24,7 @@ import torch
 
 from megatron.errors import UserError
 from .consolidated import Consolidated, layout_of, read_weights
-from .files import CheckpointFileError, atomic_folder, publish_latest, read_args
+from .files import CheckpointFileError, atomic_folder, load_file as load_checkpoint_file, publish_latest, read_args
 from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, hf_rows, layout_args, read_json, t5_args,
                         t5_hf_config, token_ids, write_json)
 from .hf_tokenizer_files import import_tokenizer, sentinel_order, write_tokenizer
@@ -158,7 +158,7 @@ def load_hf_state(hf_dir: str) -> Dict[str, torch.Tensor]:
         shards = sorted(set(read_json(index)["weight_map"].values()))
         return {k: v for shard in shards for k, v in load_file(os.path.join(hf_dir, shard)).items()}
     if os.path.isfile(os.path.join(hf_dir, "pytorch_model.bin")):
-        return torch.load(os.path.join(hf_dir, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        return load_checkpoint_file(os.path.join(hf_dir, "pytorch_model.bin"), mmap=False)  # weights_only, allowlist
     raise CheckpointFileError(f"{hf_dir} has no model.safetensors, model.safetensors.index.json or "
                               f"pytorch_model.bin")
 

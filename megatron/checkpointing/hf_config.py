@@ -46,7 +46,7 @@ def token_ids(args: Dict[str, Any], tokenizer) -> Dict[str, int]:
 
 GPT2_LAYER = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
                   group_query_attention=False, disable_bias_linear=False, add_qkv_bias=False,
-                  untie_embeddings_and_output_weights=False)
+                  untie_embeddings_and_output_weights=False, gelu="tanh")
 
 
 def gpt2_hf_config(args: Dict[str, Any], ids: Dict[str, int]) -> Dict[str, Any]:

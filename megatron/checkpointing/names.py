@@ -36,7 +36,7 @@ VOCAB_PARAMS = ("embedding.word_embeddings.weight", "lm_head.weight")
 # Model arguments added after the first checkpoints were written, with the value those checkpoints imply
 # (T5 v1.0: ReLU feed-forward, tied head, 32 buckets up to distance 128, decoder as deep as the encoder).
 LATER_ARGUMENTS = dict(decoder_num_layers=None, feed_forward_proj="relu", untie_embeddings_and_output_weights=False,
-                       relative_attention_num_buckets=32, relative_attention_max_distance=128)
+                       relative_attention_num_buckets=32, relative_attention_max_distance=128, gelu="tanh")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ SHAPE_CONFIG_FIELDS = ("num_layers", "num_decoder_layers", "hidden_size", "ffn_h
 # Config fields that change the model's function but no shape: a weights-only load checks them too, except under
 # --finetune (a new rotary base for a longer context, say).
 FUNCTION_CONFIG_FIELDS = ("layernorm_epsilon", "rotary_base", "rotary_percent", "rope_scaling_factor",
-                          "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions")
+                          "rope_low_freq_factor", "rope_high_freq_factor", "rope_original_max_positions", "gelu")
 
 
 def module_tp(module: torch.nn.Module) -> Tuple[int, int]:

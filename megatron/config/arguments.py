@@ -103,6 +103,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-query-groups", type=int, default=None,
                    help="with --group-query-attention, default 1 (multi-query attention)")
     g.add_argument("--disable-bias-linear", action="store_true", default=None, help="no bias in any linear layer")
+    g.add_argument("--gelu", choices=["tanh", "erf"], default="tanh",
+                   help="the MLP's GELU (without --swiglu): tanh (GPT-2's approximation, default; Megatron-LM's "
+                        "--openai-gelu and its fused bias-GELU) or erf (exact; Megatron-LM's F.gelu)")
     g.add_argument("--add-qkv-bias", action="store_true", default=None,
                    help="a bias in the QKV projection even with --disable-bias-linear (Qwen2)")
     g = p.add_argument_group("T5 (v1.0 defaults; T5 v1.1: --feed-forward-proj gated-gelu "
@@ -267,6 +270,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--finetune", action="store_true",
                    help="load only the model weights from --load (any tp/pp/dp): iteration 0, fresh optimizer and "
                         "LR schedule, 0 consumed samples")
+    g.add_argument("--trust-checkpoint", action="store_true",
+                   help="read the checkpoint's pickles with torch.load(weights_only=False): only for a file from a "
+                        "source you trust (a pickle can run any code). By default every checkpoint file is read "
+                        "with weights_only=True and an allowlist, and a file that needs anything else is refused")
 
 
 def _deepspeed_args(p: argparse.ArgumentParser) -> None:

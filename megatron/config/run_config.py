@@ -134,6 +134,7 @@ class Checkpoint:
     no_load_optim: bool
     no_load_rng: bool
     pretrained_checkpoint: Optional[str] = None  # weights to start from while `load` holds no checkpoint
+    trust_checkpoint: bool = False   # read checkpoint pickles with weights_only=False (a trusted legacy file)
 
 
 @dataclass(frozen=True)
@@ -201,7 +202,8 @@ def checkpoint_of(args: argparse.Namespace) -> Checkpoint:
                       async_save=bool(args.async_save),
                       ckpt_step=args.ckpt_step, finetune=bool(args.finetune), no_load_optim=bool(args.no_load_optim),
                       no_load_rng=bool(args.no_load_rng),
-                      pretrained_checkpoint=getattr(args, "pretrained_checkpoint", None))
+                      pretrained_checkpoint=getattr(args, "pretrained_checkpoint", None),
+                      trust_checkpoint=bool(getattr(args, "trust_checkpoint", False)))
 
 
 def json_record(args: argparse.Namespace) -> Dict[str, Any]:

@@ -32,6 +32,7 @@ def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> 
 
 POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+GELUS = ("tanh", "erf")
 
 
 def swiglu_ffn_size(hidden_size: int) -> int:
@@ -123,6 +124,9 @@ class GPT2Config(TransformerConfig):
         without them (Qwen2).
     tie_word_embeddings: the LM head is the word table (GPT-2); False: an own vocab-parallel output weight
         (--untie-embeddings-and-output-weights).
+    gelu: the MLP's GELU without SwiGLU: 'tanh' (GPT-2's 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+        Megatron-LM's --openai-gelu and its fused bias-GELU) or 'erf' (x Phi(x), torch's exact F.gelu, what
+        Megatron-LM computes without either) (--gelu).
     """
     max_position_embeddings: Optional[int] = None
     init_method_std: float = 0.02
@@ -140,9 +144,12 @@ class GPT2Config(TransformerConfig):
     add_bias_linear: bool = True
     add_qkv_bias: bool = False
     tie_word_embeddings: bool = True
+    gelu: str = "tanh"
 
     def __post_init__(self):
         super().__post_init__()
+        if self.gelu not in GELUS:
+            raise ValueError(f"gelu must be one of {GELUS}, got {self.gelu!r}")
         if self.ffn_hidden_size is None:
             self.ffn_hidden_size = swiglu_ffn_size(self.hidden_size) if self.swiglu else 4 * self.hidden_size
         if self.ffn_hidden_size < 1:

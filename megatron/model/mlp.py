@@ -3,6 +3,7 @@
 Shape legend: b batch, s sequence, h hidden, f ffn hidden (f_r = f / tp on this rank).
 
     GPT-2:          y = GELU_tanh(x W1 + b1) W2 + b2           W1 (h, f) column-, W2 (f, h) row-parallel
+                                                               (GELU_erf with config.gelu 'erf': Megatron-LM's F.gelu)
     GPT SwiGLU:     y = (silu(x Wg) * (x Wu)) W2               Wg, Wu fused as one [Wg; Wu] stride-2 GEMM
                                                                (biases only with add_bias_linear)
     T5 v1.0 relu:   y = dropout(relu(x Wi)) Wo
@@ -28,8 +29,8 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 class GPT2MLP(nn.Module):
-    """(b, s, h) -> (b, s, h); output projection init std / sqrt(2 L). GELU-tanh, or SwiGLU with
-    config.swiglu (`dense_h_to_4h` then holds [W_gate; W_up], 2f rows)."""
+    """(b, s, h) -> (b, s, h); output projection init std / sqrt(2 L). GELU-tanh (GELU-erf with config.gelu
+    'erf'), or SwiGLU with config.swiglu (`dense_h_to_4h` then holds [W_gate; W_up], 2f rows)."""
 
     def __init__(self, config: GPT2Config, tp_group=None, sequence_parallel: bool = False):
         """sequence_parallel: (b, s/t, h) -> (b, s/t, h), the sequence gathered for the GEMMs."""
@@ -38,6 +39,7 @@ class GPT2MLP(nn.Module):
         common = dict(bias=config.add_bias_linear, tp_group=tp_group, dtype=config.params_dtype,
                       sequence_parallel=sequence_parallel)
         self.swiglu, f = config.swiglu, config.ffn_hidden_size
+        self.approximate = "tanh" if config.gelu == "tanh" else "none"
         self.dense_h_to_4h = mpu.ColumnParallelLinear(config.hidden_size, 2 * f if self.swiglu else f,
                                                       gather_output=False, init_method=normal_init(std),
                                                       stride=2 if self.swiglu else 1, **common)
@@ -50,7 +52,7 @@ class GPT2MLP(nn.Module):
             gate, up = h.chunk(2, dim=-1)
             h = F.silu(gate) * up
         else:
-            h = gelu_tanh(h)
+            h = F.gelu(h, approximate=self.approximate)
         out, _ = self.dense_4h_to_h(h)
         return out
 

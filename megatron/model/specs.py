@@ -92,7 +92,8 @@ def gpt2_config(args) -> GPT2Config:
                       swiglu=bool(getattr(args, "swiglu", False)), num_query_groups=groups,
                       add_bias_linear=not getattr(args, "disable_bias_linear", False),
                       add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
-                      tie_word_embeddings=not getattr(args, "untie_embeddings_and_output_weights", False))
+                      tie_word_embeddings=not getattr(args, "untie_embeddings_and_output_weights", False),
+                      gelu=getattr(args, "gelu", None) or "tanh")
 
 
 def t5_config(args) -> T5Config:

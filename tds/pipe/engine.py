@@ -26,6 +26,7 @@ from deepspeed.runtime.pipe.module import PipelineError
 from deepspeed.runtime.utils import is_model_parallel_parameter
 
 from .. import device as tds_device
+from ..safe_load import make_safe
 from . import recompute
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
@@ -43,6 +44,7 @@ class PipelineEngine(DeepSpeedEngine):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        make_safe(self)  # DeepSpeed's own checkpoint reads: weights_only=True and the allowlist
         if not isinstance(self.module, PipelineModule):
             raise TypeError(f"model must be a tds.pipe.PipelineModule, got {type(self.module).__name__}")
         if self.zero_optimization_stage() >= 2:

@@ -22,6 +22,7 @@ from megatron.checkpointing.consolidated import read_consolidated
 from megatron.checkpointing.files import read_args, write_args
 from megatron.checkpointing.names import ModelTable
 from megatron.errors import UserError
+from tds.safe_load import load as safe_load
 from tests.checkpoint.common import differences
 from tools.convert_checkpoint import run
 
@@ -116,7 +117,7 @@ def _to_previous_layout(folder: str, plain_path: bool = False) -> None:
             module.update({table.by_location[(layer, local)].name: t for local, t in state.items()})
             os.remove(os.path.join(folder, name))
     path = os.path.join(folder, "mp_rank_00_model_states.pt")
-    engine = torch.load(path, weights_only=False)
+    engine = safe_load(path)
     engine["module"] = {p.name: module[p.name] for p in table.params}
     torch.save(engine, path)
     os.remove(os.path.join(folder, "manifest.json"))  # the previous layout predates manifests
@@ -164,7 +165,7 @@ def test_checkpoint_of_the_earlier_plain_pp1_path_resumes_exactly(data_prefix, t
     shutil.rmtree(folder)
     os.makedirs(folder)
     write_layout(ck, folder, args)  # as the earlier path wrote it
-    optimizer = torch.load(os.path.join(folder, "mp_rank_00_model_states.pt"), weights_only=False)["optimizer"]
+    optimizer = safe_load(os.path.join(folder, "mp_rank_00_model_states.pt"))["optimizer"]
     assert "fp32_groups" in optimizer and not any("zero" in name for name in os.listdir(folder))
     plain = read_consolidated(folder)
     for part in ("weights", "optim", "hyper", "step", "engine", "rng"):  # args and loss-scale extras differ by form

@@ -95,6 +95,24 @@ def test_file_overwritten_in_place_through_the_script(saved, data, tmp_path):
     assert OLDER.format(ckpt=ckpt) in proc.stderr
 
 
+def test_pickle_that_runs_a_command_through_the_script(saved, data, tmp_path):
+    """An mp_rank file replaced by a pickle that would run `touch` (the manifest rewritten to match): DeepSpeed's
+    read goes through the allowlist (tds/safe_load.py), the load stops with one line naming the file and the
+    global, and the command never runs."""
+    import torch
+    from megatron.checkpointing.manifest import write_manifest
+    from tests.checkpoint.test_safe_load import Command
+    ckpt = _copy(saved, tmp_path)
+    marker = tmp_path / "command_ran"
+    torch.save({"payload": Command(str(marker))}, os.path.join(ckpt, "iter_0000004", "mp_rank_00_model_states.pt"))
+    write_manifest(os.path.join(ckpt, "iter_0000004"))
+    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, ckpt, 6), timeout=300)
+    _assert_one_line(proc, "iter_0000004/mp_rank_00_model_states.pt: refused, its pickle calls posix.system")
+    assert not marker.exists()
+    _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, ckpt, 6), ["--trust-checkpoint"], timeout=300)
+    assert marker.exists()  # the opt-in reads the file as a plain pickle (the load then fails on its content)
+
+
 def test_missing_shard_under_bare_torchrun(saved, data, tmp_path):
     """The line appears once and the workers exit 2; torchrun itself always exits 1 when a worker fails
     (its ChildFailedError), and prints its own report of the failed workers after the line."""

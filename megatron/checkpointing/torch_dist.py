@@ -1,0 +1,210 @@
+"""Megatron core's `torch_dist` checkpoints (PyTorch distributed checkpoint files) -> `Source`, in one process.
+
+    <dir>/latest_checkpointed_iteration.txt, <dir>/iter_NNNNNNN/
+        metadata.json        {"sharded_backend": "torch_dist", ...}
+        .metadata            the distributed checkpoint's index: every tensor's global shape, its chunks (offsets,
+                             sizes) and where each chunk's bytes are (file, offset, length)
+        __R_N.distcp         the chunks, each a torch.save'd tensor (non-tensor items: torch.save'd objects)
+        common.pt            the state that is not sharded: args, checkpoint_version, iteration (older
+                             versions; newer keep it as a non-tensor item named common_state*)
+
+Tensors are stored as global tensors, whatever tp and pp wrote them; a GPT's keys (`decoder.layers.` prefix
+dropped, the rest as `mlm_source.RENAMES`):
+    embedding.word_embeddings.weight, embedding.position_embeddings.weight
+    decoder.layers.{self_attention.linear_qkv, self_attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2}.*,
+        with Transformer Engine the norms as linear_qkv.layer_norm_* and linear_fc1.layer_norm_*, else
+        input_layernorm.* and pre_mlp_layernorm.*; stacked along a leading layer axis (homogeneous layers,
+        the default) or numbered decoder.layers.i.*
+    decoder.final_layernorm.*, output_layer.weight (untied head)
+linear_qkv rows are grouped per query group [q heads, k, v] (`mlm_qkv` order '2'); linear_fc1 of SwiGLU is
+stored as [W_gate; W_up] (core's swiglu sharded factory), already the canonical layout.
+
+Safety: PyTorch reads `.metadata` with pickle and non-tensor items with weights_only=False, so this module reads
+neither through PyTorch: `.metadata` is unpickled with only the index's own classes allowed (`_IndexUnpickler`),
+every chunk and object through `tds.safe_load`.
+"""
+from __future__ import annotations
+
+import collections
+import io
+import json
+import os
+import pathlib
+import pickle
+import re
+from typing import Any, Dict, Optional
+
+import torch
+
+from megatron.errors import UserError
+from tds.safe_load import UnsafeCheckpointError
+from .files import CheckpointFileError, UntrustedCheckpointError
+from .mlm_legacy import TRACKER
+from .mlm_qkv import order_of_version
+from .mlm_source import IGNORED, Source, arguments, canonical_name, load_ancestor
+
+BACKEND = "torch_dist"
+
+
+def _index_globals() -> Dict[tuple, Any]:
+    from torch.distributed.checkpoint import filesystem, metadata
+    names = ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+             "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+    out = {("torch.distributed.checkpoint.metadata", n): getattr(metadata, n) for n in names if hasattr(metadata, n)}
+    out.update({("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo,
+                ("torch", "Size"): torch.Size, ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
+                ("pathlib", "PosixPath"): pathlib.PurePosixPath, ("pathlib", "WindowsPath"): pathlib.PureWindowsPath,
+                ("collections", "OrderedDict"): collections.OrderedDict})
+    try:  # the index of torch < 2.4 names the sharded-tensor package's TensorProperties
+        from torch.distributed._shard.sharded_tensor import metadata as sharded
+        out[("torch.distributed._shard.sharded_tensor.metadata", "TensorProperties")] = sharded.TensorProperties
+    except ImportError:
+        pass
+    return out
+
+
+class _IndexUnpickler(pickle.Unpickler):
+    """pickle restricted to the index's dataclasses, torch.Size, dtypes and layouts (nothing else is found)."""
+
+    def __init__(self, f, where: str):
+        super().__init__(f)
+        self.where, self.allowed = where, _index_globals()
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) in self.allowed:
+            return self.allowed[(module, name)]
+        if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
+                                                                          torch.memory_format)):
+            return getattr(torch, name)
+        raise UnsafeCheckpointError(self.where, [f"{module}.{name}"])
+
+
+def iteration_folder(root: str) -> str:
+    if os.path.isfile(os.path.join(root, "metadata.json")):
+        return root
+    with open(os.path.join(root, TRACKER)) as f:
+        value = f.read().strip()
+    return os.path.join(root, "release" if value == "release" else f"iter_{int(value):07d}")
+
+
+def read_index(folder: str):
+    path = os.path.join(folder, ".metadata")
+    if not os.path.isfile(path):
+        raise CheckpointFileError(f"{path} is missing: {folder} has metadata.json but no distributed-checkpoint index")
+    try:
+        with open(path, "rb") as f:
+            return _IndexUnpickler(f, path).load()
+    except UnsafeCheckpointError as err:
+        raise UntrustedCheckpointError(str(err)) from None
+    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as err:
+        raise CheckpointFileError(f"{path} cannot be read ({type(err).__name__}: {err}); it is damaged") from None
+
+
+def _item(folder: str, info, where: str) -> Any:
+    """The torch.save'd bytes of one stored item (a tensor chunk or an object), read safely."""
+    path = os.path.join(folder, info.relative_path)
+    if getattr(info, "transform_descriptors", None):
+        raise UserError(f"{where} is stored with transforms {list(info.transform_descriptors)} (compressed); "
+                        f"import-megatron reads plain distributed checkpoints")
+    if not os.path.isfile(path):
+        raise CheckpointFileError(f"checkpoint file {path} is missing (the index {folder}/.metadata names it)")
+    with open(path, "rb") as f:
+        f.seek(info.offset)
+        data = io.BytesIO(f.read(info.length))
+    try:
+        return _load_bytes(data, f"{path} (item {where})")
+    except UnsafeCheckpointError as err:
+        raise UntrustedCheckpointError(str(err)) from None
+
+
+def _load_bytes(data: io.BytesIO, where: str) -> Any:
+    """A stored object: DCP torch.save's it (a BytesIO, such as Transformer Engine's state, stays one)."""
+    import argparse
+    from tds.safe_load import engine_globals, load
+    from .mlm_source import ANCESTOR_CODE
+    return load(data, allow={**engine_globals(), "argparse.Namespace": argparse.Namespace, "_io.BytesIO": io.BytesIO},
+                stub_modules=ANCESTOR_CODE, where=where)
+
+
+def read_tensor(folder: str, index, key: str, where: Dict[tuple, Any]) -> torch.Tensor:
+    """The global tensor `key`, assembled from its chunks (`where`: (key, chunk offsets) -> storage info)."""
+    md = index.state_dict_metadata[key]
+    out = torch.empty(tuple(md.size), dtype=md.properties.dtype)
+    for chunk in md.chunks:
+        value = _item(folder, where[(key, tuple(chunk.offsets))], key)
+        region = out
+        for dim, (start, size) in enumerate(zip(chunk.offsets, chunk.sizes)):
+            region = region.narrow(dim, start, size)
+        region.copy_(value.reshape(tuple(chunk.sizes)))
+    return out
+
+
+def _common(folder: str, index) -> Dict[str, Any]:
+    path = os.path.join(folder, "common.pt")
+    if os.path.isfile(path):
+        return load_ancestor(path, mmap=False)
+    for k, info in index.storage_data.items():
+        if k.fqn.startswith("common_state"):
+            common = _item(folder, info, k.fqn)
+            return _load_bytes(common, f"{folder} (item {k.fqn})") if isinstance(common, io.BytesIO) else common
+    return {}
+
+
+def _model_keys(index) -> Dict[str, str]:
+    """Stored key -> canonical name (stacked layers: 'layers.*.<rest>', unrolled on reading)."""
+    out = {}
+    for key, md in index.state_dict_metadata.items():
+        if not hasattr(md, "chunks") or IGNORED.search(key) or key.startswith(("optimizer.", "rng_state", "rerun")):
+            continue
+        if key in ("embedding.word_embeddings.weight", "embedding.position_embeddings.weight"):
+            out[key] = key
+        elif key == "output_layer.weight":
+            out[key] = "lm_head.weight"
+        elif key.startswith("decoder."):
+            rest = key[len("decoder."):]
+            m = re.fullmatch(r"layers\.(\d+)\.(.+)", rest) or re.fullmatch(r"layers\.()(.+)", rest)
+            if m:
+                out[key] = f"layers.{m[1] or '*'}.{canonical_name(m[2], key)}"
+            else:
+                out[key] = canonical_name(rest, key)
+        elif key.startswith(("embedding.", "mtp.", "encoder.", "lm_head.", "binary_head.", "pooler.")):
+            raise UserError(f"{key} in a torch_dist checkpoint: import-megatron reads GPT models (no multi-token "
+                            f"prediction, encoder, BERT heads)")
+    return out
+
+
+def read_torch_dist(root: str) -> Source:
+    folder = iteration_folder(root)
+    meta_path = os.path.join(folder, "metadata.json")
+    with open(meta_path) as f:
+        backend = json.load(f).get("sharded_backend")
+    if backend != BACKEND:
+        raise UserError(f"{meta_path}: sharded_backend {backend!r}; import-megatron reads {BACKEND!r} checkpoints")
+    index = read_index(folder)
+    common = _common(folder, index)
+    margs = arguments(common.get("args"))
+    src = Source(fmt=f"Megatron core torch_dist checkpoint (checkpoint_version {common.get('checkpoint_version')}, "
+                     f"written at tp {margs.get('tensor_model_parallel_size')}, pp "
+                     f"{margs.get('pipeline_model_parallel_size')})", where=folder, margs=margs, tp=1, pp=1,
+                 qkv_order=order_of_version(max(2.0, float(common.get("checkpoint_version") or 3.0))))
+    where = {(k.fqn, tuple(k.offset or ())): v for k, v in index.storage_data.items()}
+    for key, name in _model_keys(index).items():
+        value = read_tensor(folder, index, key, where)
+        if name.startswith("layers.*."):
+            for i in range(value.size(0)):
+                src.parts[name.replace("*", str(i), 1)] = [value[i].clone()]
+        else:
+            src.parts[name] = [value]
+    src.iteration = common.get("iteration") if os.path.basename(folder) != "release" else None
+    src.consumed_samples = margs.get("consumed_train_samples") if src.iteration is not None else None
+    src.not_carried = "optimizer state (core's distributed optimizer), RNG and rerun states are not carried"
+    return src
+
+
+def is_torch_dist(folder: str) -> Optional[str]:
+    """The iteration folder when `folder` (or the folder its tracker names) is a torch_dist checkpoint."""
+    try:
+        inner = iteration_folder(folder)
+    except (OSError, ValueError):
+        return None
+    return inner if os.path.isfile(os.path.join(inner, "metadata.json")) else None
