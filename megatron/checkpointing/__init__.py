@@ -9,10 +9,8 @@
     engine_io     save / load during training (reshape on load, --finetune)
     async_save    --async-save: the writes on a background thread, published when every rank's are done
     hf*           Hugging Face transformers export / import     summary: inspect     fp32: to-fp32
-    mlm_import    the ancestors' GPT checkpoints -> this format: mlm_legacy (Megatron-LM), torch_dist (Megatron core),
-                  ds_pipe (Megatron-DeepSpeed, DeepSpeedExamples, CPM-Pretrain), read into mlm_source.Source; the
-                  arguments (mlm_args), the QKV row orders (mlm_qkv, mlm_probe)
-    mlm_export    this format -> Megatron-LM's legacy files
+    ancestors     the ancestors' GPT checkpoints <-> this format: Megatron-LM's legacy files and torch_dist, DeepSpeed
+                  pipeline files (Megatron-DeepSpeed, DeepSpeedExamples, CPM-Pretrain); see its __init__
 
 Every file is read through `files.load_file` (tds.safe_load: weights_only=True and an allowlist).
 

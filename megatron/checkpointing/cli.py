@@ -160,8 +160,8 @@ def _import(args) -> None:
 
 def _import_megatron(args) -> None:
     from megatron.checkpointing.flags import model_flags
-    from megatron.checkpointing.mlm_args import ImportOptions
-    from megatron.checkpointing.mlm_import import import_megatron
+    from megatron.checkpointing.ancestors.args import ImportOptions
+    from megatron.checkpointing.ancestors.importer import import_megatron
     opts = ImportOptions(num_attention_heads=args.num_attention_heads, vocab_size=args.vocab_size, gelu=args.gelu,
                          qkv_order=args.qkv_order)
     r = import_megatron(args.input, args.save, args.tensor_model_parallel_size, args.pipe_parallel_size, opts,
@@ -173,7 +173,7 @@ def _import_megatron(args) -> None:
 
 
 def _export_megatron(args) -> None:
-    from megatron.checkpointing.mlm_export import export_megatron
+    from megatron.checkpointing.ancestors.export import export_megatron
     name = export_megatron(args.load, args.output, args.tensor_model_parallel_size, args.pipe_parallel_size, args.tag)
     print(f"exported to Megatron-LM's legacy format (checkpoint_version 3.0) at (tp, pp) = "
           f"({args.tensor_model_parallel_size}, {args.pipe_parallel_size}): {args.output}/{name}; Megatron-LM loads it "

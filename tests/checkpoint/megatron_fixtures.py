@@ -1,5 +1,5 @@
 """Ancestor checkpoints written from their documented layouts (key names, shapes, QKV row orders; see
-megatron/checkpointing/mlm_*.py, ds_pipe.py and torch_dist.py for the layouts), from a transformers model whose
+megatron/checkpointing/ancestors/ for the layouts), from a transformers model whose
 logits are the reference. Nothing here calls the importer's code.
 
     reference(kind)                  GPT2LMHeadModel ('gpt2': tanh GELU, 'gpt2_erf': erf GELU) or LlamaForCausalLM

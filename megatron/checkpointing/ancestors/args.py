@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 from megatron.errors import UserError
-from .mlm_source import QKV, layer_count
+from .source import QKV, layer_count
 
 # (argument, value that is refused or a test on it, what it is)
 REFUSED = (("num_experts", lambda v: v not in (None, 0, 1), "mixture of experts"),

@@ -3,7 +3,7 @@ formats) hands the importer: per-tp-rank tensors under this project's canonical 
 arguments when the files record them, and the run's position.
 
     Source.parts        canonical name -> [tp rank 0, 1, ...] tensors (one entry: a global tensor); the fused QKV
-                        still in the source's row order (`mlm_qkv`)
+                        still in the source's row order (`qkv`)
     canonical_name(key) a layer-free Megatron key -> its canonical name (old and new spellings: attention. /
                         self_attention., input_layernorm / input_norm, ...; core's linear_qkv, linear_proj,
                         linear_fc1, linear_fc2, fused layer-norm weights)
@@ -27,10 +27,10 @@ import torch
 
 from megatron.errors import UserError
 from tds.safe_load import Opaque, engine_globals
-from .files import CheckpointFileError, load_file
-from .mlm_qkv import merge_qkv
-from .names import ModelTable
-from .tp import merge, resize_rows
+from ..files import CheckpointFileError, load_file
+from .qkv import merge_qkv
+from ..names import ModelTable
+from ..tp import merge, resize_rows
 
 # packages of the ancestors' own code, whose globals in a pickle become inert records (tds.safe_load.Opaque)
 ANCESTOR_CODE = ("megatron.", "megatron_ds.", "fp16.", "apex.", "transformer_engine.")

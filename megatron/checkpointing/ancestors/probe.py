@@ -14,10 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from megatron.errors import UserError
-from .mlm_qkv import ORDERS
-from .mlm_source import Source, canonical_weights
-from .names import model_config
-from .tp import resize_rows
+from .qkv import ORDERS
+from .source import Source, canonical_weights
+from ..names import model_config
+from ..tp import resize_rows
 
 SEQUENCES, MAX_LENGTH = 8, 128
 

@@ -27,9 +27,9 @@ import re
 from typing import Any, Dict, List, Tuple
 
 from megatron.errors import UserError
-from .files import CheckpointFileError
-from .mlm_qkv import order_of_version
-from .mlm_source import T5_REFUSED, Source, add_part, arguments, canonical_name, flatten, load_ancestor, model_keys
+from ..files import CheckpointFileError
+from .qkv import order_of_version
+from .source import T5_REFUSED, Source, add_part, arguments, canonical_name, flatten, load_ancestor, model_keys
 
 LAYER_FILE = re.compile(r"layer_(\d+)-model_(\d+)-model_states\.pt")
 MP_FILE = re.compile(r"mp_rank_(\d+)_model_states\.pt")

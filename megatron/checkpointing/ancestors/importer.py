@@ -1,11 +1,11 @@
 """import-megatron: a checkpoint of this project's ancestors -> a checkpoint of this project at (tp, pp).
 
-    detect(input)        the format from the files: Megatron-LM legacy (`mlm_legacy`), Megatron core torch_dist
+    detect(input)        the format from the files: Megatron-LM legacy (`legacy`), Megatron core torch_dist
                          (`torch_dist`), DeepSpeed pipeline files (`ds_pipe`); one line for anything else
     import_megatron(input, save, tp, pp, options[, data_path])
-                         Source -> arguments of the GPT computing the same function (`mlm_args`) -> full
+                         Source -> arguments of the GPT computing the same function (`args`) -> full
                          tensors (tp parts merged by the model's partition attributes, the QKV rows into
-                         [Q; K; V] by their order, `mlm_qkv`) -> written by the same writer as every layout
+                         [Q; K; V] by their order, `qkv`) -> written by the same writer as every layout
 
 What is carried: the weights; the iteration and consumed samples where the source records both (a Megatron-LM
 or Megatron-DeepSpeed run that was not a `release`): the checkpoint then resumes there with a fresh optimizer
@@ -19,14 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from megatron.errors import UserError
-from .consolidated import Consolidated
-from .files import CheckpointFileError, atomic_folder, checkpoint_tag, publish_latest, read_args
-from .hf_config import layout_args
-from .layouts import check_layout, write_layout
-from .mlm_args import ImportOptions, gpt_args
-from .mlm_qkv import ORDERS
-from .mlm_source import Source, canonical_weights, check_complete
-from .names import ModelTable
+from ..consolidated import Consolidated
+from ..files import CheckpointFileError, atomic_folder, checkpoint_tag, publish_latest, read_args
+from ..hf_config import layout_args
+from ..layouts import check_layout, write_layout
+from .args import ImportOptions, gpt_args
+from .qkv import ORDERS
+from .source import Source, canonical_weights, check_complete
+from ..names import ModelTable
 
 ORDER_NAMES = {"0": "[3, np, hn], checkpoint_version 0", "1": "[np, hn, 3], checkpoint_version 1.0",
                "2": "[np, 3, hn] / grouped, checkpoint_version 2.0 and 3.0"}
@@ -43,7 +43,7 @@ class ImportReport:
 def detect(path: str) -> Tuple[str, Callable[[str], Source]]:
     """(format name, reader) of the checkpoint at `path`; CheckpointFileError naming it when none fits."""
     from .ds_pipe import is_ds_pipe, read_ds_pipe
-    from .mlm_legacy import RANK_DIR, TRACKER, iteration_folder, read_legacy
+    from .legacy import RANK_DIR, TRACKER, iteration_folder, read_legacy
     from .torch_dist import is_torch_dist, read_torch_dist
     if not os.path.isdir(path):
         raise CheckpointFileError(f"--input {path} is not a folder")
@@ -106,7 +106,7 @@ def import_megatron(input_dir: str, save_dir: str, tp: int, pp: int, opts: Optio
     check_layout(ModelTable(args), args, tp, pp)
     losses = None
     if data_path:
-        from .mlm_probe import qkv_losses
+        from .probe import qkv_losses
         losses = qkv_losses(src, args, data_path)
     order, order_why = _order(src, opts, losses)
     weights = canonical_weights(src, args, order)

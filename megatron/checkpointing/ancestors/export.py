@@ -9,7 +9,7 @@
         {layers.i.* (local to the stage), final_layernorm.* (last stage)}, language_model.output_layer (untied),
         word_embeddings_for_head (tied, pp > 1, last stage)
 
-QKV rows per tp rank in order '2' (per query group [q heads, k, v], `mlm_qkv.split_qkv`); every other parameter
+QKV rows per tp rank in order '2' (per query group [q heads, k, v], `qkv.split_qkv`); every other parameter
 cut as Megatron-LM's layers cut it (the same partition attributes as this project's); the word table padded to
 Megatron-LM's multiple of make_vocab_size_divisible_by x tp. The GELU is said by --openai-gelu (tanh) or its
 absence with the fused bias-GELU off (erf). No optimizer or RNG state is written (load with --no-load-optim
@@ -25,14 +25,14 @@ import torch
 
 from megatron.errors import UserError
 from megatron.model.config import padded_vocab_size
-from .consolidated import has_engine_state, layout_of, read_weights
-from .files import atomic_folder, load_file, mp_rank_file, read_args
-from .manifest import WEIGHTS, checked_folder
-from .mlm_legacy import TRACKER
-from .mlm_qkv import split_qkv
-from .mlm_source import QKV
-from .names import ModelTable
-from .tp import resize_rows, split
+from ..consolidated import has_engine_state, layout_of, read_weights
+from ..files import atomic_folder, load_file, mp_rank_file, read_args
+from ..manifest import WEIGHTS, checked_folder
+from .legacy import TRACKER
+from .qkv import split_qkv
+from .source import QKV
+from ..names import ModelTable
+from ..tp import resize_rows, split
 
 DIVISIBLE_BY = 128
 

@@ -4,7 +4,7 @@
     <dir>/iter_NNNNNNN|release/mp_rank_TT[_PPP]/model_optim_rng.pt   one file per (tp rank TT, pp rank PPP)
         args                 argparse.Namespace (tensor_/pipeline_model_parallel_size; model_parallel_size
                              before checkpoint_version 3.0)
-        checkpoint_version   absent (0), 1.0, 2.0, 3.0: the fused QKV's row order (`mlm_qkv`)
+        checkpoint_version   absent (0), 1.0, 2.0, 3.0: the fused QKV's row order (`qkv`)
         iteration, model (or model0, model1, ... per virtual-pipeline chunk), optimizer, rng state, ...
         model: language_model.{embedding, encoder | transformer (older) | flat transformer.* (oldest)},
                word_embeddings_for_head (last stage, tied), language_model.output_layer (untied)
@@ -18,9 +18,9 @@ import os
 import re
 from typing import Any, Dict, List, Tuple
 
-from .files import CheckpointFileError
-from .mlm_qkv import order_of_version
-from .mlm_source import Source, add_part, arguments, flatten, layer_count, load_ancestor, model_keys
+from ..files import CheckpointFileError
+from .qkv import order_of_version
+from .source import Source, add_part, arguments, flatten, layer_count, load_ancestor, model_keys
 
 TRACKER = "latest_checkpointed_iteration.txt"
 RANK_DIR = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?")

@@ -9,14 +9,14 @@
                              versions; newer keep it as a non-tensor item named common_state*)
 
 Tensors are stored as global tensors, whatever tp and pp wrote them; a GPT's keys (`decoder.layers.` prefix
-dropped, the rest as `mlm_source.RENAMES`):
+dropped, the rest as `source.RENAMES`):
     embedding.word_embeddings.weight, embedding.position_embeddings.weight
     decoder.layers.{self_attention.linear_qkv, self_attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2}.*,
         with Transformer Engine the norms as linear_qkv.layer_norm_* and linear_fc1.layer_norm_*, else
         input_layernorm.* and pre_mlp_layernorm.*; stacked along a leading layer axis (homogeneous layers,
         the default) or numbered decoder.layers.i.*
     decoder.final_layernorm.*, output_layer.weight (untied head)
-linear_qkv rows are grouped per query group [q heads, k, v] (`mlm_qkv` order '2'); linear_fc1 of SwiGLU is
+linear_qkv rows are grouped per query group [q heads, k, v] (`qkv` order '2'); linear_fc1 of SwiGLU is
 stored as [W_gate; W_up] (core's swiglu sharded factory), already the canonical layout.
 
 Safety: PyTorch reads `.metadata` with pickle and non-tensor items with weights_only=False, so this module reads
@@ -38,10 +38,10 @@ import torch
 
 from megatron.errors import UserError
 from tds.safe_load import UnsafeCheckpointError
-from .files import CheckpointFileError, UntrustedCheckpointError
-from .mlm_legacy import TRACKER
-from .mlm_qkv import order_of_version
-from .mlm_source import IGNORED, Source, arguments, canonical_name, load_ancestor
+from ..files import CheckpointFileError, UntrustedCheckpointError
+from .legacy import TRACKER
+from .qkv import order_of_version
+from .source import IGNORED, Source, arguments, canonical_name, load_ancestor
 
 BACKEND = "torch_dist"
 
@@ -121,7 +121,7 @@ def _load_bytes(data: io.BytesIO, where: str) -> Any:
     """A stored object: DCP torch.save's it (a BytesIO, such as Transformer Engine's state, stays one)."""
     import argparse
     from tds.safe_load import engine_globals, load
-    from .mlm_source import ANCESTOR_CODE
+    from .source import ANCESTOR_CODE
     return load(data, allow={**engine_globals(), "argparse.Namespace": argparse.Namespace, "_io.BytesIO": io.BytesIO},
                 stub_modules=ANCESTOR_CODE, where=where)
 
