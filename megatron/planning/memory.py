@@ -10,10 +10,10 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        dp > 1: buffered all-reduce flattens the gradients (one flat copy, 4 Psi) at the reduce
     ZeRO-1 (dp > 1)    weights e_w Psi; gradients e_w Psi; DeepSpeedZeroOptimizer: fp32 partition 4 Psi / d
                        and Adam moments 8 Psi / d; the PipelineEngine (every layout) makes it allocate two reduce
-                       buckets of B elements (`reduce_gradients(pipeline_parallel=True)`, `setup_buckets`):
-                       2 B e_w bytes at the reduce (bf16/fp16: + the partition's fp32 gradient 4 Psi / d,
-                       made there) -- 4 GB in fp32 with the default B, set
-                       zero_optimization.reduce_bucket_size in the DeepSpeed JSON to shrink it
+                       buckets of B' = min(B, Psi) elements (`reduce_gradients(pipeline_parallel=True)`,
+                       `setup_buckets`; tds caps B at the rank's gradients, `tds.pipe.zero_buckets`):
+                       2 B' e_w bytes at the reduce (bf16/fp16: + the partition's fp32 gradient 4 Psi / d,
+                       made there)
     bf16, ZeRO 0       BF16_Optimizer: weights 2 Psi; fp32 master weights and moments and the flat bf16
                        gradient accumulators 14 Psi (measured with --log-memory: 4 + 8 + 2); gradients during
                        the iteration: the parameters' bf16 gradients 2 Psi before they are folded in and
@@ -42,13 +42,13 @@ from functools import lru_cache
 from typing import Dict, List
 
 from tds.pipe.instructions import Instruction, Op, train_schedule
+from tds.pipe.zero_buckets import DEFAULT_REDUCE_BUCKET, reduce_bucket_elements
 
 from .activations import ActivationOptions, layer_bytes, recomputed_core_bytes, spec_activation_bytes
 from .model_shape import ModelShape, layer_specs, partition, stage_chunks
 
 __all__ = ["Layout", "StageMemory", "stage_memory", "predict_memory", "DEFAULT_REDUCE_BUCKET"]
 
-DEFAULT_REDUCE_BUCKET = 500_000_000
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -119,10 +119,11 @@ class StageMemory:
 def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, reduce buffers) for `psi` parameters on this rank (module docstring)."""
     d, e = lay.dp, ELEMENT_BYTES[lay.precision]
-    if lay.ds_zero_stage >= 1:  # DeepSpeedZeroOptimizer; two reduce buckets of B elements (fp32: 4 B, bf16: 2 B)
+    if lay.ds_zero_stage >= 1:  # DeepSpeedZeroOptimizer; two reduce buckets of B' = min(B, Psi) elements
         # bf16/fp16: the fp32 gradient of this rank's partition (4 Psi / d) appears at the reduce, not before
         partition_grads = 4 * psi / d if e == 2 else 0.0
-        return e * psi, e * psi, 12 * psi / d, 2 * e * lay.reduce_bucket + partition_grads
+        buckets = 2 * e * reduce_bucket_elements(lay.reduce_bucket, psi)
+        return e * psi, e * psi, 12 * psi / d, buckets + partition_grads
     if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; fp32 accumulators
         return 2 * psi, 2 * psi, 14 * psi, 0.0
     return 4 * psi, 4 * psi, 8 * psi, (4 * psi if d > 1 else 0.0)
