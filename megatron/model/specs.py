@@ -68,6 +68,12 @@ def _recompute(args) -> dict:
                 recompute_method=getattr(args, "recompute_method", None) or "uniform")
 
 
+def _speed(args) -> dict:
+    """The config's speed fields from --cross-entropy-loss-fusion and --compile (False where args predate them)."""
+    return dict(cross_entropy_loss_fusion=bool(getattr(args, "cross_entropy_loss_fusion", False)),
+                compile_layers=bool(getattr(args, "compile", False)))
+
+
 def gpt2_config(args) -> GPT2Config:
     groups = args.num_query_groups if getattr(args, "group_query_attention", False) else None
     scaling = getattr(args, "use_rope_scaling", False)
@@ -77,7 +83,8 @@ def gpt2_config(args) -> GPT2Config:
                       hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                       layernorm_epsilon=args.layernorm_epsilon,
                       make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-                      **_recompute(args), seed=args.seed, max_position_embeddings=args.max_position_embeddings,
+                      **_recompute(args), **_speed(args), seed=args.seed,
+                      max_position_embeddings=args.max_position_embeddings,
                       init_method_std=args.init_method_std,
                       explicit_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
                       position_embedding_type=getattr(args, "position_embedding_type", None) or "learned_absolute",
@@ -108,7 +115,7 @@ def t5_config(args) -> T5Config:
                     hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                     layernorm_epsilon=args.layernorm_epsilon,
                     make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-                    **_recompute(args), seed=args.seed)
+                    **_recompute(args), **_speed(args), seed=args.seed)
 
 
 def gpt2_datasets(args, tokenizer, num_samples: List[int]) -> list:

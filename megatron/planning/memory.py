@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Dict, List
 
+from megatron.mpu.cross_entropy import CHUNK_ELEMENTS
 from tds.pipe.instructions import Instruction, Op, train_schedule
 from tds.pipe.zero_buckets import DEFAULT_REDUCE_BUCKET, reduce_bucket_elements
 
@@ -71,6 +72,7 @@ class Layout:
     reduce_bucket: int = DEFAULT_REDUCE_BUCKET
     partition_method: object = "type:transformer"
     attention: str = "fused"         # fused (GPU memory-efficient SDPA) | math (CPU: s^2 probabilities kept)
+    loss_fusion: bool = False        # --cross-entropy-loss-fusion
 
     @property
     def world_size(self) -> int:
@@ -131,7 +133,18 @@ def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
 
 def _activation_options(lay: Layout) -> ActivationOptions:
     return ActivationOptions(lay.micro_batch, lay.tp, ELEMENT_BYTES[lay.precision], lay.sequence_parallel,
-                             "selective" if lay.recompute == "selective" else "none", lay.attention)
+                             "selective" if lay.recompute == "selective" else "none", lay.attention, lay.loss_fusion)
+
+
+def _logits_grad(m: ModelShape, lay: Layout, s_out: int) -> float:
+    """The last stage's backward working set at the loss: its gradient of the logits, fp32 beside its cast to the
+    logits' type in bf16/fp16 (4 + e per logit); fused (`mpu.cross_entropy`): in the logits' type (e per logit),
+    in bf16/fp16 beside one fp32 chunk of at most CHUNK_ELEMENTS (fp32 computes each chunk in its place)."""
+    e, rows, vocab = ELEMENT_BYTES[lay.precision], lay.micro_batch * s_out, m.padded_vocab(lay.tp) // lay.tp
+    if not lay.loss_fusion:
+        return rows * vocab * (4 + (e if e < 4 else 0))
+    chunk_rows = min(rows, max(1, CHUNK_ELEMENTS // vocab)) if e < 4 else 0
+    return rows * vocab * e + chunk_rows * vocab * 4
 
 
 def _weight_grad_hold(m: ModelShape, lay: Layout, layers, head: bool) -> float:
@@ -162,9 +175,9 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
         others += b * m.seq * h * e  # the encoder output every decoder layer attends to, once per chunk
     biggest = max(per_layer, default=0.0)
     # backward working set: a layer's activation gradients (about 3 MLP-sized tensors, measured), or on the
-    # last stage the logits' gradient: fp32, and in bf16/fp16 its cast to the logits' type beside it
+    # last stage the logits' gradient (`_logits_grad`)
     mlp_grads = 3 * b * s_out * m.ffn * e / t
-    logits_grad = b * s_out * m.padded_vocab(t) // t * (4 + (e if e < 4 else 0)) if last else 0.0
+    logits_grad = _logits_grad(m, lay, s_out) if last else 0.0
     hold = _weight_grad_hold(m, lay, layers, last) if lay.schedule == "zb-h1" else 0.0
     if lay.recompute == "full":
         # each checkpointed run of k layers keeps its input; in backward one run is recomputed at a time, after
@@ -269,4 +282,5 @@ def layout_from_args(args, attention: str = "fused") -> Layout:
                   sequence_parallel=bool(getattr(args, "sequence_parallel", False)), recompute=recompute,
                   recompute_num_layers=num_layers, recompute_method=method,
                   zero_stage=args.zero_stage, precision=precision, reduce_bucket=int(bucket),
-                  partition_method=partition, attention=attention)
+                  partition_method=partition, attention=attention,
+                  loss_fusion=bool(getattr(args, "cross_entropy_loss_fusion", False)))
