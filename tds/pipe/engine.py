@@ -119,8 +119,10 @@ class PipelineEngine(DeepSpeedEngine):
 
     def _configure_bf16_optimizer(self, optimizer):
         """DeepSpeed's BF16_Optimizer with TDS's flat accumulation, foreach norm and device-side clip
-        (`bf16_tail`): no Python loop over parameters per micro-batch, one host read per step."""
-        return adopt(super()._configure_bf16_optimizer(optimizer))
+        (`bf16_tail`): no Python loop over parameters per micro-batch, one host read per step.
+        `"pipeline": {"flat_bf16_tail": false}` keeps DeepSpeed's own (to measure one against the other)."""
+        built = super()._configure_bf16_optimizer(optimizer)
+        return adopt(built) if self._config.pipeline.get("flat_bf16_tail", True) else built
 
     def _copy_recovery_script(self, save_path: str) -> None:
         """DeepSpeed copies zero_to_fp32.py into every save; `"pipeline": {"recovery_script": false}` skips it
