@@ -2,7 +2,8 @@
 
     spec.config(args)                   resolved arguments -> GPT2Config / T5Config (model code never reads args)
     spec.build_pipe(cfg, state)         the Pipe model of a RunConfig (`megatron.config.run_config`) over the
-                                        ParallelState's groups (one stage at pp = 1)
+                                        ParallelState's groups (one stage at pp = 1); --compile compiles its
+                                        transformer layers (`compile`)
     spec.plain                          the plain model class (generation, evaluation, conversion, Hugging Face)
     spec.datasets(data, tokenizer, [n_train, n_valid, n_test]) -> [train, valid, test] (None = empty split);
                                         `data` is the RunConfig's data section (or arguments of the same names)
@@ -53,11 +54,16 @@ class ModelSpec:
         """This rank's stage(s) of the Pipe model of RunConfig `cfg`, split over its pipeline stages, over
         `parallel_state`'s groups (default: mpu's current state)."""
         method = cfg.layout.partition_method
-        return self.pipe(cfg.model, parallel_state=parallel_state,
+        pipe = self.pipe(cfg.model, parallel_state=parallel_state,
                          partition_method=list(method) if isinstance(method, tuple) else method or "type:TransformerLayer",
                          verbose=cfg.logging.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
                          virtual_stages=cfg.layout.virtual_pipe_stages,
                          sequence_parallel=cfg.layout.sequence_parallel)
+        if cfg.model.compile_layers:  # --compile, applied from outside the model (megatron.model.compile)
+            from megatron.logging_utils import print_rank_0
+            from .compile import compile_layers
+            print_rank_0(compile_layers(pipe, cfg.layout.pipeline_schedule))
+        return pipe
 
 
 def _recompute(args) -> dict:
