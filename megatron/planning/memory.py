@@ -28,7 +28,8 @@ instruction list (`tds.pipe.instructions.train_schedule`): + at each FORWARD, - 
 most at B, the linears' inputs at W), so the peak is the schedule's own in-flight count weighted by what each
 chunk holds. Plus, while a micro-batch runs backward, its working set: the gradient of one layer's
 activations (~ one layer's saved bytes), with full recomputation one checkpointed chunk recomputed, with
-selective recomputation one layer's attention core recomputed (CPU's math path; nothing on GPUs).
+selective recomputation one layer's attention core recomputed (CPU's math path; nothing on GPUs; under ZB-H1 with
+the deferred linears' gradients kept beside it, `_zb_hold_in_backward`).
 Boundary buffers: the stage output kept for backward (b s h e / t per in-flight micro-batch, not on the last
 stage) and the received gradient.
 
@@ -195,7 +196,27 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
         return others + inputs + boundary, max(logits_grad, k * biggest + mlp_grads - head), hold
     # selective: a layer's attention core is recomputed while its backward runs, after the MLP's gradients are freed
     recomputed = max((recomputed_core_bytes(s, m, o) for s in layers), default=0.0)
+    if recomputed and lay.schedule == "zb-h1":  # on the last stage the head's and final norm's bytes are freed by then
+        recomputed += max(0.0, _zb_hold_in_backward(m, lay, per_layer) - (others if last else 0.0))
     return others + sum(per_layer) + boundary, max(mlp_grads, recomputed, logits_grad), hold
+
+
+def _zb_hold_in_backward(m: ModelShape, lay: Layout, per_layer: List[float]) -> float:
+    """ZB-H1 with selective recomputation (CPU): when the first layer's attention core is recomputed in B, the
+    deferred linears of every layer backwarded before it keep their output gradients and inputs for W (their
+    other activations freed), and so do that layer's MLP and output projection: with sequence parallelism also
+    the column linears' inputs re-gathered whole (the held part is s/t of them). Measured (bench/memory_error.py,
+    gpt tp2 pp2 sp selective zb-h1): stage 0 was 12% under without this term."""
+    e, b, t, h = ELEMENT_BYTES[lay.precision], lay.micro_batch, lay.tp, m.hidden
+    s = m.decoder_seq if m.model_type == "t5" else m.seq
+    f_in = 2 * m.ffn if m.gated and m.model_type == "gpt" else m.ffn
+    sp = lay.sequence_parallel and t > 1
+    grads = b * s * e * ((m.width + 2 * m.kv_width + f_in) / t + 2 * h)  # dY of qkv, fc1 (split), dense, fc2
+    gathered = 2 * b * s * h * e if sp else 0.0  # the inputs of qkv and fc1, all-gathered again in B
+    kept = b * s * e * ((m.width + m.ffn) / t + (0 if sp else 2 * h))  # the inputs the held bytes already hold
+    later = sum(max(0.0, grads + gathered - (size - kept)) for size in per_layer[1:])
+    first = b * s * e * (2 * h + f_in / t) + (b * s * h * e if sp else 0.0)  # dY of fc2, fc1, dense; fc1's input
+    return later + first
 
 
 def _activation_peak(lay: Layout, chunks: List[tuple], stage: int) -> tuple[float, int, float]:
