@@ -95,6 +95,7 @@ class FlatBF16Optimizer(BF16_Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self._lp_clean = False  # a backward may have stopped half-way: zero for certain
+        self._prepared = None  # (after a failed batch) a norm prepared for a step that did not run
         self.clear_lp_grads()
         self.clear_hp_grads()
 
@@ -106,8 +107,9 @@ class FlatBF16Optimizer(BF16_Optimizer):
         """The module docstring's norm as a device tensor (a collective over the pipe x tensor group)."""
         norms = torch._foreach_norm(self._counted, 2.0, dtype=torch.float32) if self._counted else []
         total = torch.stack(norms).pow(2).sum() if norms else torch.zeros((), device=self._lp_flat[0].device)
-        if self.mpu is not None:
-            dist.all_reduce(total, group=self.mpu.get_model_parallel_group())
+        grid = self.mpu  # the engine's ProcessGrid: "model parallel" is pipe x tensor
+        if grid is not None:
+            dist.all_reduce(total, group=grid.get_model_parallel_group())
         return total.sqrt()
 
     def prepare(self, norm: torch.Tensor, value: float) -> None:

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.dist import run_distributed
 from tests.training.golden_cases import golden_path, run
-from tests.training.test_pipeline_schedules_pretrain import INTERLEAVED, ZB_H1, argv, assert_same, runs
+from tests.training.test_pipeline_schedules_pretrain import INTERLEAVED, ZB_H1, assert_schedules_match_one_process
 from tests.training.test_pipeline_schedules_pretrain import data_prefix  # noqa: F401 (fixture)
 
 COMPILE = ["--compile"]
@@ -42,12 +41,7 @@ def test_gpt2_single_process_compiled_equals_golden(data_prefix):  # noqa: F811
 def test_gpt2_compiled_with_every_schedule_equals_one_eager_process(data_prefix):  # noqa: F811
     schedules = {"1f1b": COMPILE, "zb-h1 (eager layers)": COMPILE + ZB_H1, "interleaved": COMPILE + INTERLEAVED,
                  "1f1b selective": COMPILE + ["--recompute-granularity", "selective"]}
-    (single,) = run_distributed(runs, 1, "gpt2", [argv("gpt2", data_prefix, 1)], 1, timeout=600)[0]
-    piped = run_distributed(runs, 2, "gpt2", [argv("gpt2", data_prefix, 2, x) for x in schedules.values()], 2,
-                            timeout=1200)[-1]
-    assert (np.array(single[1]) > 0.3).all()  # clipping active
-    for name, got in zip(schedules, piped):
-        assert_same(got, single, f"GPT-2 pp=2 --compile {name}")
+    assert_schedules_match_one_process(data_prefix, schedules, "GPT-2 pp=2 --compile", timeout=1200)
 
 
 @pytest.mark.long
