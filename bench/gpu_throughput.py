@@ -1,7 +1,7 @@
 """GPT-2 medium on one CUDA GPU through pretrain_gpt2.py's own path: tokens/s, model TFLOP/s, MFU, and the
 planner's predicted peak memory against torch.cuda.max_memory_allocated.
 
-    python bench/gpu_throughput.py [--iters 30] [--peak-tflops 989] [--only NAME ...]
+    python bench/gpu_throughput.py [--iters 30] [--peak-tflops 989] [--only NAME ...] [--profile] [--sdpa flash]
 
 Each configuration is one child process (clean CUDA memory statistics) running `megatron.training.pretrain.run`
 as a one-rank job (NCCL, the same path torchrun gives one GPU) with SDPA limited to the flash kernel
@@ -14,6 +14,13 @@ megatron/model/flops.py's without recomputation (Megatron's formula, Narayanan e
 "TFLOP/s" column is the training log's, which counts recomputed forwards (hardware FLOPs). tokens/s and TFLOP/s
 are the medians of the log intervals after the first (warm-up). Memory: `--log-memory` at iteration 2 prints the measured peak
 (torch.cuda.max_memory_allocated) and the planner's prediction for the same flags.
+
+--profile prints, per configuration, the GPU time per category of iterations 12-14 (matrix products, attention
+forward / backward, loss, elementwise and norms, copies, the optimizer's step tail, communication) and the GPU's
+idle time against the wall clock (bench/profile_categories.py), with the SDPA backend that ran; --sdpa picks the
+one kernel allowed (flash, cudnn, efficient, math). The issue-33 rows measure each change: DeepSpeed's own bf16
+tail against tds's (`"pipeline": {"flat_bf16_tail": false}`), the fused loss, --compile (give --timeout 600 for
+its compilation), both. `--tiny` runs the same on CPU (2 layers), CPU time instead of GPU time.
 """
 from __future__ import annotations
 
@@ -44,6 +51,14 @@ CONFIGS = {
     "medium mb16 bf16 selective recompute": ["--micro-batch-size", "16", "--bf16", "--recompute-granularity",
                                              "selective"],
     "medium mb8 fp16": ["--micro-batch-size", "8", "--fp16"],
+    # issue 33: each change alone and together, beside the rows above (DeepSpeed's own bf16 tail: TAIL_DS)
+    "medium mb16 bf16 deepspeed tail": ["--micro-batch-size", "16", "--bf16", "TAIL_DS"],
+    "medium mb16 bf16 fused loss": ["--micro-batch-size", "16", "--bf16", "--cross-entropy-loss-fusion"],
+    "medium mb16 bf16 compile": ["--micro-batch-size", "16", "--bf16", "--compile"],
+    "medium mb8 bf16 fused loss compile": ["--micro-batch-size", "8", "--bf16", "--cross-entropy-loss-fusion",
+                                           "--compile"],
+    "medium mb16 bf16 fused loss compile": ["--micro-batch-size", "16", "--bf16", "--cross-entropy-loss-fusion",
+                                            "--compile"],
 }
 VOCAB = 50257
 LINE = re.compile(r"\| ([0-9.]+) tokens/s \| ([0-9.]+) TFLOP/s/device")
@@ -77,8 +92,12 @@ def write_data(out_dir: str, tokens: int) -> dict:
     return paths
 
 
+SDPA = {"flash": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
+        "math": "MATH"}
+
+
 def child(argv: list) -> None:
-    """One run, in this process: one rank, flash attention only."""
+    """One run, in this process: one rank, SDPA limited to BENCH_SDPA's kernel (default flash)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -89,46 +108,51 @@ def child(argv: list) -> None:
                       MASTER_PORT=os.environ.get("MASTER_PORT", "29533"))
     name = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     print(f"device {name} torch {torch.__version__}", flush=True)
-    backends = [SDPBackend.FLASH_ATTENTION]
+    backends = [getattr(SDPBackend, SDPA[os.environ.get("BENCH_SDPA", "flash")])]
     if not torch.cuda.is_available():  # --tiny on CPU: its flash kernel has no dropout
         backends.append(SDPBackend.MATH)
-    with sdpa_kernel(backends), _profiled(os.environ.get("BENCH_PROFILE") == "1"):
+    with sdpa_kernel(backends), _profiled(os.environ.get("BENCH_PROFILE") == "1", torch.cuda.is_available()):
         run(argv, spec_for("gpt"), ENTRY_DEFAULTS["gpt"])
 
 
 @contextlib.contextmanager
-def _profiled(on: bool):
-    """--profile: torch.profiler and cProfile over iterations 11-13 (each engine.train_batch is a profiler
-    step); prints the operators by GPU time and by CPU time, and the Python functions by own and total time."""
+def _profiled(on: bool, cuda: bool):
+    """--profile: torch.profiler and cProfile over iterations 12-14 (each engine.train_batch is a profiler
+    step); prints the time per category (bench/profile_categories.py: device time on a GPU, CPU time on CPU)
+    with the idle time against the wall clock and the SDPA backend that ran, the operators by GPU time and by
+    CPU time, and the Python functions by own and total time."""
     if not on:
         yield
         return
-    from torch.profiler import ProfilerActivity, profile, schedule
+    from profile_categories import format_table, profiled  # bench/ is on the path when this script runs
 
     from tds.pipe.engine import PipelineEngine
-    prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], schedule=schedule(wait=10, warmup=1,
-                                                                                               active=3))
     original = PipelineEngine.train_batch
     python, calls = cProfile.Profile(), [0]
 
     def train_batch(self, *args, **kwargs):
         calls[0] += 1
-        if calls[0] == 11:
+        if calls[0] == 12:
             python.enable()
         out = original(self, *args, **kwargs)
-        if calls[0] == 13:
+        if calls[0] == 14:
             python.disable()
-        prof.step()
         return out
     PipelineEngine.train_batch = train_batch
-    with prof:
-        yield
-    PipelineEngine.train_batch = original
-    for key in ("cuda_time_total", "cpu_time_total"):
-        print(prof.key_averages().table(sort_by=key, row_limit=22, max_name_column_width=60), flush=True)
+    try:
+        with profiled(device=cuda, wait=10, warmup=1, active=3) as result:
+            yield
+    finally:
+        PipelineEngine.train_batch = original
+    if result.table is None:
+        print("profile: fewer than 14 iterations ran", flush=True)
+        return
+    print(format_table(result.table, "GPU" if cuda else "CPU"), flush=True)
+    print(f"SDPA backend: {result.backend}", flush=True)
+    for key in ("device_time_total", "cpu_time_total") if cuda else ("cpu_time_total",):
+        print(result.prof.key_averages().table(sort_by=key, row_limit=22, max_name_column_width=60), flush=True)
     pstats.Stats(python, stream=sys.stdout).sort_stats("tottime").print_stats(30)
     pstats.Stats(python, stream=sys.stdout).sort_stats("cumulative").print_stats(40)
-
 
 
 def model_flops_per_token(model: list) -> float:
@@ -137,6 +161,13 @@ def model_flops_per_token(model: list) -> float:
     s, h, layers = int(flag["--seq-length"]), int(flag["--hidden-size"]), int(flag["--num-layers"])
     padded = -(-VOCAB // 128) * 128
     return gpt_flops_per_iteration(1, s, layers, h, h, 4 * h, padded, recompute=False) / s
+
+
+def tail_config(folder: str) -> str:
+    path = os.path.join(folder, "deepspeed_tail.json")
+    with open(path, "w") as f:
+        json.dump({"pipeline": {"flat_bf16_tail": False}}, f)
+    return path
 
 
 def job_argv(data: dict, model: list, iters: int, extra: list) -> list:
@@ -154,7 +185,11 @@ def main() -> None:
     p.add_argument("--only", nargs="*", default=None, help="configuration names (default: all)")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per configuration")
     p.add_argument("--tiny", action="store_true", help="a 2-layer model, to check this script on CPU")
-    p.add_argument("--profile", action="store_true", help="print torch.profiler tables of iterations 11-13")
+    p.add_argument("--profile", action="store_true", help="print the time per category (and torch.profiler's "
+                   "tables) of iterations 12-14")
+    p.add_argument("--sdpa", choices=sorted(SDPA), default="flash", help="the one SDPA kernel allowed (default "
+                   "flash); run each to pick the fastest")
+    p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="pretrain_gpt2.py flags for every run")
     p.add_argument("--child", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child is not None:
@@ -169,8 +204,10 @@ def main() -> None:
         for name, extra in CONFIGS.items():
             if args.only and name not in args.only:
                 continue
-            cmd = [sys.executable, __file__, "--child", *job_argv(data, model, args.iters, extra)]
-            env = dict(os.environ, BENCH_PROFILE="1" if args.profile else "0")
+            if "TAIL_DS" in extra:  # DeepSpeed's BF16_Optimizer tail instead of tds/pipe/bf16_tail.py
+                extra = [x for x in extra if x != "TAIL_DS"] + ["--deepspeed_config", tail_config(tmp)]
+            cmd = [sys.executable, __file__, "--child", *job_argv(data, model, args.iters, extra + args.extra)]
+            env = dict(os.environ, BENCH_PROFILE="1" if args.profile else "0", BENCH_SDPA=args.sdpa)
             try:
                 proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
                 out, code = proc.stdout + proc.stderr, proc.returncode

@@ -97,6 +97,17 @@ LAYOUTS = {
                                          "--recompute-granularity", "selective", "--zero-stage", "0"]),
     "llama tp2 dropout 0.1": ("llama", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--hidden-dropout", "0.1",
                                            "--attention-dropout", "0.1", "--zero-stage", "0"]),
+    # issue 33: the fused loss (the logits saved in their dtype), --compile (the planner does not model inductor)
+    "gpt pp2 bf16 fused loss": ("gpt", 2, ["--gas", "4", "--pipe-parallel-size", "2", "--zero-stage", "0", "--bf16",
+                                           "--cross-entropy-loss-fusion"]),
+    "gpt dp2 zero1 fused loss": ("gpt", 2, ["--gas", "2", "--zero-stage", "1", "--cross-entropy-loss-fusion"]),
+    "llama tp2 fused loss": ("llama", 2, ["--gas", "2", "--tensor-model-parallel-size", "2", "--zero-stage", "0",
+                                          "--cross-entropy-loss-fusion"]),
+    "gpt pp2 compile": ("gpt", 2, ["--gas", "4", "--pipe-parallel-size", "2", "--zero-stage", "0", "--compile"]),
+    "gpt h128 tp2 pp2 sp selective zb-h1": ("gpt", 4, ["--hidden-size", "128", "--gas", "4",
+                                                       "--tensor-model-parallel-size", "2", "--pipe-parallel-size", "2",
+                                                       "--sequence-parallel", "--recompute-granularity", "selective",
+                                                       "--pipeline-schedule", "zb-h1", "--zero-stage", "0"]),
 }
 
 

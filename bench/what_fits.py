@@ -4,7 +4,8 @@
     python bench/what_fits.py [--global-batch-size 256] [--seq 1024]
 
 Same library calls as tools/plan_layout.py (megatron.planning.search.rank_layouts), bf16, GPU attention
-(memory-efficient SDPA, no s^2 term), DeepSpeed's default ZeRO-1 reduce buckets (5e8 elements).
+(memory-efficient SDPA, no s^2 term), DeepSpeed's default ZeRO-1 reduce buckets (5e8 elements, capped at the rank's
+gradient elements as tds.initialize caps them).
 """
 from __future__ import annotations
 

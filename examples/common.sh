@@ -13,6 +13,14 @@ count_gpus() {
     "$PYTHON" -c 'import torch; print(torch.cuda.device_count())'
 }
 
+# gpu_precision: --bf16 where this node's GPUs compute bf16 natively (compute capability 8.0 and up: A100, H100,
+#   RTX 30xx and later; ROCm's MI200 and later), else --fp16 (V100, T4: their bf16 is emulated, and fp16 with
+#   DeepSpeed's loss scaling is what they train in).
+gpu_precision() {
+    "$PYTHON" -c 'import torch
+print("--bf16" if torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 0) else "--fp16")'
+}
+
 # parallel_defaults: NPROC, TP, PP unless set. With GPUs: every GPU of this node, tp=2 from 2 GPUs and
 #   pp=2 from 4. Without: 8 CPU processes at tp=2, pp=2 (gloo, one thread each).
 parallel_defaults() {
@@ -57,6 +65,7 @@ data_path_args() {
 #   appends its model shape and tokenizer arguments. --exit-signal-handler is on (EXIT_SIGNAL_HANDLER=0 turns it
 #   off): a SIGTERM or SIGUSR1 to the script saves at the current iteration and exits 0 (forward_signal);
 #   EXIT_DURATION_IN_MINS=N does the same after N minutes; ASYNC_SAVE=1 writes checkpoints in the background.
+#   The loss runs fused (--cross-entropy-loss-fusion; LOSS_FUSION=0 for the eager form); COMPILE=1 adds --compile.
 common_train_args() {
     data_path_args
     TRAIN_ARGS=(
@@ -72,8 +81,15 @@ common_train_args() {
     )
     if [[ ${EXIT_SIGNAL_HANDLER:-1} != 0 ]]; then TRAIN_ARGS+=(--exit-signal-handler); fi
     if [[ ${ASYNC_SAVE:-0} != 0 ]]; then TRAIN_ARGS+=(--async-save); fi
+    if [[ ${LOSS_FUSION:-1} != 0 ]]; then TRAIN_ARGS+=(--cross-entropy-loss-fusion); fi
+    if [[ ${COMPILE:-0} != 0 ]]; then TRAIN_ARGS+=(--compile); fi
     if [[ -n "${EXIT_DURATION_IN_MINS:-}" ]]; then TRAIN_ARGS+=(--exit-duration-in-mins "$EXIT_DURATION_IN_MINS"); fi
     if [[ -n "$PRECISION" ]]; then TRAIN_ARGS+=("$PRECISION"); fi
+    # fp16: DeepSpeed's loss scale starts at 2^32 and halves on each overflow, skipping that step (18 of a 20-step
+    # GPU run); start at 2^16 (INITIAL_LOSS_SCALE= leaves it to the DeepSpeed JSON)
+    if [[ $PRECISION == --fp16 && -n ${INITIAL_LOSS_SCALE-65536} ]]; then
+        TRAIN_ARGS+=(--initial-loss-scale "${INITIAL_LOSS_SCALE-65536}")
+    fi
     if [[ -n "$ACTIVATION_CHECKPOINT" ]]; then TRAIN_ARGS+=("$ACTIVATION_CHECKPOINT"); fi
 }
 

@@ -16,7 +16,8 @@
 # (examples/make_default_corpus.py), a byte-level BPE tokenizer trained on it (tools/train_tokenizer.py)
 # and its .bin/.idx (tools/preprocess_data.py), all built once under WORK_DIR.
 # Without GPUs: a tiny GPT-2 on 8 CPU processes (tp=2, pp=2, dp=2, gloo, one thread each), 200 iterations,
-# a few minutes on 2 cores. With GPUs: every GPU of this node and a GPT-2 medium-sized model in fp16.
+# a few minutes on 2 cores. With GPUs: every GPU of this node and a GPT-2 medium-sized model in bf16 (fp16 on GPUs
+# before compute capability 8.0).
 # The arguments and input files are checked in one process before the launch (python -m megatron.config.preflight;
 # CHECK_ARGS=0 skips it): a mistake prints one `error: ...` line and the script exits 2.
 set -euo pipefail
@@ -33,7 +34,7 @@ if (( NGPUS > 0 )); then
     NUM_LAYERS=${NUM_LAYERS:-24}; HIDDEN=${HIDDEN:-1024}; HEADS=${HEADS:-16}; SEQ_LEN=${SEQ_LEN:-1024}
     MICRO_BATCH=${MICRO_BATCH:-4}; GAS=${GAS:-16}; TRAIN_ITERS=${TRAIN_ITERS:-20000}
     LR=${LR:-1.5e-4}; MIN_LR=${MIN_LR:-1e-5}; VOCAB_SIZE=${VOCAB_SIZE:-8192}
-    PRECISION=${PRECISION---fp16}; ACTIVATION_CHECKPOINT=${ACTIVATION_CHECKPOINT---checkpoint-activations}
+    PRECISION=${PRECISION-$(gpu_precision)}; ACTIVATION_CHECKPOINT=${ACTIVATION_CHECKPOINT---checkpoint-activations}
     LOG_INTERVAL=${LOG_INTERVAL:-10}; EVAL_INTERVAL=${EVAL_INTERVAL:-1000}; EVAL_ITERS=${EVAL_ITERS:-10}
     SAVE_INTERVAL=${SAVE_INTERVAL:-1000}; NUM_WORKERS=${NUM_WORKERS:-2}
 else

@@ -20,8 +20,8 @@
 # --tokenizer-type HuggingFaceTokenizer) and its .bin/.idx, all built once under WORK_DIR.
 # Without GPUs: a tiny Llama-style model (2 key/value groups of 2 heads) on 8 CPU processes (tp=2, pp=2, dp=2,
 # gloo), 200 iterations, a few minutes on 2 cores. With GPUs: every GPU of this node, a ~1B Llama-style model
-# (16 layers, hidden 2048, 32 heads in 8 groups, ffn 8192, rope base 500000) in bf16 with selective
-# recomputation.
+# (16 layers, hidden 2048, 32 heads in 8 groups, ffn 8192, rope base 500000) in bf16 (fp16 before compute
+# capability 8.0) with selective recomputation.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -37,7 +37,7 @@ if (( NGPUS > 0 )); then
     FFN=${FFN:-8192}; SEQ_LEN=${SEQ_LEN:-2048}; ROTARY_BASE=${ROTARY_BASE:-500000}
     MICRO_BATCH=${MICRO_BATCH:-4}; GAS=${GAS:-16}; TRAIN_ITERS=${TRAIN_ITERS:-20000}
     LR=${LR:-3e-4}; MIN_LR=${MIN_LR:-3e-5}; VOCAB_SIZE=${VOCAB_SIZE:-32000}
-    PRECISION=${PRECISION---bf16}; ACTIVATION_CHECKPOINT=${ACTIVATION_CHECKPOINT---recompute-granularity=selective}
+    PRECISION=${PRECISION-$(gpu_precision)}; ACTIVATION_CHECKPOINT=${ACTIVATION_CHECKPOINT---recompute-granularity=selective}
     LOG_INTERVAL=${LOG_INTERVAL:-10}; EVAL_INTERVAL=${EVAL_INTERVAL:-1000}; EVAL_ITERS=${EVAL_ITERS:-10}
     SAVE_INTERVAL=${SAVE_INTERVAL:-1000}; NUM_WORKERS=${NUM_WORKERS:-2}
 else

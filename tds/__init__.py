@@ -20,6 +20,7 @@ from . import pipe
 from .device import init_distributed
 from .safe_load import make_safe
 from .pipe import PipelineEngine, PipelineModule
+from .pipe.zero_buckets import sized_reduce_buckets
 
 REPLACED = ("initialize", "init_distributed", "pipe", "PipelineEngine", "PipelineModule")  # differ from deepspeed's
 
@@ -71,6 +72,7 @@ def initialize(args: Any = None, model=None, optimizer=None, model_parameters=No
     init_distributed(dist_backend=get_accelerator().communication_backend_name(),
                      dist_init_required=dist_init_required)
     config = _resolve_config(args, config if config is not None else config_params, load_ds_config)
+    config = sized_reduce_buckets(config, model)  # ZeRO-1's buckets no larger than this rank's gradients
     grid = model.mpu()
     if mpu is not None:
         _check_mpu(mpu, grid)

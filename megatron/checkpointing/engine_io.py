@@ -233,8 +233,9 @@ def _named_read_errors(engine, folder: str, saved: Dict[str, Any]) -> Iterator[N
 def _bf16_optimizer_load(engine) -> Iterator[None]:
     """DeepSpeed 0.19's BF16_Optimizer (bf16, stage 0) is given the list its loader indexes by dp rank, and
     its fp32 master weights are restored from the checkpoint."""
+    from deepspeed.runtime.bf16_optimizer import BF16_Optimizer
     opt = engine.optimizer
-    if type(opt).__name__ == "BF16_Optimizer" and not engine.zero_optimization():
+    if isinstance(opt, BF16_Optimizer) and not engine.zero_optimization():  # tds's FlatBF16Optimizer too
         def bf16_load(state_dict, load_optimizer_states=True, **kwargs):
             opt._load_legacy_checkpoint([state_dict], load_optimizer_states, load_from_fp32_weights=True)
         with _instance_overrides(opt, {"load_state_dict": bf16_load}):

@@ -236,6 +236,14 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="measure iteration 2's peak memory per rank (tensor storages live at its start + the "
                         "allocator's rise during it, megatron/training/memory_log.py) and print one line per rank "
                         "beside the planner's prediction")
+    g = p.add_argument_group("speed")
+    g.add_argument("--cross-entropy-loss-fusion", action="store_true",
+                   help="the vocab-parallel cross entropy without whole-size fp32 copies of the logits: saves the "
+                        "logits in their own dtype (bf16: 2 bytes per logit instead of the fp32 softmax's 4) and "
+                        "works in fp32 over row chunks; the same loss and gradient (megatron/mpu/cross_entropy.py)")
+    g.add_argument("--compile", action="store_true",
+                   help="torch.compile each transformer layer (not the pipeline engine); a layer that cannot run "
+                        "compiled (ZB-H1's deferred weight gradients) runs eagerly, and one line says so")
     g = p.add_argument_group("long runs (preemption, time limits, NaN)")
     g.add_argument("--exit-signal-handler", action="store_true",
                    help="on SIGTERM or SIGUSR1 (SLURM's preemption and time-limit signals, `scancel --signal`) to any "

@@ -104,9 +104,7 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Opti
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                               enable_gqa=gqa)
     if q.device.type != "cpu":
-        with drop.rng(per_part=True):
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop.p, is_causal=is_causal,
-                                                  scale=scale, enable_gqa=gqa)
+        return _fused_dropout_attention(q, k, v, mask, drop, scale, is_causal, gqa)
     if gqa:  # (b, G_r, k, d) -> (b, n_r, k, d): each group's keys and values for its n / G query heads
         k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
     dtype = q.dtype
@@ -122,14 +120,27 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Opti
     return torch.matmul(probs, v).to(dtype)
 
 
+@torch.compiler.disable  # --compile: the kernel draws its mask from the site's seeded generator, outside a graph
+def _fused_dropout_attention(q, k, v, mask, drop: SeededDropout, scale, is_causal: bool, gqa: bool) -> torch.Tensor:
+    with drop.rng(per_part=True):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop.p, is_causal=is_causal,
+                                              scale=scale, enable_gqa=gqa)
+
+
 def core(attention: nn.Module, function: Callable[..., torch.Tensor], *args) -> torch.Tensor:
     """The attention core `function(q, k, v, mask_or_bias)`, recomputed in backward under selective recomputation
     where it stores the s^2 tensors; where SDPA runs a fused kernel it stores none, and recomputing it would
     only cost time (4 % of GPT-2 medium's step on an H100), so it runs once."""
-    if attention.recompute_core and attention.training and torch.is_grad_enabled() \
-            and not _fused_kernel(attention.attention_dropout, *args):
-        return replay_checkpoint(function, [attention.attention_dropout], *args)
+    if attention.recompute_core and attention.training and torch.is_grad_enabled():
+        return _selective_core(attention, function, *args)
     return function(*args)
+
+
+@torch.compiler.disable  # --compile: the recomputing checkpoint (with its RNG replay) runs between the graphs
+def _selective_core(attention: nn.Module, function: Callable[..., torch.Tensor], *args) -> torch.Tensor:
+    if _fused_kernel(attention.attention_dropout, *args):
+        return function(*args)
+    return replay_checkpoint(function, [attention.attention_dropout], *args)
 
 
 def _fused_kernel(drop: SeededDropout, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -56,6 +56,9 @@ class TransformerConfig:
         the attention core (softmax(Q K^T) V with its dropout), whose stored scores/probabilities grow with s^2;
         a no-op in memory wherever scaled_dot_product_attention runs a fused kernel, which stores none.
     kv_channels: per-head width of queries/keys/values; hidden_size // num_attention_heads by default.
+    Speed (the same numbers either way; not part of a checkpoint's model record):
+    cross_entropy_loss_fusion: the loss's vocab-parallel cross entropy in its fused form (`mpu.cross_entropy`).
+    compile_layers: torch.compile each transformer layer of the Pipe model (`megatron.model.compile`).
     """
     num_layers: int
     hidden_size: int
@@ -73,6 +76,8 @@ class TransformerConfig:
     seed: int = 1234
     recompute_granularity: Optional[str] = None
     recompute_method: str = "uniform"
+    cross_entropy_loss_fusion: bool = False
+    compile_layers: bool = False
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):

@@ -114,7 +114,7 @@ class GPT2ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
         sp = check_sequence_parallel(sequence_parallel, tp_group, config.seq_length)
         mask = [False] if config.explicit_attention_mask else []  # the bool mask, if any, after the hidden state
         super().__init__(gpt2_layer_specs(config, tp_group, sp), **groups,
-                         loss_fn=LMLoss(tp_group), partition_method=partition_method,
+                         loss_fn=LMLoss(tp_group, config.cross_entropy_loss_fusion), partition_method=partition_method,
                          activation_checkpoint_interval=uniform_interval(config),
                          activation_checkpoint_func=self._checkpoint,
                          input_grad=[True, *mask], input_type=["float", *(["bool"] if mask else [])],

@@ -6,7 +6,7 @@ V_r = V_pad / tp this rank's slice [r V_r, (r+1) V_r).
     logits = x E^T                               (b, s, V_r), vocab-parallel
     logits[..., v] = finfo(dtype).min   for v >= V   padded ids: exp(min - max) = 0 in the fp32 softmax, so
                                                      they take no probability mass and get no gradient
-    loss = sum(CE(logits, labels) * loss_mask) / sum(loss_mask)      CE in fp32 (vocab-parallel)
+    loss = sum(CE(logits, labels) * loss_mask) / sum(loss_mask)      CE in fp32 (vocab-parallel; fused or eager)
 """
 from __future__ import annotations
 
@@ -64,9 +64,10 @@ class OutputLayer(nn.Module):
 
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor,
-                   tp_group=None) -> torch.Tensor:
-    """Scalar fp32 mean of the vocab-parallel cross entropy over positions where loss_mask is nonzero."""
-    per_token = mpu.vocab_parallel_cross_entropy(logits, labels, tp_group)  # (b, s) fp32
+                   tp_group=None, fused: bool = False) -> torch.Tensor:
+    """Scalar fp32 mean of the vocab-parallel cross entropy over positions where loss_mask is nonzero; `fused`:
+    its form without whole-size fp32 copies of the logits (--cross-entropy-loss-fusion, `mpu.cross_entropy`)."""
+    per_token = mpu.vocab_parallel_cross_entropy(logits, labels, tp_group, fused=fused)  # (b, s) fp32
     mask = loss_mask.to(per_token.dtype)
     return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
 
@@ -74,9 +75,9 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.
 class LMLoss:
     """`loss_fn(logits, (labels, loss_mask))` for the pipeline's last stage."""
 
-    def __init__(self, tp_group=None):
-        self.tp_group = tp_group
+    def __init__(self, tp_group=None, fused: bool = False):
+        self.tp_group, self.fused = tp_group, fused
 
     def __call__(self, logits: torch.Tensor, labels: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         target, loss_mask = labels
-        return masked_lm_loss(logits, target, loss_mask, self.tp_group)
+        return masked_lm_loss(logits, target, loss_mask, self.tp_group, self.fused)

@@ -32,6 +32,9 @@ drawing t times the random numbers. (Megatron instead gives split activations a 
 seed + 2718 + tp_rank, so its masks depend on tp; here that rule is left only to SDPA's fused kernels, which
 draw their own masks: `rng(per_part=True)`, see `attention.attention_core`.)
 
+Under --compile (`megatron.model.compile`) the draws run between the compiled graphs (`torch.compiler.disable`):
+a graph cannot seed the device generator, and this way the masks are the eager ones, bit for bit.
+
 Activation checkpointing recomputes a segment during backward, which would advance the counters twice;
 `replay_checkpoint` rewinds the segment's counters to their values at the first forward for the
 recomputation and restores the live values afterwards (also when torch stops a recomputation early).
@@ -119,6 +122,7 @@ class SeededDropout(nn.Module):
         self.calls += 1
         return _seeded_device_rng(seed)
 
+    @torch.compiler.disable  # --compile: a mask draw sets the device generator's state, which no graph can
     def keep_mask(self, shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
         """This part's mask, 0 or 1/(1-p), of `shape`: the whole tensor's, drawn from this call's seed, narrowed.
         Drawn as dropout draws its noise on CPU (bernoulli_(1-p), then div_(1-p)), in place: one whole-sized
@@ -136,9 +140,13 @@ class SeededDropout(nn.Module):
         if not self.active:
             return x
         if self.part[2] == 1:
-            with self.rng():
-                return F.dropout(x, self.p, training=True)
+            return self._dropout(x)
         return x * self.keep_mask(x.shape, x.dtype, x.device)
+
+    @torch.compiler.disable  # --compile: runs between the compiled graphs (see keep_mask)
+    def _dropout(self, x: torch.Tensor) -> torch.Tensor:
+        with self.rng():
+            return F.dropout(x, self.p, training=True)
 
     def extra_repr(self) -> str:
         part = f", part={self.part}" if self.part[2] > 1 else ""

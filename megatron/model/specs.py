@@ -2,7 +2,8 @@
 
     spec.config(args)                   resolved arguments -> GPT2Config / T5Config (model code never reads args)
     spec.build_pipe(cfg, state)         the Pipe model of a RunConfig (`megatron.config.run_config`) over the
-                                        ParallelState's groups (one stage at pp = 1)
+                                        ParallelState's groups (one stage at pp = 1); --compile compiles its
+                                        transformer layers (`compile`)
     spec.plain                          the plain model class (generation, evaluation, conversion, Hugging Face)
     spec.datasets(data, tokenizer, [n_train, n_valid, n_test]) -> [train, valid, test] (None = empty split);
                                         `data` is the RunConfig's data section (or arguments of the same names)
@@ -53,11 +54,16 @@ class ModelSpec:
         """This rank's stage(s) of the Pipe model of RunConfig `cfg`, split over its pipeline stages, over
         `parallel_state`'s groups (default: mpu's current state)."""
         method = cfg.layout.partition_method
-        return self.pipe(cfg.model, parallel_state=parallel_state,
+        pipe = self.pipe(cfg.model, parallel_state=parallel_state,
                          partition_method=list(method) if isinstance(method, tuple) else method or "type:TransformerLayer",
                          verbose=cfg.logging.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
                          virtual_stages=cfg.layout.virtual_pipe_stages,
                          sequence_parallel=cfg.layout.sequence_parallel)
+        if cfg.model.compile_layers:  # --compile, applied from outside the model (megatron.model.compile)
+            from megatron.logging_utils import print_rank_0
+            from .compile import compile_layers
+            print_rank_0(compile_layers(pipe, cfg.layout.pipeline_schedule))
+        return pipe
 
 
 def _recompute(args) -> dict:
@@ -66,6 +72,12 @@ def _recompute(args) -> dict:
     layers = getattr(args, "recompute_num_layers", None) or args.checkpoint_num_layers or 1
     return dict(recompute_granularity=granularity, checkpoint_num_layers=layers if granularity == "full" else 0,
                 recompute_method=getattr(args, "recompute_method", None) or "uniform")
+
+
+def _speed(args) -> dict:
+    """The config's speed fields from --cross-entropy-loss-fusion and --compile (False where args predate them)."""
+    return dict(cross_entropy_loss_fusion=bool(getattr(args, "cross_entropy_loss_fusion", False)),
+                compile_layers=bool(getattr(args, "compile", False)))
 
 
 def gpt2_config(args) -> GPT2Config:
@@ -77,7 +89,8 @@ def gpt2_config(args) -> GPT2Config:
                       hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                       layernorm_epsilon=args.layernorm_epsilon,
                       make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-                      **_recompute(args), seed=args.seed, max_position_embeddings=args.max_position_embeddings,
+                      **_recompute(args), **_speed(args), seed=args.seed,
+                      max_position_embeddings=args.max_position_embeddings,
                       init_method_std=args.init_method_std,
                       explicit_attention_mask=bool(getattr(args, "reset_attention_mask", False)),
                       position_embedding_type=getattr(args, "position_embedding_type", None) or "learned_absolute",
@@ -108,7 +121,7 @@ def t5_config(args) -> T5Config:
                     hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                     layernorm_epsilon=args.layernorm_epsilon,
                     make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-                    **_recompute(args), seed=args.seed)
+                    **_recompute(args), **_speed(args), seed=args.seed)
 
 
 def gpt2_datasets(args, tokenizer, num_samples: List[int]) -> list:

@@ -157,4 +157,4 @@ class T5Model(nn.Module):
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """Masked mean of the vocab-parallel cross entropy (fp32 scalar)."""
-        return masked_lm_loss(logits, labels, loss_mask, self.tp_group)
+        return masked_lm_loss(logits, labels, loss_mask, self.tp_group, self.config.cross_entropy_loss_fusion)

@@ -153,7 +153,7 @@ class T5ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
         tp_group, groups = pipe_groups(parallel_state, topology, num_stages, tp_group)
         sp = check_sequence_parallel(sequence_parallel, tp_group, config.seq_length, config.decoder_seq_length)
         super().__init__(t5_layer_specs(config, tp_group, sp), **groups,
-                         loss_fn=LMLoss(tp_group), partition_method=partition_method,
+                         loss_fn=LMLoss(tp_group, config.cross_entropy_loss_fusion), partition_method=partition_method,
                          activation_checkpoint_interval=uniform_interval(config),
                          activation_checkpoint_func=self._checkpoint,
                          input_grad=[True, False, True, False, False, True, True],

@@ -63,7 +63,7 @@ from dataclasses import dataclass, replace
 
 from .model_shape import ModelShape, Spec
 
-__all__ = ["ActivationOptions", "spec_activation_bytes", "layer_bytes", "recomputed_core_bytes"]
+__all__ = ["ActivationOptions", "spec_activation_bytes", "layer_bytes", "recomputed_core_bytes", "logit_bytes"]
 
 STATS = 4  # LayerNorm mean / rstd and RMSNorm rstd are kept in fp32
 
@@ -76,6 +76,7 @@ class ActivationOptions:
     sequence_parallel: bool = False
     recompute: str = "none"     # none | selective | full
     attention: str = "math"     # math: CPU (s^2 probabilities with attention dropout); fused: GPU flash kernels
+    loss_fusion: bool = False   # --cross-entropy-loss-fusion: the loss saves the logits (e), not an fp32 softmax
 
 
 def _mask_bytes(o: ActivationOptions) -> int:
@@ -177,6 +178,11 @@ def recomputed_core_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> fl
     return saved + whole_mask
 
 
+def logit_bytes(o: ActivationOptions) -> int:
+    """Bytes the loss saves per logit: the fp32 softmax (4), or with the fused loss the logits (e)."""
+    return o.element_bytes if o.loss_fusion else 4
+
+
 def spec_activation_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> float:
     """Saved bytes of any layer spec for one micro-batch, without full recomputation.
 
@@ -185,7 +191,8 @@ def spec_activation_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> fl
     Final norm: its input and output (2 bsh e, T5 RMSNorm 3 bsh e with the dropout mask) and stats; GPT's RMSNorm
     its fp32 input and normalised input, its output, rstd and in bf16 its fp32 weight, (8 + e) bsh + 4 bs (+ 4h).
     Head and loss: the fp32 softmax the vocab-parallel cross entropy saves, b s V_p / t x 4 in every precision
-    (the bf16/fp16 logits themselves are not kept), labels and loss mask (8 + 4 + 1 bytes per token).
+    (the bf16/fp16 logits themselves are not kept), labels and loss mask (8 + 4 + 1 bytes per token); its fused
+    form (`loss_fusion`) saves the logits themselves, b s V_p / t x e, and m and S (8 bytes per token).
     """
     b, h, e, t = o.micro_batch, m.hidden, o.element_bytes, o.tp
     s_out = m.decoder_seq if m.model_type == "t5" else m.seq
@@ -204,5 +211,5 @@ def spec_activation_bytes(spec: Spec, m: ModelShape, o: ActivationOptions) -> fl
             return ((8 + e) * b * s * h + b * s * STATS) / sp + (0 if e == 4 else 4 * h)
         return ((3 if m.model_type == "t5" else 2) * b * s * h * e + b * s * STATS) / sp
     if spec.kind == "head":
-        return b * s_out * m.padded_vocab(t) // t * 4 + 13 * b * s_out
+        return b * s_out * m.padded_vocab(t) // t * logit_bytes(o) + (21 if o.loss_fusion else 13) * b * s_out
     return 0.0

@@ -10,10 +10,10 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        dp > 1: buffered all-reduce flattens the gradients (one flat copy, 4 Psi) at the reduce
     ZeRO-1 (dp > 1)    weights e_w Psi; gradients e_w Psi; DeepSpeedZeroOptimizer: fp32 partition 4 Psi / d
                        and Adam moments 8 Psi / d; the PipelineEngine (every layout) makes it allocate two reduce
-                       buckets of B elements (`reduce_gradients(pipeline_parallel=True)`, `setup_buckets`):
-                       2 B e_w bytes at the reduce (bf16/fp16: + the partition's fp32 gradient 4 Psi / d,
-                       made there) -- 4 GB in fp32 with the default B, set
-                       zero_optimization.reduce_bucket_size in the DeepSpeed JSON to shrink it
+                       buckets of B' = min(B, Psi) elements (`reduce_gradients(pipeline_parallel=True)`,
+                       `setup_buckets`; tds caps B at the rank's gradients, `tds.pipe.zero_buckets`):
+                       2 B' e_w bytes at the reduce (bf16/fp16: + the partition's fp32 gradient 4 Psi / d,
+                       made there)
     bf16, ZeRO 0       BF16_Optimizer: weights 2 Psi; fp32 master weights and moments and the flat bf16
                        gradient accumulators 14 Psi (measured with --log-memory: 4 + 8 + 2); gradients during
                        the iteration: the parameters' bf16 gradients 2 Psi before they are folded in and
@@ -28,7 +28,8 @@ instruction list (`tds.pipe.instructions.train_schedule`): + at each FORWARD, - 
 most at B, the linears' inputs at W), so the peak is the schedule's own in-flight count weighted by what each
 chunk holds. Plus, while a micro-batch runs backward, its working set: the gradient of one layer's
 activations (~ one layer's saved bytes), with full recomputation one checkpointed chunk recomputed, with
-selective recomputation one layer's attention core recomputed (CPU's math path; nothing on GPUs).
+selective recomputation one layer's attention core recomputed (CPU's math path; nothing on GPUs; under ZB-H1 with
+the deferred linears' gradients kept beside it, `_zb_hold_in_backward`).
 Boundary buffers: the stage output kept for backward (b s h e / t per in-flight micro-batch, not on the last
 stage) and the received gradient.
 
@@ -41,14 +42,15 @@ from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 from typing import Dict, List
 
+from megatron.mpu.cross_entropy import CHUNK_ELEMENTS
 from tds.pipe.instructions import Instruction, Op, train_schedule
+from tds.pipe.zero_buckets import DEFAULT_REDUCE_BUCKET, reduce_bucket_elements
 
 from .activations import ActivationOptions, layer_bytes, recomputed_core_bytes, spec_activation_bytes
 from .model_shape import ModelShape, layer_specs, partition, stage_chunks
 
 __all__ = ["Layout", "StageMemory", "stage_memory", "predict_memory", "DEFAULT_REDUCE_BUCKET"]
 
-DEFAULT_REDUCE_BUCKET = 500_000_000
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -71,6 +73,7 @@ class Layout:
     reduce_bucket: int = DEFAULT_REDUCE_BUCKET
     partition_method: object = "type:transformer"
     attention: str = "fused"         # fused (GPU memory-efficient SDPA) | math (CPU: s^2 probabilities kept)
+    loss_fusion: bool = False        # --cross-entropy-loss-fusion
 
     @property
     def world_size(self) -> int:
@@ -119,10 +122,11 @@ class StageMemory:
 def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
     """(weights, gradients, optimizer, reduce buffers) for `psi` parameters on this rank (module docstring)."""
     d, e = lay.dp, ELEMENT_BYTES[lay.precision]
-    if lay.ds_zero_stage >= 1:  # DeepSpeedZeroOptimizer; two reduce buckets of B elements (fp32: 4 B, bf16: 2 B)
+    if lay.ds_zero_stage >= 1:  # DeepSpeedZeroOptimizer; two reduce buckets of B' = min(B, Psi) elements
         # bf16/fp16: the fp32 gradient of this rank's partition (4 Psi / d) appears at the reduce, not before
         partition_grads = 4 * psi / d if e == 2 else 0.0
-        return e * psi, e * psi, 12 * psi / d, 2 * e * lay.reduce_bucket + partition_grads
+        buckets = 2 * e * reduce_bucket_elements(lay.reduce_bucket, psi)
+        return e * psi, e * psi, 12 * psi / d, buckets + partition_grads
     if e == 2:  # BF16_Optimizer: fp32 master and moments 12 Psi, flat bf16 gradients 2 Psi; fp32 accumulators
         return 2 * psi, 2 * psi, 14 * psi, 0.0
     return 4 * psi, 4 * psi, 8 * psi, (4 * psi if d > 1 else 0.0)
@@ -130,7 +134,18 @@ def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
 
 def _activation_options(lay: Layout) -> ActivationOptions:
     return ActivationOptions(lay.micro_batch, lay.tp, ELEMENT_BYTES[lay.precision], lay.sequence_parallel,
-                             "selective" if lay.recompute == "selective" else "none", lay.attention)
+                             "selective" if lay.recompute == "selective" else "none", lay.attention, lay.loss_fusion)
+
+
+def _logits_grad(m: ModelShape, lay: Layout, s_out: int) -> float:
+    """The last stage's backward working set at the loss: its gradient of the logits, fp32 beside its cast to the
+    logits' type in bf16/fp16 (4 + e per logit); fused (`mpu.cross_entropy`): in the logits' type (e per logit),
+    in bf16/fp16 beside one fp32 chunk of at most CHUNK_ELEMENTS (fp32 computes each chunk in its place)."""
+    e, rows, vocab = ELEMENT_BYTES[lay.precision], lay.micro_batch * s_out, m.padded_vocab(lay.tp) // lay.tp
+    if not lay.loss_fusion:
+        return rows * vocab * (4 + (e if e < 4 else 0))
+    chunk_rows = min(rows, max(1, CHUNK_ELEMENTS // vocab)) if e < 4 else 0
+    return rows * vocab * e + chunk_rows * vocab * 4
 
 
 def _weight_grad_hold(m: ModelShape, lay: Layout, layers, head: bool) -> float:
@@ -161,9 +176,9 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
         others += b * m.seq * h * e  # the encoder output every decoder layer attends to, once per chunk
     biggest = max(per_layer, default=0.0)
     # backward working set: a layer's activation gradients (about 3 MLP-sized tensors, measured), or on the
-    # last stage the logits' gradient: fp32, and in bf16/fp16 its cast to the logits' type beside it
+    # last stage the logits' gradient (`_logits_grad`)
     mlp_grads = 3 * b * s_out * m.ffn * e / t
-    logits_grad = b * s_out * m.padded_vocab(t) // t * (4 + (e if e < 4 else 0)) if last else 0.0
+    logits_grad = _logits_grad(m, lay, s_out) if last else 0.0
     hold = _weight_grad_hold(m, lay, layers, last) if lay.schedule == "zb-h1" else 0.0
     if lay.recompute == "full":
         # each checkpointed run of k layers keeps its input; in backward one run is recomputed at a time, after
@@ -181,7 +196,27 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
         return others + inputs + boundary, max(logits_grad, k * biggest + mlp_grads - head), hold
     # selective: a layer's attention core is recomputed while its backward runs, after the MLP's gradients are freed
     recomputed = max((recomputed_core_bytes(s, m, o) for s in layers), default=0.0)
+    if recomputed and lay.schedule == "zb-h1":  # on the last stage the head's and final norm's bytes are freed by then
+        recomputed += max(0.0, _zb_hold_in_backward(m, lay, per_layer) - (others if last else 0.0))
     return others + sum(per_layer) + boundary, max(mlp_grads, recomputed, logits_grad), hold
+
+
+def _zb_hold_in_backward(m: ModelShape, lay: Layout, per_layer: List[float]) -> float:
+    """ZB-H1 with selective recomputation (CPU): when the first layer's attention core is recomputed in B, the
+    deferred linears of every layer backwarded before it keep their output gradients and inputs for W (their
+    other activations freed), and so do that layer's MLP and output projection: with sequence parallelism also
+    the column linears' inputs re-gathered whole (the held part is s/t of them). Measured (bench/memory_error.py,
+    gpt tp2 pp2 sp selective zb-h1): stage 0 was 12% under without this term."""
+    e, b, t, h = ELEMENT_BYTES[lay.precision], lay.micro_batch, lay.tp, m.hidden
+    s = m.decoder_seq if m.model_type == "t5" else m.seq
+    f_in = 2 * m.ffn if m.gated and m.model_type == "gpt" else m.ffn
+    sp = lay.sequence_parallel and t > 1
+    grads = b * s * e * ((m.width + 2 * m.kv_width + f_in) / t + 2 * h)  # dY of qkv, fc1 (split), dense, fc2
+    gathered = 2 * b * s * h * e if sp else 0.0  # the inputs of qkv and fc1, all-gathered again in B
+    kept = b * s * e * ((m.width + m.ffn) / t + (0 if sp else 2 * h))  # the inputs the held bytes already hold
+    later = sum(max(0.0, grads + gathered - (size - kept)) for size in per_layer[1:])
+    first = b * s * e * (2 * h + f_in / t) + (b * s * h * e if sp else 0.0)  # dY of fc2, fc1, dense; fc1's input
+    return later + first
 
 
 def _activation_peak(lay: Layout, chunks: List[tuple], stage: int) -> tuple[float, int, float]:
@@ -268,4 +303,5 @@ def layout_from_args(args, attention: str = "fused") -> Layout:
                   sequence_parallel=bool(getattr(args, "sequence_parallel", False)), recompute=recompute,
                   recompute_num_layers=num_layers, recompute_method=method,
                   zero_stage=args.zero_stage, precision=precision, reduce_bucket=int(bucket),
-                  partition_method=partition, attention=attention)
+                  partition_method=partition, attention=attention,
+                  loss_fusion=bool(getattr(args, "cross_entropy_loss_fusion", False)))

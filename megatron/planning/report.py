@@ -55,16 +55,23 @@ def as_json(cands: List[Candidate]) -> list:
                  step=dict(asdict(c.step), total=c.step.total)) for c in cands]
 
 
-def dry_run_lines(cand: Candidate, best: Optional[Candidate]) -> List[str]:
-    """`pretrain --dry-run`: the layout's prediction per stage, or the one refusal line."""
+CPU_STEP = ("  step time: not predicted for CPU processes (the step-time model is a GPU's: GEMMs at a fraction of the "
+            "peak; a CPU step of a small model is mostly per-operation costs of torch, the engine and gloo, several "
+            "processes sharing each core: time a few iterations instead)")
+
+
+def dry_run_lines(cand: Candidate, best: Optional[Candidate], step_time: bool = True) -> List[str]:
+    """`pretrain --dry-run`: the layout's prediction per stage, or the one refusal line; without `step_time`
+    (CPU processes) the step line says why there is none (`CPU_STEP`)."""
     if not cand.fits:
         return [overflow_line(cand, best)]
     st = cand.step
+    step = f"  step {secs(st.total)} = compute {secs(st.compute)} + bubble {secs(st.bubble)} " \
+           f"({st.bubble_fraction:.1%}) + tp {secs(st.tp_comm)} + dp {secs(st.dp_comm)} + pp {secs(st.pp_comm)} " \
+           f"(predictions, not measurements)"
     return [f"predicted for {cand.layout.short()}: peak {size(cand.peak)} per rank (worst stage "
             f"{cand.worst.stage}, {size(cand.budget)} usable)", *stage_lines(cand.stages),
-            f"  step {secs(st.total)} = compute {secs(st.compute)} + bubble {secs(st.bubble)} "
-            f"({st.bubble_fraction:.1%}) + tp {secs(st.tp_comm)} + dp {secs(st.dp_comm)} + pp {secs(st.pp_comm)} "
-            f"(predictions, not measurements)"]
+            step if step_time else CPU_STEP]
 
 
 def short_prediction(cand: Candidate) -> str:

@@ -153,14 +153,15 @@ def predicted_peak(args: argparse.Namespace, vocab_size: int) -> str:
 def dry_run(args: argparse.Namespace) -> None:
     """--dry-run: the prediction per stage without building the model (the tokenizer gives the vocabulary);
     a layout that does not fit raises the one-line UserError naming the part and the best alternative. With
-    --gpu-memory-gb it plans for GPUs (fused attention) wherever it runs; without, for this machine's device."""
+    --gpu-memory-gb it plans for GPUs (fused attention) wherever it runs; without, for this machine's device (on
+    CPU: memory only, no step time, `report.CPU_STEP`)."""
     from megatron.planning.report import dry_run_lines
     from megatron.planning.search import plan_for_args
     vocab = build_tokenizer_from_args(args).vocab_size
     # a GPU named by its memory is planned for as a GPU, also from a machine without one (a login node)
     attention = "fused" if args.gpu_memory_gb else _attention()
     own, best = plan_for_args(args, vocab, args.gpu_memory_gb or 80.0, attention=attention)
-    lines = dry_run_lines(own, best)
+    lines = dry_run_lines(own, best, step_time=attention == "fused")  # no GPU step-time model for CPU processes
     if not own.fits:
         raise UserError(lines[0])
     print_line("\n".join(lines))

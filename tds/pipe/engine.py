@@ -28,6 +28,7 @@ from deepspeed.runtime.utils import is_model_parallel_parameter
 from .. import device as tds_device
 from ..safe_load import make_safe
 from . import recompute
+from .bf16_tail import FlatBF16Optimizer, adopt
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
 from .executor import BatchState, StageContext, StageExecutor
@@ -51,7 +52,7 @@ class PipelineEngine(DeepSpeedEngine):
             raise ValueError(f"ZeRO stage {self.zero_optimization_stage()} is not supported with pipeline "
                              f"parallelism; use zero_optimization.stage 0 or 1")
         self.enable_backward_allreduce = False  # the schedule reduces gradients once per batch
-        self.using_bf16_optimizer = type(self.optimizer) == BF16_Optimizer
+        self.using_bf16_optimizer = isinstance(self.optimizer, BF16_Optimizer)  # bf16_tail's subclass included
         self._force_grad_boundary = False
         self.grid = self.module._grid
         self.num_stages = self.grid.pipe_parallel_size
@@ -115,6 +116,13 @@ class PipelineEngine(DeepSpeedEngine):
         attach(self.module, self.weight_grads)  # layers with a weight_grad_store attribute (weight_grad.py)
         self._loss_backward = False  # inside the loss unit's DeepSpeedEngine.backward
         self.last_batch_stats: dict = {}
+
+    def _configure_bf16_optimizer(self, optimizer):
+        """DeepSpeed's BF16_Optimizer with TDS's flat accumulation, foreach norm and device-side clip
+        (`bf16_tail`): no Python loop over parameters per micro-batch, one host read per step.
+        `"pipeline": {"flat_bf16_tail": false}` keeps DeepSpeed's own (to measure one against the other)."""
+        built = super()._configure_bf16_optimizer(optimizer)
+        return adopt(built) if self._config.pipeline.get("flat_bf16_tail", True) else built
 
     def _copy_recovery_script(self, save_path: str) -> None:
         """DeepSpeed copies zero_to_fp32.py into every save; `"pipeline": {"recovery_script": false}` skips it
@@ -186,6 +194,8 @@ class PipelineEngine(DeepSpeedEngine):
         state = BatchState(training=True)
         if self.finite is not None:
             self.finite.reset()
+        if isinstance(self.optimizer, FlatBF16Optimizer):
+            self.optimizer.attach()  # the bf16 gradients are views of its flat buffers (once per batch)
         with self._mode(training=True, data_iter=data_iter, keep_iter=True):
             recorder = self.timeline.begin(self.global_steps + 1) if self.timeline is not None else None
             self._run(train_schedule(self.schedule_kind, self.num_stages, self.stage_id, self.micro_batches,
@@ -270,20 +280,22 @@ class PipelineEngine(DeepSpeedEngine):
         replicated ones, and a tied weight's later copies (`ds_pipe_replicated`) not at all:
 
             norm = sqrt( sum over the pipe x tensor group of the counted squared gradient norms )
+
+        As foreach operations on the device, without a host read: one torch._foreach_norm, one all-reduce, the
+        coefficient min(1, clip / (norm + 1e-6)) as a tensor, one torch._foreach_mul_ (the loop reads the norm
+        after the step).
         """
         params = [p for p in self.module.parameters() if p.grad is not None]
         tp_rank = self.grid.get_slice_parallel_rank()
-        counted = [p for p in params if not getattr(p, "ds_pipe_replicated", False)
+        counted = [p.grad.detach() for p in params if not getattr(p, "ds_pipe_replicated", False)
                    and (tp_rank == 0 or is_model_parallel_parameter(p))]
-        total = torch.zeros((), dtype=torch.float32, device=tds_device.device())
-        for p in counted:
-            total += p.grad.detach().float().norm() ** 2
+        total = torch.stack(torch._foreach_norm(counted, 2.0)).pow(2).sum() if counted else \
+            torch.zeros((), dtype=torch.float32, device=tds_device.device())
         dist.all_reduce(total, group=self.grid.get_model_parallel_group())
-        norm = float(total.sqrt())
-        coef = self.gradient_clipping() / (norm + 1e-6)
-        if coef < 1.0:
-            for p in params:
-                p.grad.detach().mul_(coef)
+        grads = [p.grad.detach() for p in params]
+        norm = total.sqrt()
+        if grads:
+            torch._foreach_mul_(grads, (self.gradient_clipping() / (norm + 1e-6)).clamp(max=1.0))
         self._global_grad_norm = norm
 
     def _reset_backward_state(self) -> None:
@@ -410,9 +422,13 @@ class PipelineEngine(DeepSpeedEngine):
         self._force_grad_boundary = False  # (and in _run's finally, if this raises)
 
     def _step_optimizer(self) -> None:
+        tail = self.optimizer if isinstance(self.optimizer, FlatBF16Optimizer) else None
         if self.finite is not None:  # every rank agrees before any rank steps (finite.py)
+            norm = tail.global_norm() if tail is not None else None
             self.finite.watch("gradients", local_grads(self.module, self.optimizer))
-            self.finite.check(self.global_steps + 1)
+            value = self.finite.check(self.global_steps + 1, read=norm)  # the norm read with the agreement
+            if tail is not None:
+                tail.prepare(norm, value)
         self._force_grad_boundary = True
         self._take_model_step(None)
         self._force_grad_boundary = False

@@ -11,7 +11,8 @@ set (world_size where none): a MIN all_reduce of 2p integers over the model-para
 data-parallel group. Every rank sees the same table, so either every rank steps or every rank raises
 `NonFiniteError`. "First appeared" follows the data: forward runs stage 0 -> p-1, so the lowest stage with a
 non-finite forward; with a finite forward, backward runs p-1 -> 0, so the highest stage with non-finite
-gradients. Cost per batch: a foreach max-abs over the sent tensors and over the gradients, two small all_reduces.
+gradients. Cost per batch: a foreach max-abs over the sent tensors and over the gradients, two small all_reduces,
+one host read of the table (with the gradient norm, when the engine asks: the step's only host synchronisation).
 fp16 leaves it off: its loss scaler already skips a step whose gradients overflowed.
 """
 from __future__ import annotations
@@ -62,25 +63,33 @@ class FiniteCheck:
         bad = ~torch.isfinite(torch.stack(largest)).all()  # stack promotes mixed dtypes
         self._bad[kind] = bad if self._bad[kind] is None else self._bad[kind] | bad
 
-    def agree(self) -> dict:
-        """Collective over the model-parallel then the data-parallel group: {kind: {stage: lowest rank}}."""
-        p = self.num_stages
-        table = torch.full((len(KINDS), p), self.world_size, dtype=torch.int64, device=tds_device.device())
+    def agree(self, read: Optional[torch.Tensor] = None) -> tuple:
+        """Collective over the model-parallel then the data-parallel group: ({kind: {stage: lowest rank}}, the
+        value of the scalar tensor `read` or None). The table is built on the device and read on the host once,
+        together with `read` (the step's one host synchronisation)."""
+        p, dev = self.num_stages, tds_device.device()
+        table = torch.full((len(KINDS), p), self.world_size, dtype=torch.int64, device=dev)
+        mine = torch.tensor(self.world_rank, dtype=torch.int64, device=dev)
         for i, kind in enumerate(KINDS):
-            if self._bad[kind] is not None and bool(self._bad[kind]):
-                table[i, self.stage_id] = self.world_rank
+            if self._bad[kind] is not None:
+                table[i, self.stage_id] = torch.where(self._bad[kind], mine, table[i, self.stage_id])
         for group in self.groups:
             dist.all_reduce(table, op=dist.ReduceOp.MIN, group=group)
         self.reset()
-        return {kind: {s: int(table[i, s]) for s in range(p) if table[i, s] < self.world_size}
-                for i, kind in enumerate(KINDS)}
+        host = torch.cat([table.flatten().double(), read.detach().reshape(1).double().to(dev)]) \
+            if read is not None else table.flatten()
+        values = host.tolist()
+        found = {kind: {s: int(values[i * p + s]) for s in range(p) if values[i * p + s] < self.world_size}
+                 for i, kind in enumerate(KINDS)}
+        return found, (values[-1] if read is not None else None)
 
-    def check(self, iteration: int) -> None:
-        """Collective: raise NonFiniteError on every rank if any rank saw a non-finite value this batch."""
-        found = self.agree()
+    def check(self, iteration: int, read: Optional[torch.Tensor] = None) -> Optional[float]:
+        """Collective: raise NonFiniteError on every rank if any rank saw a non-finite value this batch; else
+        return the value of `read` (a scalar tensor, e.g. the gradient norm), read with the agreement."""
+        found, value = self.agree(read)
         where = first_appearance(found)
         if where is None:
-            return
+            return value
         kind, stage, rank = where
         what = "a loss or an activation" if kind == "forward" else "a gradient"
         others = "; ".join(f"{k} on stages {sorted(found[k])}" for k in KINDS if found[k])
@@ -100,7 +109,11 @@ def first_appearance(found: dict) -> Optional[tuple]:
 
 
 def local_grads(module: torch.nn.Module, optimizer) -> list:
-    """The gradients the optimizer step reads on this rank (module docstring)."""
+    """The gradients the optimizer step reads on this rank (module docstring); an optimizer that says which
+    (`gradients_for_check`: bf16_tail's flat fp32 accumulators) is asked."""
+    own = getattr(optimizer, "gradients_for_check", None)
+    if own is not None:
+        return own()
     grads = [p.grad for p in module.parameters() if p.grad is not None]
     averaged = getattr(optimizer, "averaged_gradients", None)  # ZeRO stage 1/2 after the reduction
     if isinstance(averaged, dict):

@@ -142,3 +142,25 @@ def test_gpt2_layer_formula_matches_saved_tensors_without_dropout():
     seen = _saved_bytes(TransformerLayer(cfg, 1), x)
     o = ActivationOptions(3, 1, 4, attention="math")
     assert sum(n for n, _ in seen.values()) == layer_bytes(Spec("layer", 0), ModelShape.from_config("gpt", cfg, 64), o)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_formula_matches_saved_tensors(dtype, fused):
+    """The head spec's loss part: the eager cross entropy saves an fp32 softmax (4 bytes per logit), the fused one
+    (--cross-entropy-loss-fusion) the logits themselves (e) and 8 bytes per token; labels and mask 13 per token.
+    The head's GEMM keeps only its input (the final norm's output, counted there) and its weight."""
+    from megatron.model.language_model import masked_lm_loss
+    from megatron.planning.activations import spec_activation_bytes
+    b, s, v = 2, 8, 64
+    logits = torch.randn(b, s, v, dtype=dtype, requires_grad=True)
+    labels, mask = torch.randint(0, v, (b, s)), torch.ones(b, s)
+
+    class Loss(torch.nn.Module):
+        def forward(self, x):
+            return masked_lm_loss(x, labels, mask, fused=fused)
+    seen = _saved_bytes(Loss(), logits)
+    counted = sum(n for n, _ in seen.values() if n > 4)  # not the loss's scalar denominator
+    shape = ModelShape("gpt", 2, 32, 4, 8, 128, v, s, max_positions=s, divisible_by=8)
+    e = torch.tensor([], dtype=dtype).element_size()
+    assert counted == spec_activation_bytes(Spec("head", 0), shape, ActivationOptions(b, 1, e, loss_fusion=fused))

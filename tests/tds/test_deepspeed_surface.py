@@ -123,6 +123,22 @@ INTERNALS = [
     ("engine.optimizer.bf16_groups", "bf16_attr", list),
     ("engine.optimizer.fp32_groups_gradients", "bf16_attr", list),
     ("engine.optimizer.fp32_groups_has_gradients", "bf16_attr", list),
+    # bf16_tail.FlatBF16Optimizer: the flat layout, the step's parts, what decides whether it applies
+    ("deepspeed.runtime.engine.DeepSpeedEngine._configure_bf16_optimizer", "params", ["optimizer"]),
+    ("deepspeed.runtime.bf16_optimizer.BF16_Optimizer.update_hp_grads", "params_include", ["clear_lp_grads"]),
+    ("deepspeed.runtime.bf16_optimizer.BF16_Optimizer.update_lp_params", "params", []),
+    ("deepspeed.runtime.bf16_optimizer.BF16_Optimizer.clear_hp_grads", "params", []),
+    ("deepspeed.runtime.bf16_optimizer.BF16_Optimizer._lazy_init_hp_params_optimizer_state", "params", []),
+    ("engine.optimizer.bf16_groups_flat", "bf16_attr", list),
+    ("engine.optimizer.fp32_groups_gradients_flat", "bf16_attr", list),
+    ("engine.optimizer.fp32_groups_flat_partition", "bf16_attr", list),
+    ("engine.optimizer.fp32_groups_gradient_flat_partition", "bf16_attr", list),
+    ("engine.optimizer.optimizer", "bf16_attr", None),
+    ("engine.optimizer.clip_grad", "bf16_attr", float),
+    ("engine.optimizer.grad_acc_dtype", "bf16_attr", None),
+    ("engine.optimizer.immediate_grad_update", "bf16_attr", bool),
+    ("engine.optimizer.has_moe_layers", "bf16_attr", bool),
+    ("engine.optimizer.using_real_optimizer", "bf16_attr", bool),
     ("engine.optimizer.loss_scale_config", "fp16_attr", None),
 ]
 

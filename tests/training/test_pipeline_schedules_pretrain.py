@@ -56,17 +56,22 @@ def assert_same(got, want, what: str) -> None:
     np.testing.assert_allclose(got[1], want[1], rtol=RTOL, err_msg=f"{what}: gradient norms")
 
 
+def assert_schedules_match_one_process(data_prefix: str, schedules: dict, what: str, timeout: int = 300) -> None:
+    """GPT-2 at pp = 2 with each {name: extra flags} against one process with none (losses, gradient norms)."""
+    (single,) = run_distributed(runs, 1, "gpt2", [argv("gpt2", data_prefix, 1)], 1, timeout=timeout)[0]
+    piped = run_distributed(runs, 2, "gpt2", [argv("gpt2", data_prefix, 2, x) for x in schedules.values()], 2,
+                            timeout=timeout)[-1]
+    assert (np.array(single[1]) > 0.3).all()  # clipping active
+    for name, got in zip(schedules, piped):
+        assert_same(got, single, f"{what} {name}")
+
+
 def test_gpt2_schedules_match_one_process_and_record_a_timeline(data_prefix, tmp_path):
     from tools import plot_pipeline
     trace = str(tmp_path / "zb.json")
     schedules = {"1f1b": [], "zb-h1": ZB_H1 + ["--pipeline-timeline", trace, "--pipeline-timeline-batches", "3"],
                  "interleaved": INTERLEAVED}
-    (single,) = run_distributed(runs, 1, "gpt2", [argv("gpt2", data_prefix, 1)], 1, timeout=300)[0]
-    piped = run_distributed(runs, 2, "gpt2", [argv("gpt2", data_prefix, 2, x) for x in schedules.values()], 2,
-                            timeout=300)[-1]
-    assert (np.array(single[1]) > 0.3).all()  # clipping active
-    for name, got in zip(schedules, piped):
-        assert_same(got, single, f"GPT-2 pp=2 {name}")
+    assert_schedules_match_one_process(data_prefix, schedules, "GPT-2 pp=2")
     with open(trace) as f:
         meta = json.load(f)["otherData"]
     assert meta["schedule"] == "zb-h1" and meta["stages"] == 2 and meta["micro_batches"] == 4
