@@ -6,15 +6,25 @@ the module-level `__getattr__`), except those that TDS replaces:
 - `init_distributed` is DeepSpeed's, minus the JIT build of its CPU shared-memory op (see `tds.device`);
 - `pipe` is `tds.pipe` (PipelineModule with the declared stage-boundary layout, PipelineEngine, schedules), and
   `PipelineModule` / `PipelineEngine` are its classes.
+
+On a machine with no accelerator device file, DeepSpeed's accelerator is named cpu (DS_ACCELERATOR) before DeepSpeed
+is imported, so it picks the CPU without warning that it may have missed a GPU (a user's DS_ACCELERATOR is kept;
+megatron/__init__.py does the same for the project's tools).
 """
 from __future__ import annotations
 
+import glob as _glob
+import os as _os
 from typing import Any
 
-import deepspeed as _ds
-from deepspeed import (DeepSpeedConfig, DeepSpeedConfigError, DeepSpeedEngine, add_config_arguments,  # noqa: F401
+if "DS_ACCELERATOR" not in _os.environ and not any(
+        _glob.glob(p) for p in ("/dev/nvidia*", "/dev/kfd", "/dev/dri", "/dev/davinci*", "/dev/accel*", "/dev/hl*")):
+    _os.environ["DS_ACCELERATOR"] = "cpu"
+
+import deepspeed as _ds  # noqa: E402  (after the accelerator's name)
+from deepspeed import (DeepSpeedConfig, DeepSpeedConfigError, DeepSpeedEngine, add_config_arguments,  # noqa: F401,E402
                        checkpointing, comm, ops, runtime, utils, zero)
-from deepspeed.runtime.pipe.module import PipelineModule as _DSPipelineModule
+from deepspeed.runtime.pipe.module import PipelineModule as _DSPipelineModule  # noqa: E402
 
 from . import pipe
 from .device import init_distributed
