@@ -20,7 +20,8 @@ checkpoint and layout sections, and `cfg.record`, the resolved command line stor
 the 'model' and 'layout' records (`names.with_records`).
 
 Loading (`load_checkpoint`) of the tag `latest` names, or of --ckpt-step N's: first the sizes of every file
-it will read (`manifest.check_files`), then
+it will read (`manifest.check_files`), then (each file's CRC-32 compared with manifest.json's while it is read,
+`reading.read_verified`)
     same layout            DeepSpeed's engine.load_checkpoint (weights, optimizer, LR scheduler, steps)
     another (tp, pp, dp)   rank 0 reshapes into <save or load>/.reshaped-<tag> (the `reshape` tool's code),
                            every rank loads that, rank 0 removes it; RNG streams are kept as seeded
@@ -45,9 +46,10 @@ from megatron.logging_utils import print_rank_0
 from tds.safe_load import UnsafeCheckpointError, trusted
 from .async_save import save_async
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
-from .files import (CheckpointMismatchError, UntrustedCheckpointError, checkpoint_folder, checkpoint_tag,
-                    publish_latest, read_args, read_latest, write_args)
+from .files import (CheckpointFileError, CheckpointMismatchError, UntrustedCheckpointError, checkpoint_folder,
+                    checkpoint_tag, publish_latest, read_args, read_latest, write_args)
 from .manifest import WEIGHTS, check_files, checked_folder, damaged_error, parts_read, save_manifest
+from .reading import read_verified
 from .names import PIPE_FORM, layout_record, plain_pp1, virtual_stages, with_records
 from .weights import load_weights_into, reshape_command
 
@@ -176,7 +178,7 @@ def _load_same_layout(engine, cfg, load_dir: str, tag: str, saved: Dict[str, Any
     where, no_optim = os.path.join(load_dir, tag), cfg.checkpoint.no_load_optim
     print_rank_0(f"loading checkpoint {where} ...")
     load_optim = _loads_optimizer(cfg, saved)
-    with _bf16_optimizer_load(engine), _named_read_errors(engine, where, saved):
+    with _bf16_optimizer_load(engine), _checked_reads(engine, where, saved):
         path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=load_optim,
                                                     load_lr_scheduler_states=not no_optim)
     if path is None:
@@ -212,14 +214,18 @@ def _instance_overrides(obj, attrs: Dict[str, Any]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _named_read_errors(engine, folder: str, saved: Dict[str, Any]) -> Iterator[None]:
-    """A file DeepSpeed cannot read (damaged although of the listed size) is a CheckpointFileError naming it."""
+def _checked_reads(engine, folder: str, saved: Dict[str, Any]) -> Iterator[None]:
+    """Every file DeepSpeed reads is checked against manifest.json's CRC-32 while it is read
+    (`reading.read_verified`); a file it cannot read (damaged although of the listed size) or whose bytes
+    changed is a CheckpointFileError naming it."""
     checkpoint_engine = engine.checkpoint_engine
     read = checkpoint_engine.load
 
     def load(path, *args, **kwargs):
         try:
-            return read(path, *args, **kwargs)
+            return read_verified(path, lambda: read(path, *args, **kwargs))
+        except CheckpointFileError:
+            raise
         except UnsafeCheckpointError as err:
             raise UntrustedCheckpointError(str(err)) from None
         except Exception as err:  # noqa: BLE001 (torch.load of one file: whatever it raises, the file is unreadable)

@@ -14,14 +14,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
 import shutil
 import sys
-import zipfile
 from typing import Any, Dict, Iterable, Iterator, Optional
 
 from megatron.errors import UserError
-from tds.safe_load import UnsafeCheckpointError, load as safe_load
 
 LATEST = "latest"
 ARGS_FILE = "megatron_args.json"
@@ -117,28 +114,6 @@ def write_args(folder: str, args: Dict[str, Any]) -> None:
 def folder_bytes(folder: str, names: Optional[Iterable[str]] = None) -> int:
     """Total size of the files in `folder` (or of its files `names`, a listing the caller already has)."""
     return sum(os.path.getsize(os.path.join(folder, f)) for f in (os.listdir(folder) if names is None else names))
-
-
-def load_file(path: str, mmap: bool = True, allow: Optional[Dict[str, Any]] = None,
-              stub_modules: Iterable[str] = ()) -> Any:
-    """torch.load of a checkpoint file on CPU with weights_only=True and an allowlist (`tds.safe_load`: the
-    globals this project's files hold, or `allow`; `stub_modules` for files of other code bases);
-    CheckpointFileError naming the file if missing or truncated, UntrustedCheckpointError naming it and the
-    global its pickle would call (--trust-checkpoint is the opt-in for a trusted legacy file).
-
-    mmap=True maps the tensors' storage instead of reading it (only what is used is read)."""
-    if not os.path.isfile(path):
-        raise CheckpointFileError(f"checkpoint file {path} is missing; the checkpoint is incomplete (was the run "
-                                  f"killed while saving?) or was written at another layout than its "
-                                  f"{ARGS_FILE} says")
-    try:
-        return safe_load(path, map_location="cpu", mmap=mmap, allow=allow, stub_modules=stub_modules)
-    except UnsafeCheckpointError as err:
-        raise UntrustedCheckpointError(str(err)) from None
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError, KeyError, ValueError) as err:
-        size = os.path.getsize(path)
-        raise CheckpointFileError(f"checkpoint file {path} ({size} bytes) cannot be read, it is truncated or "
-                                  f"damaged ({type(err).__name__}: {str(err).splitlines()[0][:120]})") from None
 
 
 @contextlib.contextmanager

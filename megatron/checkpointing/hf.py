@@ -24,7 +24,8 @@ import torch
 
 from megatron.errors import UserError
 from .consolidated import Consolidated, layout_of, read_weights
-from .files import CheckpointFileError, atomic_folder, load_file as load_checkpoint_file, publish_latest, read_args
+from .files import CheckpointFileError, atomic_folder, publish_latest, read_args
+from .reading import load_file as load_checkpoint_file
 from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, hf_rows, layout_args, read_json, t5_args,
                         t5_hf_config, token_ids, write_json)
 from .hf_tokenizer_files import import_tokenizer, sentinel_order, write_tokenizer

@@ -2,8 +2,8 @@
 
 One run of examples/ds_pretrain_gpt2.sh at (tp, pp, dp) = (2, 1, 2) saves iterations 2 and 4 (each with its
 manifest.json); every test damages a copy of that directory the way a user meets it (a copy cut short, a
-deleted shard, a file overwritten in place, a checkpoint saved before manifests) and goes on through the
-example script, bare torchrun or tools/convert_checkpoint.py.
+deleted shard, a file overwritten in place, one flipped byte, a checkpoint saved before manifests) and goes on
+through the example script, bare torchrun or tools/convert_checkpoint.py.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ LAYOUT = dict(NPROC="4", TP="2", PP="1", NUM_LAYERS="2", HIDDEN="32", HEADS="4",
 LAYER = "layer_02-model_01-model_states.pt"
 SHARD = "zero_pp_rank_1_mp_rank_01_optim_states.pt"
 OLDER = "the newest complete checkpoint in {ckpt} is iteration 2: load it with --ckpt-step 2"
+VERIFIED = "the newest verified checkpoint in {ckpt} is iteration 2: load it with --ckpt-step 2"
 
 
 def _script_env(tmp_path, data, ckpt: str, iters: int) -> dict:
@@ -84,15 +85,33 @@ def test_truncated_layer_file_through_the_script(saved, data, tmp_path):
 
 
 def test_file_overwritten_in_place_through_the_script(saved, data, tmp_path):
-    """Same size, unreadable content: DeepSpeed's read fails, and the failure names the file."""
+    """Same size, unreadable content: the read fails on the bytes the manifest's CRC-32 does not match, and the
+    failure names the file."""
     ckpt = _copy(saved, tmp_path)
     path = os.path.join(ckpt, "iter_0000004", "mp_rank_01_model_states.pt")
     with open(path, "r+b") as f:
         f.write(bytes(os.path.getsize(path)))
     proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, ckpt, 6), timeout=300)
     _assert_one_line(proc, "mp_rank_01_model_states.pt (engine state of pipeline stage 0, tp rank 1: LR scheduler, "
-                           "steps, client state, RNG) is unreadable")
-    assert OLDER.format(ckpt=ckpt) in proc.stderr
+                           "steps, client state, RNG) is damaged: CRC-32 ")
+    assert VERIFIED.format(ckpt=ckpt) in proc.stderr
+
+
+def test_flipped_byte_in_a_weight_file_through_the_script(saved, data, tmp_path):
+    """One byte of tensor data flipped (a bad disk or copy; same size, and torch reads it without an error): the
+    relaunch refuses it by its CRC-32 (checked while the file is read), naming the file and the newest
+    checkpoint that verifies, instead of training on it; --ckpt-step 2 resumes."""
+    ckpt = _copy(saved, tmp_path)
+    path = os.path.join(ckpt, "iter_0000004", LAYER)
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, ckpt, 6), timeout=300)
+    _assert_one_line(proc, f"{ckpt}/iter_0000004/{LAYER} (weights of pipeline layer 2, tp rank 1) is damaged: CRC-32 ")
+    assert VERIFIED.format(ckpt=ckpt) in proc.stderr and "iteration 5/6" not in proc.stdout
+    _resume_from_2(tmp_path, data, ckpt)
 
 
 def test_pickle_that_runs_a_command_through_the_script(saved, data, tmp_path):
