@@ -19,6 +19,7 @@ import sys
 from typing import Any, Dict, Iterable, Iterator, Optional
 
 from megatron.errors import UserError
+from .space import check_space, writing
 
 LATEST = "latest"
 ARGS_FILE = "megatron_args.json"
@@ -117,20 +118,25 @@ def folder_bytes(folder: str, names: Optional[Iterable[str]] = None) -> int:
 
 
 @contextlib.contextmanager
-def atomic_folder(final: str) -> Iterator[str]:
+def atomic_folder(final: str, needed: Optional[int] = None) -> Iterator[str]:
     """Yield a temporary sibling folder to write into; it becomes `final` only when the block completes.
 
-    Refuses to overwrite an existing `final`. On any error the temporary folder is removed."""
+    Refuses to overwrite an existing `final`. On any error the temporary folder is removed. `needed` (bytes,
+    an estimate of the output's size): refused before anything is written when the file system has less
+    free; a write that fails for space is one line naming `final` (space.DiskFullError)."""
     if os.path.exists(final):
         raise UserError(f"output {final} already exists; choose a new directory (outputs are never overwritten)")
     parent = os.path.dirname(os.path.abspath(final)) or "."
+    outcome = f"nothing was written to {final} (the partial output was removed)"
+    check_space(final, needed or 0, "the output", outcome)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(final)}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     try:
-        yield tmp
-        os.replace(tmp, final)
+        with writing(final, needed, "the output", outcome):
+            os.makedirs(tmp)
+            yield tmp
+            os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

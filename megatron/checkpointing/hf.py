@@ -24,8 +24,9 @@ import torch
 
 from megatron.errors import UserError
 from .consolidated import Consolidated, layout_of, read_weights
-from .files import CheckpointFileError, atomic_folder, publish_latest, read_args
+from .files import CheckpointFileError, atomic_folder, folder_bytes, publish_latest, read_args
 from .reading import load_file as load_checkpoint_file
+from .space import tensor_bytes
 from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, hf_rows, layout_args, read_json, t5_args,
                         t5_hf_config, token_ids, write_json)
 from .hf_tokenizer_files import import_tokenizer, sentinel_order, write_tokenizer
@@ -117,6 +118,15 @@ def _tokenizer(args: Dict, overrides: Dict[str, Optional[str]]):
                            args.get("vocab_extra_ids", 0) or 0)
 
 
+def _export_bytes(tensors: Dict[str, torch.Tensor], args: Dict) -> int:
+    """About the size of an export: the weights, the tokenizer's files (copied or rewritten) and a few kB of
+    configuration."""
+    sources = [args.get(k) for k in ("vocab_file", "merge_file", "tokenizer_model") if args.get(k)]
+    tokenizer = sum(os.path.getsize(p) if os.path.isfile(p) else folder_bytes(p) if os.path.isdir(p) else 0
+                    for p in sources)
+    return tensor_bytes(tensors) + 2 * tokenizer + (64 << 10)
+
+
 def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
               tokenizer_overrides: Optional[Dict[str, Optional[str]]] = None) -> ExportReport:
     """Write the checkpoint as a transformers folder `output` (GPT2LMHeadModel, the Llama family or
@@ -138,7 +148,7 @@ def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
         config, max_len = t5_hf_config(args, ids), args["encoder_seq_length"]
     tensors = to_hf(read_weights(folder, table, layout_of(args)[0]), args, table)
     config["dtype"] = str(next(iter(tensors.values())).dtype).replace("torch.", "")
-    with atomic_folder(output) as tmp:
+    with atomic_folder(output, _export_bytes(tensors, args)) as tmp:
         save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         write_json(os.path.join(tmp, "config.json"), config)
         write_json(os.path.join(tmp, "generation_config.json"), generation_config(config))
