@@ -44,7 +44,7 @@ from megatron.model.specs import ModelSpec
 from megatron.training.optimizer import build_optimizer
 from megatron.config.preflight import check_inputs
 from megatron.tokenizer import build_tokenizer
-from megatron.training.exit_conditions import ExitConditions
+from megatron.training.exit_conditions import ExitConditions, record_clean_end
 from megatron.training.loop import TrainingStopped, TrainState, train
 
 
@@ -185,9 +185,11 @@ def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     engine, tokenizer, cfg, parallel = initialize_and_build(args, spec)
     exits = ExitConditions.of(cfg.exit, started)  # before the data loaders fork their workers
     try:
-        return _pretrain(engine, tokenizer, cfg, parallel, spec, exits)
+        state = _pretrain(engine, tokenizer, cfg, parallel, spec, exits)
     finally:
         exits.close()
+    record_clean_end(state.stopped or f"completed iteration {state.iteration} of {cfg.batch.train_iters}")
+    return state
 
 
 def _pretrain(engine, tokenizer, cfg: RunConfig, parallel: mpu.ParallelState, spec: ModelSpec,
