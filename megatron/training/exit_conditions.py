@@ -109,9 +109,11 @@ class ExitConditions:
         for sig in self._previous:
             signal.signal(sig, signal.SIG_IGN)
 
-    def close(self) -> None:
-        if self._pending is not None and self._pending[1] is not None:
-            self._pending[1].wait()  # a loop that ended without reading its last agreement
+    def close(self, failed: bool = False) -> None:
+        """Restore the handlers. A loop that ended without reading its last agreement waits for it, unless
+        the run `failed`: then a peer may be gone and the all_reduce never completes (the process exits)."""
+        if self._pending is not None and self._pending[1] is not None and not failed:
+            self._pending[1].wait()
         self._pending = None
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)

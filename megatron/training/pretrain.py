@@ -186,8 +186,10 @@ def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     exits = ExitConditions.of(cfg.exit, started)  # before the data loaders fork their workers
     try:
         state = _pretrain(engine, tokenizer, cfg, parallel, spec, exits)
-    finally:
-        exits.close()
+    except BaseException:
+        exits.close(failed=True)
+        raise
+    exits.close()
     record_clean_end(state.stopped or f"completed iteration {state.iteration} of {cfg.batch.train_iters}")
     return state
 

@@ -29,7 +29,7 @@ import threading
 from typing import Any, Dict
 
 PLAN: Dict[str, Any] = {}
-NOW = {"iteration": 0, "steps": 0}
+NOW = {"iteration": 0, "started": 0, "steps": 0}  # iterations completed, the one running, optimizer steps
 
 
 def _rank() -> int:
@@ -92,9 +92,9 @@ def _patch_writes() -> None:
 
     def snapshot(obj, memo=None, storages=None):  # the main thread's copy of one file's state, --async-save
         out = copy(obj, memo, storages)
-        if memo is None and not written.get(("copy", NOW["iteration"])):
-            written[("copy", NOW["iteration"])] = True
-            _kill("save", NOW["iteration"])
+        if memo is None and not written.get(("copy", NOW["started"])):
+            written[("copy", NOW["started"])] = True
+            _kill("save", NOW["started"])
         return out
     async_save.snapshot = snapshot
 
@@ -105,7 +105,7 @@ def _patch_loop() -> None:
     start, take_step, hooks = loop.start_iteration, PipelineEngine._take_model_step, []
 
     def start_iteration(module, iteration, replica=(0, 1)):
-        NOW["iteration"] = iteration
+        NOW["iteration"], NOW["started"] = iteration, iteration + 1
         while hooks:
             hooks.pop().remove()
         _kill("start", iteration + 1)
@@ -156,6 +156,9 @@ def _patch_report(directory: str) -> None:
 
 def install(spec: str) -> None:
     PLAN.update(json.loads(spec))
+    if PLAN.get("faulthandler"):
+        import faulthandler
+        faulthandler.register(signal.SIGUSR2, all_threads=True)
     _patch_writes()
     _patch_loop()
     if PLAN.get("report"):
