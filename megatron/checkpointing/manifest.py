@@ -19,7 +19,8 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .consolidated import has_engine_state, has_optimizer, layout_of
-from .files import ARGS_FILE, CheckpointFileError, checkpoint_folder, layer_file, mp_rank_file, read_args, zero_file
+from .files import (ARGS_FILE, CheckpointFileError, checkpoint_folder, layer_file, mp_rank_file, read_args,
+                    settings_crc32, zero_file)
 from .names import ModelTable, plain_pp1
 from .optim import optimizer_kind
 from .reading import MANIFEST, checksum_error, crc32, iteration_tags, load_hint, read_manifest, role
@@ -40,8 +41,14 @@ def saved_files(folder: str) -> List[str]:
 
 
 def entries(folder: str, names: Sequence[str]) -> Dict[str, Dict[str, Any]]:
-    return {n: {"bytes": os.path.getsize(os.path.join(folder, n)), "crc32": crc32(os.path.join(folder, n))}
-            for n in names}
+    """name -> {bytes, crc32}; megatron_args.json also gets the CRC-32 of its settings (`files.settings_crc32`:
+    every field but the file paths), so that an edit of its paths passes and any other change does not."""
+    out = {n: {"bytes": os.path.getsize(os.path.join(folder, n)), "crc32": crc32(os.path.join(folder, n))}
+           for n in names}
+    if ARGS_FILE in out:
+        with open(os.path.join(folder, ARGS_FILE)) as f:
+            out[ARGS_FILE]["settings_crc32"] = settings_crc32(json.load(f))
+    return out
 
 
 def write_manifest(folder: str, files: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
@@ -131,6 +138,8 @@ def first_problem(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVE
             continue  # megatron_args.json was parsed already; it may have been edited (moved tokenizer files)
         path = os.path.join(folder, name)
         what = _stat_problem(path, size) or (_zip_problem(path) if listed is None else None)
+        if what == "missing" and listed is not None:
+            what = f"missing ({MANIFEST} lists it)"
         if what:
             return name, what
     return None

@@ -25,9 +25,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from tds.safe_load import UnsafeCheckpointError, load as safe_load
-from .files import ARGS_FILE, CheckpointFileError, UntrustedCheckpointError, read_args
+from .files import MANIFEST, ARGS_FILE, CheckpointFileError, UntrustedCheckpointError, read_args, read_manifest
 
-MANIFEST = "manifest.json"
 CHUNK = 16 << 20
 TAG = re.compile(r"iter_(\d+)$")
 T = TypeVar("T")
@@ -52,23 +51,6 @@ def crc32(path: str) -> str:
             finally:
                 view.release()
     return f"{value:08x}"
-
-
-def read_manifest(folder: str) -> Optional[Dict[str, Dict[str, Any]]]:
-    """name -> {bytes, crc32}; None for a folder saved before manifests. ValueError if it is not one."""
-    path = os.path.join(folder, MANIFEST)
-    if not os.path.isfile(path):
-        return None
-    with open(path, "rb") as f:
-        content = json.loads(f.read().decode("utf-8"))  # UnicodeDecodeError is a ValueError
-    if not isinstance(content, dict) or content.get("format") != 1 or content.get("checksum") != "crc32":
-        raise ValueError("not a manifest of format 1 with CRC-32 checksums")
-    files = content.get("files")
-    entry_ok = (lambda e: isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("crc32"), str)
-                and re.fullmatch(r"[0-9a-f]{8}", e["crc32"]) is not None)
-    if not isinstance(files, dict) or not all(entry_ok(e) for e in files.values()):
-        raise ValueError("no 'files' entry of {name: {bytes, crc32}}")
-    return files
 
 
 _LISTED: Dict[str, Tuple[Tuple[int, int, int], Optional[Dict[str, Dict[str, Any]]]]] = {}

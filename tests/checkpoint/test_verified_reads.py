@@ -90,3 +90,27 @@ def test_reads_outside_a_manifest_and_a_reader_that_fails(two_checkpoints, tmp_p
         read_verified(path, fails)
     os.remove(os.path.join(ckpt, "iter_0000010", "manifest.json"))
     assert load_file(path)  # saved before manifests: no checksum to compare
+
+
+def test_megatron_args_edits_of_paths_pass_and_others_are_refused(two_checkpoints, tmp_path):
+    """manifest.json lists the CRC-32 of megatron_args.json's settings without its file paths: moving the
+    tokenizer files (editing vocab_file) is fine, any other change is refused naming the file."""
+    from megatron.checkpointing.files import read_args, write_args
+    folder = os.path.join(two_checkpoints, "iter_0000010")
+    args = read_args(folder)
+    write_args(folder, {**args, "vocab_file": "/moved/vocab.json"})
+    assert read_args(folder)["vocab_file"] == "/moved/vocab.json"
+    write_args(folder, {**args, "hidden_size": 33})
+    with pytest.raises(UserError, match=r"megatron_args.json was changed after the save in more than its file paths"):
+        run(["inspect", two_checkpoints])
+    write_args(folder, {k: v for k, v in args.items() if k != "pipe_parallel_size"})
+    with pytest.raises(UserError, match=r"megatron_args.json has no 'pipe_parallel_size'"):
+        run(["inspect", two_checkpoints])
+
+
+@pytest.mark.parametrize("content", [b"", b"\n", b"iter_00\xb00010", b"../iter_0000010", b".."])
+def test_a_latest_that_names_no_folder_is_refused(two_checkpoints, content):
+    with open(os.path.join(two_checkpoints, "latest"), "wb") as f:
+        f.write(content)
+    with pytest.raises(UserError, match=rf"{two_checkpoints}/latest holds .*, not the name of a checkpoint folder"):
+        run(["inspect", two_checkpoints])

@@ -148,7 +148,8 @@ def test_missing_shard_under_bare_torchrun(saved, data, tmp_path):
     out = proc.stdout + proc.stderr
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, out[-3000:]
-    assert f"{SHARD} (optimizer partition of dp rank 1, pipeline stage 0, tp rank 1) is missing; " \
+    assert f"{SHARD} (optimizer partition of dp rank 1, pipeline stage 0, tp rank 1) is missing (manifest.json " \
+           f"lists it); " \
            f"{OLDER.format(ckpt=ckpt)}" in errors[0]
     assert proc.returncode == 1 and "exitcode  : 2" in out, out[-3000:]
     assert "[rank" not in out, out[-3000:]  # no worker printed a traceback
@@ -204,5 +205,6 @@ def test_the_tools(saved, tmp_path):
     for argv in (["inspect", ckpt], ["reshape", "--load", ckpt, "--save", str(tmp_path / "r"),
                                      "--tensor-model-parallel-size", "1", "--pipe-parallel-size", "1"]):
         _assert_tool_line(_tool(*argv), f"{SHARD} (optimizer partition of dp rank 1, pipeline stage 0, tp rank 1) "
-                                        f"is missing; {OLDER.format(ckpt=ckpt)} (the tools: --tag iter_0000002)")
+                                        f"is missing (manifest.json lists it); {OLDER.format(ckpt=ckpt)} (the tools: "
+                                        f"--tag iter_0000002)")
     assert _tool("inspect", ckpt, "--tag", "iter_0000002", "--verify").returncode == 0
