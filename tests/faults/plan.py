@@ -11,6 +11,7 @@
                             printing "fault: async write of iter_N started" (a test sends its signal then)
      "slow_eval": 1.0,     each evaluation during training sleeps this long first, after printing (rank 0)
                             "fault: evaluation after iteration N started"
+     "slow_iteration": 4,  each iteration starts with a sleep this long (a run long enough for a time limit)
      "fill_disk": {"iteration": 4, "path": DIR},   rank 0, after its first file of iteration N: a file in DIR
                             takes all but 4 kB of the file system's free space (another writer fills the disk;
                             with --async-save, after the background thread's first file)
@@ -109,6 +110,9 @@ def _patch_loop() -> None:
         while hooks:
             hooks.pop().remove()
         _kill("start", iteration + 1)
+        if PLAN.get("slow_iteration"):
+            import time
+            time.sleep(float(PLAN["slow_iteration"]))
         nan = PLAN.get("grad_nan")
         if nan and nan["iteration"] == iteration + 1:
             from megatron import mpu
