@@ -1,12 +1,9 @@
 """The corpus of the fault tests (its own copy: the example script's split caches index maps beside it) and the
 uninterrupted run of tests/faults/script.py's layout that every interrupted run is compared with."""
-import os
-import shutil
-
 import pytest
 
 from tests.faults.script import ITERS, losses, run_script, script_env
-from tests.training.conftest import build_data
+from tests.training.conftest import build_data, own_copy
 
 
 @pytest.fixture(scope="session")
@@ -17,18 +14,14 @@ def faults_data(tmp_path_factory) -> dict:
 @pytest.fixture
 def data(faults_data, tmp_path) -> dict:
     """The corpus copied for one test (its index maps, built by its runs, stay its own)."""
-    for ext in (".bin", ".idx"):
-        shutil.copy(faults_data["data_prefix"] + ext, str(tmp_path / "docs") + ext)
-    return dict(faults_data, data_prefix=str(tmp_path / "docs"))
+    return own_copy(faults_data, tmp_path)
 
 
 @pytest.fixture(scope="session")
 def reference(faults_data, tmp_path_factory) -> dict:
     """{iteration: loss} of the uninterrupted run."""
     root = tmp_path_factory.mktemp("faults_reference")
-    for ext in (".bin", ".idx"):
-        shutil.copy(faults_data["data_prefix"] + ext, str(root / "docs") + ext)
-    run = run_script(script_env(dict(faults_data, data_prefix=str(root / "docs")), str(root / "work")))
+    run = run_script(script_env(own_copy(faults_data, root), str(root / "work")))
     assert run.rc == 0, run.log[-4000:]
     logged = losses(run.log)
     assert sorted(logged) == list(range(1, ITERS + 1)), run.log[-4000:]

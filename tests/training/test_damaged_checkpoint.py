@@ -16,6 +16,7 @@ import pytest
 
 from megatron.checkpointing import read_latest
 from tests.dist import free_port
+from tests.training.conftest import own_copy
 from tests.training.test_user_errors import _assert_one_line, _env, _run_script
 
 pytestmark = pytest.mark.long
@@ -38,10 +39,7 @@ def _script_env(tmp_path, data, ckpt: str, iters: int) -> dict:
 def data(tmp_path_factory, gpt_data) -> dict:
     """The session's corpus in a folder of its own: the index maps cached beside it are named without the
     split, so another module's runs with another split must not share them."""
-    root = tmp_path_factory.mktemp("damaged_data")
-    for ext in (".bin", ".idx"):
-        shutil.copy(gpt_data["data_prefix"] + ext, str(root / "docs") + ext)
-    return dict(gpt_data, data_prefix=str(root / "docs"))
+    return own_copy(gpt_data, tmp_path_factory.mktemp("damaged_data"))
 
 
 @pytest.fixture(scope="module")
