@@ -1,4 +1,5 @@
-"""Checkpoint files on disk: names, `latest`, the saved arguments, reading with one-line errors, atomic outputs.
+"""Checkpoint files on disk: names, `latest`, the saved arguments and manifest.json, atomic outputs (checked for
+space: `space.py`); one-line errors naming the file (reading the .pt files: `reading.py`).
 
 One folder per tag under the checkpoint directory (DeepSpeed's layout, for every (tp, pp, dp), pp = 1 included):
 

@@ -6,10 +6,11 @@
     read_verified(path, read) the same check around any reader (DeepSpeed's engine reads through it on --load)
 
 The CRC-32 runs on a thread beside the read (zlib releases the GIL; the file is hashed through a memory map,
-from the page cache the read fills), so a load costs little more than the read itself
-(bench/checkpoint_manifest.py measures the ratio). A mismatch names the file, what it holds, both checksums
-and the newest checkpoint of the directory whose files all match their manifest (`newest_verified`).
-megatron_args.json is not checked here: it may be edited (moved tokenizer files), see manifest.py.
+from the page cache the read fills): with a core to spare a load costs little more than the read itself; on
+busy cores the hash's own CPU time (bench/checkpoint_manifest.py measures the ratio). A mismatch names the file,
+what it holds, both checksums and the newest checkpoint of the directory whose files all match their manifest
+(`newest_verified`). megatron_args.json is not checked here: its paths may be edited (moved tokenizer files),
+and `files.read_args` checks the CRC-32 of its other fields.
 """
 from __future__ import annotations
 
