@@ -1,7 +1,7 @@
 # Two commands do everything from a fresh clone:
 #   make pretrain   bootstrap .venv, then run the main job (examples/ds_pretrain_gpt2.sh)
 #   make test       bootstrap .venv, then run the test suite (under 15 minutes on 2 cores)
-#   make test-long  the suite's end-to-end runs of 15 s or more each (CI runs it after make test)
+#   make test-long  the suite's end-to-end runs of 15 s or more each and its slow grids (CI runs it after make test)
 #   make test-slurm the SLURM launch tests on a real one-node cluster started here (root, apt-get)
 # .venv holds the project itself too (editable: `pip install -e .`), so tools/ and bench/ import megatron and tds
 # from any working directory.
@@ -38,7 +38,7 @@ test: venv
 	$(RUN) $(PY) -m pytest -q
 
 test-long: venv
-	$(RUN) $(PY) -m pytest -q -m 'long and not slow and not slurm'
+	$(RUN) $(PY) -m pytest -q -m '(long or slow) and not slurm'
 
 test-slow: venv
 	$(RUN) $(PY) -m pytest -q -m slow

@@ -1,4 +1,5 @@
-"""What manifest.json costs a save: the CRC-32 of every file against writing the files, both on W ranks.
+"""What manifest.json costs: on a save, the CRC-32 of every file against writing the files; on a load, the check of
+every file against the manifest's CRC-32 (while it is read) against the plain read; both on W ranks.
 
 Protocol: a GPT-2 checkpoint is made once at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 (tests/checkpoint/synthetic.py,
 the library's writer; ~2 GB by default) and its files are loaded into memory by W gloo ranks, rank r taking
@@ -7,7 +8,11 @@ wall clock between barriers: every rank torch.save's its files into a fresh tag 
 `manifest.save_manifest` of that folder (every rank hashes its share of the files, rank 0 writes the manifest),
 exactly the step `engine_io.save_checkpoint` adds after the save's barrier. The files were just written, so
 the hashing reads them from the page cache, as it does after a save on a machine with enough memory.
-Printed: GB, seconds of each (medians) and the ratio manifest / save.
+Then the load, as `--load` reads (every rank its own files, `torch.load` without mmap through the allowlist):
+`reading.load_file(verify=False)` against `load_file(verify=True)` (the CRC-32 computed beside the read and
+compared with manifest.json's), alternating, from the page cache (the worst case for the check: nothing else
+to wait for).
+Printed: GB, seconds of each (medians) and the ratios manifest / save and (checked load - load) / load.
 
     python bench/checkpoint_manifest.py                  # W = 2 (this machine's cores), hidden 768, 8 layers
     python bench/checkpoint_manifest.py --world 1 --hidden 512
@@ -28,7 +33,8 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.pa
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from megatron.checkpointing.files import folder_bytes, load_file  # noqa: E402
+from megatron.checkpointing.files import folder_bytes  # noqa: E402
+from megatron.checkpointing.reading import load_file  # noqa: E402
 from megatron.checkpointing.manifest import save_manifest, saved_files  # noqa: E402
 from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic  # noqa: E402
 from tests.dist import run_distributed  # noqa: E402
@@ -42,8 +48,13 @@ def _between_barriers(fn) -> float:
     return time.perf_counter() - start
 
 
+def _load(folder: str, names: list, verify: bool) -> None:
+    for n in names:
+        load_file(os.path.join(folder, n), mmap=False, verify=verify)
+
+
 def _rank(src: str, root: str, repeats: int) -> list:
-    """(save seconds, manifest seconds) of each repeat, on this rank."""
+    """(save, manifest, load, checked load) seconds of each repeat, on this rank."""
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = {n: load_file(os.path.join(src, n), mmap=False) for n in saved_files(src)[rank::world]
             if n.endswith(".pt")}  # megatron_args.json, a few kB, is left out of the save and in the manifest
@@ -53,7 +64,11 @@ def _rank(src: str, root: str, repeats: int) -> list:
         os.makedirs(folder, exist_ok=True)
         save = _between_barriers(lambda: [torch.save(state, os.path.join(folder, n)) for n, state in mine.items()])
         manifest = _between_barriers(lambda: save_manifest(folder))
-        times.append((save, manifest))
+        names = sorted(mine)
+        first, second = (False, True) if r % 2 == 0 else (True, False)  # alternate: neither always goes first
+        loads = {first: _between_barriers(lambda: _load(folder, names, first)),
+                 second: _between_barriers(lambda: _load(folder, names, second))}
+        times.append((save, manifest, loads[False], loads[True]))
         dist.barrier()
         if rank == 0:
             shutil.rmtree(folder)
@@ -78,10 +93,13 @@ def main() -> None:
         print(f"checkpoint: GPT-2 hidden {a.hidden}, {a.layers} layers, vocabulary {a.vocab}, (2, 2, 2) ZeRO-1: "
               f"{gb:.2f} GB in {len(saved_files(src))} files; {a.world} ranks save and hash")
         times = run_distributed(_rank, a.world, src, root, a.repeats, timeout=1800)[0]
-        save, manifest = (statistics.median(t[i] for t in times) for i in (0, 1))
+        save, manifest, load, checked = (statistics.median(t[i] for t in times) for i in range(4))
         print(f"save (torch.save of every file): {save:.2f} s ({gb / save:.2f} GB/s); manifest (CRC-32 of every "
               f"file, rank 0 writes): {manifest:.2f} s ({gb / manifest:.2f} GB/s); medians of {a.repeats}")
+        print(f"load (every file read as --load does): {load:.2f} s ({gb / load:.2f} GB/s); the same checked "
+              f"against manifest.json's CRC-32: {checked:.2f} s")
         print(f"manifest / save = {manifest / save:.3f}")
+        print(f"CRC check on load: (checked load - load) / load = {(checked - load) / load:.3f}")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

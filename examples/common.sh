@@ -148,34 +148,51 @@ preflight() {
 }
 
 # hide_after FILE: copy stdin to stdout until FILE exists (a process has reported a user error), then drop
-#   the rest (the launcher's report of the failed processes and what the others print while stopping).
+#   the rest (the launcher's report of the failed processes and what the others print while stopping). It
+#   ignores SIGTERM and SIGUSR1: a signal to the whole job (SLURM's time limit, `kill -- -PGID`) must not cut
+#   the log, and the training processes' output, while they save.
 hide_after() {
+    trap '' TERM USR1
     local line
     while IFS= read -r line || [[ -n $line ]]; do
         [[ -e $1 ]] || printf '%s\n' "$line"
     done
 }
 
-# training_processes PID: the descendants of PID that a launcher started as training ranks (LOCAL_RANK is in
-#   their environment, not in the launcher's), with their data-loader workers (which inherit the handler).
+# training_processes: the training ranks of this launch, found by ERROR_MARKER_LINE (MEGATRON_ERROR_FILE=...)
+#   and LOCAL_RANK in their environment (a launcher sets LOCAL_RANK for its workers, not for itself), with their
+#   data-loader workers (which inherit the handler); found wherever they are in the process tree, also once a
+#   launcher that received the signal too has died and left them to init.
 training_processes() {
-    local child
-    for child in $(pgrep -P "$1"); do
-        if tr '\0' '\n' < "/proc/$child/environ" 2> /dev/null | grep -q '^LOCAL_RANK='; then echo "$child"; fi
-        training_processes "$child"
+    local environ pid
+    { grep -lzxF -e "$ERROR_MARKER_LINE" /proc/[0-9]*/environ 2> /dev/null || true; } | while IFS= read -r environ; do
+        if grep -qz '^LOCAL_RANK=' "$environ" 2> /dev/null; then
+            pid=${environ#/proc/}
+            echo "${pid%/environ}"
+        fi
     done
 }
 
-# forward_signal SIGNAL PID: a SIGTERM or SIGUSR1 sent to this script (a scheduler's preemption or time
-#   limit) goes to the training processes under launcher PID, not to the launcher: with --exit-signal-handler
-#   they finish the iteration, save a checkpoint and exit 0, and so does the launcher (torchrun and DeepSpeed's
-#   launcher would kill them on a SIGTERM of their own and exit non-zero; a SIGUSR1 would kill torchrun).
+# forward_signal SIGNAL: a SIGTERM or SIGUSR1 sent to this script (a scheduler's preemption or time limit) goes
+#   to the training processes: with --exit-signal-handler they finish the iteration, save a checkpoint and exit
+#   0. The launcher is not signalled by the script (megatron.training.torchrun passes a signal it receives to
+#   its workers; DeepSpeed's launcher would stop them). When the whole job was signalled, the processes already
+#   have it: a second copy changes nothing.
 forward_signal() {
     local pids
-    pids=$(training_processes "$2")
+    SIGNALLED=$1
+    pids=$(training_processes)
     echo "received SIG$1: passing it to the training processes ($(echo "$pids" | wc -w))"
     # shellcheck disable=SC2086  # one pid per word
     if [[ -n $pids ]]; then kill -s "$1" $pids 2> /dev/null || true; fi
+}
+
+# wait_for_training: after a signal, wait until the training processes of this launch have exited (a launcher
+#   that received the signal too may have exited before them: DeepSpeed's).
+wait_for_training() {
+    while [[ -n $(training_processes) ]]; do
+        sleep 0.5
+    done
 }
 
 # launch SCRIPT ARGS...
@@ -200,7 +217,7 @@ launch() {
     fi
     case "$LAUNCHER" in
         torchrun)
-            cmd=("$PYTHON" -m torch.distributed.run --nproc_per_node "$NPROC" --standalone
+            cmd=("$PYTHON" -m megatron.training.torchrun --nproc_per_node "$NPROC" --standalone
                  --max-restarts "${MAX_RESTARTS:-0}") ;;
         deepspeed)
             cmd=(deepspeed --master_port "$MASTER_PORT")
@@ -210,7 +227,7 @@ launch() {
         srun-torchrun)
             nodes=$SLURM_JOB_NUM_NODES
             cmd=(srun --nodes "$nodes" --ntasks "$nodes" --ntasks-per-node 1 --kill-on-bad-exit=1
-                 "$PYTHON" -m torch.distributed.run --nnodes "$nodes" --nproc_per_node "$NPROC"
+                 "$PYTHON" -m megatron.training.torchrun --nnodes "$nodes" --nproc_per_node "$NPROC"
                  --max-restarts "${MAX_RESTARTS:-0}" --rdzv_backend c10d --rdzv_id "$SLURM_JOB_ID"
                  --rdzv_endpoint "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):$MASTER_PORT") ;;
         *)
@@ -221,7 +238,8 @@ launch() {
     procs=$(world_size)
     while :; do
         launch_once "$script" "$@" && status=0 || status=$?
-        if [[ $LAUNCHER != deepspeed || $status == 0 || $status == 2 ]] || (( attempt >= ${MAX_RESTARTS:-0} )); then
+        if [[ $LAUNCHER != deepspeed || $status == 0 || $status == 2 || -n $SIGNALLED ]] \
+            || (( attempt >= ${MAX_RESTARTS:-0} )); then
             return "$status"
         fi
         attempt=$(( attempt + 1 ))
@@ -229,32 +247,46 @@ launch() {
     done
 }
 
-# launch_once SCRIPT ARGS...: one run of the launcher command `cmd` for `procs` processes (see launch).
+# launch_once SCRIPT ARGS...: one run of the launcher command `cmd` for `procs` processes (see launch). A
+#   SIGTERM or SIGUSR1 to the script goes to the training processes (forward_signal); once the launcher has
+#   exited the script waits for them, and when they stopped cleanly (the last rank-0 step of the run writes
+#   MEGATRON_STOP_FILE) it exits 0 whatever the launcher's status (DeepSpeed's launcher exits 1 after it
+#   received SIGTERM itself, although its workers saved and exited 0).
 launch_once() {
     local script=$1
     shift
     echo "launching: ${cmd[*]} $script ($procs processes)"
     cd "$REPO" || return
-    local error_file status out_pid err_pid
+    local error_file stop_file status out_pid err_pid
     error_file=$(mktemp -u "${TMPDIR:-/tmp}/megatron-error.XXXXXXXX")
+    stop_file=$error_file.stopped
+    ERROR_MARKER_LINE="MEGATRON_ERROR_FILE=$error_file"
+    SIGNALLED=
     exec 3> >(hide_after "$error_file")
     out_pid=$!
     exec 4> >(hide_after "$error_file" >&2)
     err_pid=$!
     status=0
-    MEGATRON_ERROR_FILE=$error_file "${cmd[@]}" "$script" "$@" >&3 2>&4 3>&- 4>&- &
+    MEGATRON_ERROR_FILE=$error_file MEGATRON_STOP_FILE=$stop_file "${cmd[@]}" "$script" "$@" >&3 2>&4 3>&- 4>&- &
     local launcher_pid=$!
-    # shellcheck disable=SC2064  # the pid is fixed now
-    trap "forward_signal TERM $launcher_pid" TERM
-    # shellcheck disable=SC2064
-    trap "forward_signal USR1 $launcher_pid" USR1
+    trap 'forward_signal TERM' TERM
+    trap 'forward_signal USR1' USR1
     while :; do  # a trapped signal interrupts `wait`; wait again until the launcher has exited
         wait "$launcher_pid" && status=0 || status=$?
         kill -0 "$launcher_pid" 2> /dev/null || break
     done
+    if [[ -n $SIGNALLED ]]; then
+        wait_for_training
+        if (( status != 0 )) && [[ -s $stop_file && ! -s $error_file ]]; then
+            echo "the launcher exited with status $status after SIG$SIGNALLED; the training processes stopped" \
+                "cleanly: $(head -n 1 "$stop_file")"
+            status=0
+        fi
+    fi
     trap - TERM USR1
     exec 3>&- 4>&-
     wait "$out_pid" "$err_pid" 2>/dev/null || true  # the filters have printed everything
+    rm -f "$stop_file"
     if [[ -s $error_file ]]; then
         echo "error: $(head -n 1 "$error_file")" >&2
         rm -f "$error_file"

@@ -95,12 +95,17 @@ def another_rank_reported() -> bool:
     return path is not None and os.path.exists(path)
 
 
+def _distributed() -> bool:
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
 def _exit(status: int) -> None:
     """Exit; with torch.distributed initialised, without running destructors: a process group whose peer
     has gone holds joinable threads, and destroying them at interpreter exit aborts the process
-    ("terminate called without an active exception", SIGABRT) instead of returning `status`."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
+    ("terminate called without an active exception", SIGABRT) or hangs until the launcher's SIGKILL (torchrun
+    waits 30 s before it restarts the ranks) instead of returning `status`."""
+    if _distributed():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
@@ -110,7 +115,8 @@ def _exit(status: int) -> None:
 def exit_on_user_error(main: Callable[[], object]) -> object:
     """Run `main()`; a UserError is reported once per launch (see the module docstring) and exits with
     status 2, without a traceback. Another exception exits 2 silently if a rank of this launch already
-    reported a user error (it is a consequence); otherwise it propagates with its traceback."""
+    reported a user error (it is a consequence); otherwise it propagates with its traceback (with
+    torch.distributed initialised: the traceback is printed and the process exits 1 at once)."""
     try:
         return main()
     except UserError as err:
@@ -122,4 +128,8 @@ def exit_on_user_error(main: Callable[[], object]) -> object:
     except Exception:
         if another_rank_reported():
             _exit(USER_ERROR_STATUS)
+        if _distributed():  # a bug, or a peer that died: the traceback, then out at once (see _exit)
+            import traceback
+            traceback.print_exc()
+            _exit(1)
         raise

@@ -7,10 +7,13 @@
 # srun      one task per rank: `srun python pretrain_*.py` (LAUNCHER=srun); every rank reads its rank, the
 #           world size and the master address from SLURM's variables (megatron.config.launcher_env). The
 #           signal of `#SBATCH --signal=USR1@120` or `scancel --signal=...` reaches the ranks themselves.
-# torchrun  one task per node, each `torchrun --nproc_per_node NPROC` (LAUNCHER=srun-torchrun). torchrun
-#           stops its workers on SIGTERM and dies of SIGUSR1, so the signal goes to this batch shell
-#           (`--signal=B:USR1@120`, `scancel --batch --signal=...`) and is forwarded to the training workers
-#           on every node (examples/slurm/signal_workers.sh), never to torchrun.
+# torchrun  one task per node, each `torchrun --nproc_per_node NPROC` (LAUNCHER=srun-torchrun, through
+#           megatron.training.torchrun, which passes a SIGTERM or SIGUSR1 to its workers instead of stopping
+#           them). The signal goes to this batch shell (`--signal=B:USR1@120`, `scancel --batch --signal=...`)
+#           and is forwarded to the training workers on every node (examples/slurm/signal_workers.sh).
+# In both styles this shell survives SIGTERM and SIGUSR1 and waits for the run: SLURM's time limit without
+# `--signal` (and `scancel` without `--batch`) sends SIGTERM to every process of the job, this shell included,
+# and SIGKILL KillWait (30 s by default) later; the ranks save in between.
 #
 # The ranks train with --exit-signal-handler (examples/common.sh passes it): on the signal every rank finishes
 # its iteration, saves a checkpoint there and exits 0. The run resumes from `latest` in SAVE. When the step
@@ -63,6 +66,9 @@ slurm_train() {
     if [[ $style == torchrun ]]; then
         trap 'forward_to_workers USR1' USR1
         trap 'forward_to_workers TERM' TERM
+    else  # the ranks have it (from SLURM, or from ds_pretrain_*.sh); this shell waits for them to save
+        trap 'echo "batch shell: SIGUSR1 received, waiting for the ranks to save"' USR1
+        trap 'echo "batch shell: SIGTERM received, waiting for the ranks to save"' TERM
     fi
     while true; do
         status=0

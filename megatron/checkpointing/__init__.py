@@ -1,6 +1,7 @@
 """Checkpoints: one format for every (tp, pp, dp), saved and loaded by training, read and written by the tools.
 
-    files         names, `latest`, megatron_args.json, reading with one-line errors, atomic outputs
+    files         names, `latest`, megatron_args.json, atomic outputs
+    reading       every checkpoint file read: the allowlist, one-line errors, the CRC-32 against manifest.json
     names         per-model name tables: canonical (plain model) names <-> pipeline layer files <-> Pipe module
     tp            tensor-parallel split / merge by partition attributes, vocabulary re-padding
     optim         DeepSpeed's optimizer layouts (ZeRO-1 flat partitions, stage-0 optimizers) <-> one form
@@ -12,7 +13,8 @@
     ancestors     the ancestors' GPT checkpoints <-> this format: Megatron-LM's legacy files and torch_dist, DeepSpeed
                   pipeline files (Megatron-DeepSpeed, DeepSpeedExamples, CPM-Pretrain); see its __init__
 
-Every file is read through `files.load_file` (tds.safe_load: weights_only=True and an allowlist).
+Every file is read through `reading.load_file` (tds.safe_load: weights_only=True and an allowlist; the CRC-32 that
+manifest.json lists checked while reading).
 
 `tools/convert_checkpoint.py` is a thin command line over these modules.
 """

@@ -44,6 +44,7 @@ from megatron.errors import UserError, one_line
 from megatron.logging_utils import print_rank_0
 from .files import publish_latest
 from .manifest import MANIFEST, entries, saved_files, write_manifest
+from .space import agree_space, disk_full_error, is_disk_full, tensor_bytes, writing
 
 DONE, FAILED = ".done.{rank}.json", ".failed.{rank}.json"
 POLL_S = 0.05
@@ -149,14 +150,29 @@ def save_async(engine, save_dir: str, tag: str, client_state: Dict[str, Any],
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     finally:
         del checkpoint_engine.save  # the class's method again
+    what, outcome = f"checkpoint {tag}", f"nothing was published (`latest` names the previous checkpoint; the " \
+                                         f"incomplete {folder} can be deleted)"
+    needed = _total_bytes(writes)
+    agree_space(save_dir, needed, what, outcome)
     if write_args is not None:
-        write_args(folder)
+        with writing(folder, needed, what, outcome):
+            write_args(folder)
 
     def work() -> None:
-        _write_files(write, writes, folder, rank)
+        _write_files(write, writes, folder, rank, (needed, what, outcome))
         if rank == 0:
             _publish(save_dir, tag, world, timeout_s)
     _IN_FLIGHT["save"] = BackgroundSave(work)
+
+
+def _total_bytes(writes: List[Tuple[str, Any]]) -> int:
+    """Collective: the bytes every rank's recorded files hold together (about the checkpoint's size)."""
+    from tds import device as tds_device
+    total = torch.tensor([sum(tensor_bytes(state) for _, state in writes)], dtype=torch.int64,
+                         device=tds_device.device())
+    if dist.get_world_size() > 1:
+        dist.all_reduce(total)
+    return int(total[0])
 
 
 def _clear_stale(folder: str, rank: int) -> None:
@@ -185,8 +201,10 @@ def _fsync(path: str) -> None:
         os.close(fd)
 
 
-def _write_files(write: Callable[[Any, str], None], writes: List[Tuple[str, Any]], folder: str, rank: int) -> None:
-    """This rank's files, fsynced, then its marker; on failure .failed.<rank>.json and AsyncSaveError."""
+def _write_files(write: Callable[[Any, str], None], writes: List[Tuple[str, Any]], folder: str, rank: int,
+                 space: Tuple[int, str, str]) -> None:
+    """This rank's files, fsynced, then its marker; on failure .failed.<rank>.json and AsyncSaveError (a full
+    file system: the line of `space.disk_full_error`, `space` = (bytes needed, what, outcome))."""
     marker = os.path.join(folder, DONE.format(rank=rank))
     path = marker
     try:
@@ -198,6 +216,10 @@ def _write_files(write: Callable[[Any, str], None], writes: List[Tuple[str, Any]
     except Exception as err:  # noqa: BLE001 (whatever the write raised, this file is not saved)
         message = (f"asynchronous save of {path} failed ({type(err).__name__}: {one_line(err)[:200]}); the "
                    f"checkpoint {folder} is not published and `latest` names the previous one")
+        if is_disk_full(err, path):
+            with contextlib.suppress(OSError):
+                os.remove(path)  # the partial file: its space back
+            message = str(disk_full_error(path, *space))
         with contextlib.suppress(OSError):  # the folder itself may be what cannot be written
             _write_json(os.path.join(folder, FAILED.format(rank=rank)), {"error": message})
         raise AsyncSaveError(message) from None

@@ -16,10 +16,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
-from .files import (CheckpointFileError, layer_file, load_file, mp_rank_file, progress, read_args,
-                    zero_file)
+from .files import CheckpointFileError, layer_file, mp_rank_file, progress, read_args, zero_file
 from .names import ModelTable, ParamInfo, plain_pp1, virtual_stages
 from .optim import StageOptim, make_groups, optimizer_kind, read_client, read_flat, read_unfused
+from .reading import load_file
 from .tp import merge, split
 
 # entries of an mp_rank file that describe the layout or the optimizer, rebuilt for every written layout

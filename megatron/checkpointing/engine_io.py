@@ -20,7 +20,8 @@ checkpoint and layout sections, and `cfg.record`, the resolved command line stor
 the 'model' and 'layout' records (`names.with_records`).
 
 Loading (`load_checkpoint`) of the tag `latest` names, or of --ckpt-step N's: first the sizes of every file
-it will read (`manifest.check_files`), then
+it will read (`manifest.check_files`), then (each file's CRC-32 compared with manifest.json's while it is read,
+`reading.read_verified`)
     same layout            DeepSpeed's engine.load_checkpoint (weights, optimizer, LR scheduler, steps)
     another (tp, pp, dp)   rank 0 reshapes into <save or load>/.reshaped-<tag> (the `reshape` tool's code),
                            every rank loads that, rank 0 removes it; RNG streams are kept as seeded
@@ -45,9 +46,12 @@ from megatron.logging_utils import print_rank_0
 from tds.safe_load import UnsafeCheckpointError, trusted
 from .async_save import save_async
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
-from .files import (CheckpointMismatchError, UntrustedCheckpointError, checkpoint_folder, checkpoint_tag,
-                    publish_latest, read_args, read_latest, write_args)
+from .files import (ARGS_FILE, LATEST, CheckpointFileError, CheckpointMismatchError, UntrustedCheckpointError,
+                    checkpoint_folder, checkpoint_tag, folder_bytes, publish_latest, read_args, read_latest,
+                    write_args)
 from .manifest import WEIGHTS, check_files, checked_folder, damaged_error, parts_read, save_manifest
+from .reading import MANIFEST, read_manifest, read_verified
+from .space import agree_space, tensor_bytes, writing
 from .names import PIPE_FORM, layout_record, plain_pp1, virtual_stages, with_records
 from .weights import load_weights_into, reshape_command
 
@@ -84,14 +88,60 @@ def save_checkpoint(engine, cfg, iteration: int, consumed_train_samples: int) ->
                    60 * cfg.layout.distributed_timeout_minutes)
         print_rank_0(f"checkpoint {save_dir}/{tag} is being written in the background")
         return os.path.join(save_dir, tag)
-    engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+    what, outcome, needed = f"checkpoint iteration {iteration}", not_published(save_dir, tag), \
+        previous_size(save_dir, tag)
+    agree_space(save_dir, needed, what, outcome)
+    folder = os.path.join(save_dir, tag)
+    with _space_checked_writes(engine, what, outcome, needed):
+        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     if dist.get_rank() == 0:
-        _write_args(cfg, os.path.join(save_dir, tag))
+        with writing(os.path.join(folder, ARGS_FILE), needed, what, outcome):
+            _write_args(cfg, folder)
     dist.barrier()  # every rank's files are complete
-    save_manifest(os.path.join(save_dir, tag))
-    commit(save_dir, tag)
+    with writing(os.path.join(folder, MANIFEST), needed, what, outcome):
+        save_manifest(folder)
+    with writing(os.path.join(save_dir, LATEST), needed, what, outcome):
+        commit(save_dir, tag)
     print_rank_0(f"saved checkpoint {save_dir}/{tag}")
     return os.path.join(save_dir, tag)
+
+
+def previous_size(save_dir: str, tag: str) -> int:
+    """The bytes a save of `tag` will add: the size of the checkpoint `latest` names (its manifest's total),
+    less what a folder `tag` already holds (files the save overwrites); 0 without a previous checkpoint."""
+    previous = read_latest(save_dir)
+    folder = os.path.join(save_dir, previous) if previous else None
+    if folder is None or not os.path.isdir(folder):
+        return 0
+    try:
+        listed = read_manifest(folder)
+    except (OSError, ValueError):
+        listed = None
+    total = sum(e["bytes"] for e in listed.values()) if listed else folder_bytes(folder)
+    target = os.path.join(save_dir, tag)
+    present = folder_bytes(target) if os.path.isdir(target) and os.path.realpath(target) != os.path.realpath(folder) \
+        else 0
+    return max(0, total - present)
+
+
+def not_published(save_dir: str, tag: str) -> str:
+    """What a save of `tag` that fails leaves: `latest` as it was."""
+    previous = read_latest(save_dir)
+    where = f"`latest` still names {previous}" if previous else f"{save_dir} has no published checkpoint yet"
+    return f"nothing was published ({where}; the incomplete {os.path.join(save_dir, tag)} can be deleted)"
+
+
+@contextlib.contextmanager
+def _space_checked_writes(engine, what: str, outcome: str, needed: int) -> Iterator[None]:
+    """Each file DeepSpeed writes: a write that fails for space is DiskFullError naming the file."""
+    checkpoint_engine = engine.checkpoint_engine
+    write = checkpoint_engine.save
+
+    def save(state_dict, path):
+        with writing(path, needed or tensor_bytes(state_dict), what, outcome):
+            return write(state_dict, path)
+    with _instance_overrides(checkpoint_engine, {"save": save}):
+        yield
 
 
 def check_compatible(saved: Dict[str, Any], run: Dict[str, Any], where: str) -> None:
@@ -176,7 +226,7 @@ def _load_same_layout(engine, cfg, load_dir: str, tag: str, saved: Dict[str, Any
     where, no_optim = os.path.join(load_dir, tag), cfg.checkpoint.no_load_optim
     print_rank_0(f"loading checkpoint {where} ...")
     load_optim = _loads_optimizer(cfg, saved)
-    with _bf16_optimizer_load(engine), _named_read_errors(engine, where, saved):
+    with _bf16_optimizer_load(engine), _checked_reads(engine, where, saved):
         path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=load_optim,
                                                     load_lr_scheduler_states=not no_optim)
     if path is None:
@@ -212,14 +262,18 @@ def _instance_overrides(obj, attrs: Dict[str, Any]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _named_read_errors(engine, folder: str, saved: Dict[str, Any]) -> Iterator[None]:
-    """A file DeepSpeed cannot read (damaged although of the listed size) is a CheckpointFileError naming it."""
+def _checked_reads(engine, folder: str, saved: Dict[str, Any]) -> Iterator[None]:
+    """Every file DeepSpeed reads is checked against manifest.json's CRC-32 while it is read
+    (`reading.read_verified`); a file it cannot read (damaged although of the listed size) or whose bytes
+    changed is a CheckpointFileError naming it."""
     checkpoint_engine = engine.checkpoint_engine
     read = checkpoint_engine.load
 
     def load(path, *args, **kwargs):
         try:
-            return read(path, *args, **kwargs)
+            return read_verified(path, lambda: read(path, *args, **kwargs))
+        except CheckpointFileError:
+            raise
         except UnsafeCheckpointError as err:
             raise UntrustedCheckpointError(str(err)) from None
         except Exception as err:  # noqa: BLE001 (torch.load of one file: whatever it raises, the file is unreadable)

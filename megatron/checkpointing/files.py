@@ -1,4 +1,5 @@
-"""Checkpoint files on disk: names, `latest`, the saved arguments, reading with one-line errors, atomic outputs.
+"""Checkpoint files on disk: names, `latest`, the saved arguments and manifest.json, atomic outputs (checked for
+space: `space.py`); one-line errors naming the file (reading the .pt files: `reading.py`).
 
 One folder per tag under the checkpoint directory (DeepSpeed's layout, for every (tp, pp, dp), pp = 1 included):
 
@@ -14,16 +15,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pickle
+import re
 import shutil
 import sys
-import zipfile
+import zlib
 from typing import Any, Dict, Iterable, Iterator, Optional
 
 from megatron.errors import UserError
-from tds.safe_load import UnsafeCheckpointError, load as safe_load
+from .space import check_space, writing
 
 LATEST = "latest"
+MANIFEST = "manifest.json"
+# megatron_args.json: fields every checkpoint has, and the file paths a user may edit (files moved)
+REQUIRED_ARGS = ("model_type", "num_layers", "hidden_size", "num_attention_heads", "tensor_model_parallel_size",
+                 "pipe_parallel_size", "data_parallel_size")
+EDITABLE_ARGS = ("vocab_file", "merge_file", "tokenizer_model", "data_path", "save", "load", "tensorboard_dir",
+                 "deepspeed_config", "pretrained_checkpoint")
+TAG_CHARACTERS = re.compile(r"[A-Za-z0-9_.+-]+")  # a folder name: no separator, space or control character
 ARGS_FILE = "megatron_args.json"
 
 
@@ -56,12 +64,22 @@ def zero_file(dp_rank: int, mp_rank: int, bf16: bool) -> str:
 
 
 def read_latest(load_dir: str) -> Optional[str]:
-    """The tag `latest` names, or None when `load_dir` has no published checkpoint."""
+    """The tag `latest` names, or None when `load_dir` has no published checkpoint; CheckpointFileError naming
+    the file when it holds no tag (empty, not text, a path rather than a folder name)."""
     path = os.path.join(load_dir, LATEST)
     if not os.path.isfile(path):
         return None
-    with open(path) as f:
-        return f.read().strip()
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        tag = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        tag = None
+    if not tag or not TAG_CHARACTERS.fullmatch(tag) or tag in (".", ".."):
+        raise CheckpointFileError(f"{path} holds {raw[:40]!r}, not the name of a checkpoint folder (such as "
+                                  f"iter_0000200): the file is damaged; write the tag to load into it, or pass "
+                                  f"--ckpt-step N (the tools: --tag)")
+    return tag
 
 
 def publish_latest(save_dir: str, tag: str) -> None:
@@ -96,17 +114,57 @@ def checkpoint_folder(load_dir: str, tag: Optional[str] = None) -> str:
     return folder
 
 
+def read_manifest(folder: str) -> Optional[Dict[str, Dict[str, Any]]]:
+    """manifest.json's name -> {bytes, crc32[, settings_crc32]}; None for a folder saved before manifests.
+    ValueError if it is not one (manifest.py's checks report it, naming the file)."""
+    path = os.path.join(folder, MANIFEST)
+    if not os.path.isfile(path):
+        return None
+    with open(path, "rb") as f:
+        content = json.loads(f.read().decode("utf-8"))  # UnicodeDecodeError is a ValueError
+    if not isinstance(content, dict) or content.get("format") != 1 or content.get("checksum") != "crc32":
+        raise ValueError("not a manifest of format 1 with CRC-32 checksums")
+    files = content.get("files")
+    entry_ok = (lambda e: isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("crc32"), str)
+                and re.fullmatch(r"[0-9a-f]{8}", e["crc32"]) is not None)
+    if not isinstance(files, dict) or not all(entry_ok(e) for e in files.values()):
+        raise ValueError("no 'files' entry of {name: {bytes, crc32}}")
+    return files
+
+
+def settings_crc32(args: Dict[str, Any]) -> str:
+    """CRC-32 of the saved arguments without the fields a user may edit (file paths: moved tokenizer files)."""
+    settings = {k: v for k, v in args.items() if k not in EDITABLE_ARGS}
+    return f"{zlib.crc32(json.dumps(settings, sort_keys=True).encode()):08x}"
+
+
 def read_args(folder: str) -> Dict[str, Any]:
-    """The resolved arguments saved with the checkpoint in `folder`."""
+    """The resolved arguments saved with the checkpoint in `folder`; CheckpointFileError naming the file when
+    it is not the JSON object a save writes, lacks a field every checkpoint has, or (its manifest lists the
+    settings' CRC-32) was changed after the save in anything but its file paths."""
     path = os.path.join(folder, ARGS_FILE)
     if not os.path.isfile(path):
         raise CheckpointFileError(f"{path} is missing: {folder} was not written by this project's save "
                                   f"(every checkpoint folder holds the {ARGS_FILE} of its run)")
     try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as err:
-        raise CheckpointFileError(f"{path} is not valid JSON ({err}); the checkpoint is damaged") from None
+        with open(path, "rb") as f:
+            args = json.loads(f.read().decode("utf-8"))
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise CheckpointFileError(f"{path} is not valid JSON ({type(err).__name__}: {str(err)[:100]}); the "
+                                  f"checkpoint is damaged") from None
+    missing = [k for k in REQUIRED_ARGS if not isinstance(args, dict) or k not in args]
+    if missing:
+        raise CheckpointFileError(f"{path} has no {missing[0]!r}: not the arguments of a checkpoint of this project "
+                                  f"(the file is damaged)")
+    try:
+        listed = (read_manifest(folder) or {}).get(ARGS_FILE, {}).get("settings_crc32")
+    except ValueError:
+        listed = None  # a damaged manifest is reported by manifest.check_files
+    if listed is not None and settings_crc32(args) != listed:
+        raise CheckpointFileError(f"{path} was changed after the save in more than its file paths (the CRC-32 of "
+                                  f"its other fields is {settings_crc32(args)} where {MANIFEST} lists {listed}): the "
+                                  f"file is damaged; only {', '.join(EDITABLE_ARGS)} may be edited")
+    return args
 
 
 def write_args(folder: str, args: Dict[str, Any]) -> None:
@@ -119,43 +177,26 @@ def folder_bytes(folder: str, names: Optional[Iterable[str]] = None) -> int:
     return sum(os.path.getsize(os.path.join(folder, f)) for f in (os.listdir(folder) if names is None else names))
 
 
-def load_file(path: str, mmap: bool = True, allow: Optional[Dict[str, Any]] = None,
-              stub_modules: Iterable[str] = ()) -> Any:
-    """torch.load of a checkpoint file on CPU with weights_only=True and an allowlist (`tds.safe_load`: the
-    globals this project's files hold, or `allow`; `stub_modules` for files of other code bases);
-    CheckpointFileError naming the file if missing or truncated, UntrustedCheckpointError naming it and the
-    global its pickle would call (--trust-checkpoint is the opt-in for a trusted legacy file).
-
-    mmap=True maps the tensors' storage instead of reading it (only what is used is read)."""
-    if not os.path.isfile(path):
-        raise CheckpointFileError(f"checkpoint file {path} is missing; the checkpoint is incomplete (was the run "
-                                  f"killed while saving?) or was written at another layout than its "
-                                  f"{ARGS_FILE} says")
-    try:
-        return safe_load(path, map_location="cpu", mmap=mmap, allow=allow, stub_modules=stub_modules)
-    except UnsafeCheckpointError as err:
-        raise UntrustedCheckpointError(str(err)) from None
-    except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, OSError, KeyError, ValueError) as err:
-        size = os.path.getsize(path)
-        raise CheckpointFileError(f"checkpoint file {path} ({size} bytes) cannot be read, it is truncated or "
-                                  f"damaged ({type(err).__name__}: {str(err).splitlines()[0][:120]})") from None
-
-
 @contextlib.contextmanager
-def atomic_folder(final: str) -> Iterator[str]:
+def atomic_folder(final: str, needed: Optional[int] = None) -> Iterator[str]:
     """Yield a temporary sibling folder to write into; it becomes `final` only when the block completes.
 
-    Refuses to overwrite an existing `final`. On any error the temporary folder is removed."""
+    Refuses to overwrite an existing `final`. On any error the temporary folder is removed. `needed` (bytes,
+    an estimate of the output's size): refused before anything is written when the file system has less
+    free; a write that fails for space is one line naming `final` (space.DiskFullError)."""
     if os.path.exists(final):
         raise UserError(f"output {final} already exists; choose a new directory (outputs are never overwritten)")
     parent = os.path.dirname(os.path.abspath(final)) or "."
+    outcome = f"nothing was written to {final} (the partial output was removed)"
+    check_space(final, needed or 0, "the output", outcome)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(final)}.tmp.{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
     try:
-        yield tmp
-        os.replace(tmp, final)
+        with writing(final, needed, "the output", outcome):
+            os.makedirs(tmp)
+            yield tmp
+            os.replace(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

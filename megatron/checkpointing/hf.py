@@ -24,7 +24,9 @@ import torch
 
 from megatron.errors import UserError
 from .consolidated import Consolidated, layout_of, read_weights
-from .files import CheckpointFileError, atomic_folder, load_file as load_checkpoint_file, publish_latest, read_args
+from .files import CheckpointFileError, atomic_folder, folder_bytes, publish_latest, read_args
+from .reading import load_file as load_checkpoint_file
+from .space import tensor_bytes
 from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, hf_rows, layout_args, read_json, t5_args,
                         t5_hf_config, token_ids, write_json)
 from .hf_tokenizer_files import import_tokenizer, sentinel_order, write_tokenizer
@@ -83,12 +85,13 @@ def from_hf(hf: Dict[str, torch.Tensor], args: Dict, table: ModelTable, where: s
             names = ("shared.weight",)  # transformers >= 5 saves T5's head tied to the table
         missing = [n for n in names if n not in hf]
         if missing:
-            raise UserError(f"{where}: no tensor {missing[0]} (the HF weights do not match their config.json)")
+            raise UserError(f"{where}: no tensor {missing[0]} in its weights ({weight_files(where)}; the HF weights do "
+                            f"not match their config.json)")
         full = torch.cat([hf[n].t() if rule.transpose else hf[n] for n in names], dim=0)
         if table.by_name[rule.canonical].vocab:
             if full.size(0) != rows:
-                raise UserError(f"{where}: {names[0]} has {full.size(0)} rows but config.json has vocab_size "
-                                f"{rows} (the HF weights do not match their config.json)")
+                raise UserError(f"{where}: {names[0]} has {full.size(0)} rows in {weight_files(where)} but config.json "
+                                f"has vocab_size {rows} (the HF weights do not match their config.json)")
             full = resize_rows(full if order is None else full[order], args["padded_vocab_size"])
         weights[rule.canonical] = full.contiguous()
     return weights
@@ -109,11 +112,20 @@ def _tokenizer(args: Dict, overrides: Dict[str, Optional[str]]):
     needed = ["vocab_file", "merge_file"] if spec["tokenizer_type"] == "GPT2BPETokenizer" else ["tokenizer_model"]
     for key in needed:
         if not spec[key] or not os.path.exists(spec[key]):
-            raise UserError(f"export-hf: the checkpoint's {key} {spec[key]!r} does not exist here; pass "
-                            f"--{key.replace('_', '-')} PATH")
+            raise UserError(f"export-hf: the checkpoint's {key} {spec[key]!r} (its megatron_args.json) does not "
+                            f"exist here; pass --{key.replace('_', '-')} PATH")
     args.update(spec)
     return build_tokenizer(spec["tokenizer_type"], spec["vocab_file"], spec["merge_file"], spec["tokenizer_model"],
                            args.get("vocab_extra_ids", 0) or 0)
+
+
+def _export_bytes(tensors: Dict[str, torch.Tensor], args: Dict) -> int:
+    """About the size of an export: the weights, the tokenizer's files (copied or rewritten) and a few kB of
+    configuration."""
+    sources = [args.get(k) for k in ("vocab_file", "merge_file", "tokenizer_model") if args.get(k)]
+    tokenizer = sum(os.path.getsize(p) if os.path.isfile(p) else folder_bytes(p) if os.path.isdir(p) else 0
+                    for p in sources)
+    return tensor_bytes(tensors) + 2 * tokenizer + (64 << 10)
 
 
 def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
@@ -137,7 +149,7 @@ def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
         config, max_len = t5_hf_config(args, ids), args["encoder_seq_length"]
     tensors = to_hf(read_weights(folder, table, layout_of(args)[0]), args, table)
     config["dtype"] = str(next(iter(tensors.values())).dtype).replace("torch.", "")
-    with atomic_folder(output) as tmp:
+    with atomic_folder(output, _export_bytes(tensors, args)) as tmp:
         save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         write_json(os.path.join(tmp, "config.json"), config)
         write_json(os.path.join(tmp, "generation_config.json"), generation_config(config))
@@ -148,15 +160,33 @@ def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
     return ExportReport(args["model_type"], files, sum(t.numel() for t in tensors.values()), note)
 
 
+def weight_files(hf_dir: str) -> str:
+    """The weight files of a transformers folder, for messages."""
+    names = sorted(n for n in os.listdir(hf_dir) if n.endswith((".safetensors", ".bin"))) if os.path.isdir(hf_dir) else []
+    return ", ".join(names) or "no weight file"
+
+
+def _safetensors(path: str) -> Dict[str, torch.Tensor]:
+    """safetensors' load_file; a file it cannot read (a damaged header, cut short) is one line naming it."""
+    from safetensors.torch import load_file
+    try:
+        return load_file(path)
+    except Exception as err:  # noqa: BLE001 (SafetensorError, OSError, ...: the file cannot be read)
+        raise CheckpointFileError(f"{path} cannot be read as safetensors ({type(err).__name__}: "
+                                  f"{str(err).splitlines()[0][:160]}); the file is damaged or cut short") from None
+
+
 def load_hf_state(hf_dir: str) -> Dict[str, torch.Tensor]:
     """model.safetensors (one file or shards with an index) or pytorch_model.bin of a transformers folder."""
-    from safetensors.torch import load_file
     single, index = os.path.join(hf_dir, "model.safetensors"), os.path.join(hf_dir, "model.safetensors.index.json")
     if os.path.isfile(single):
-        return load_file(single)
+        return _safetensors(single)
     if os.path.isfile(index):
-        shards = sorted(set(read_json(index)["weight_map"].values()))
-        return {k: v for shard in shards for k, v in load_file(os.path.join(hf_dir, shard)).items()}
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointFileError(f"{index} has no 'weight_map' object")
+        shards = sorted(set(map(str, weight_map.values())))
+        return {k: v for shard in shards for k, v in _safetensors(os.path.join(hf_dir, shard)).items()}
     if os.path.isfile(os.path.join(hf_dir, "pytorch_model.bin")):
         return load_checkpoint_file(os.path.join(hf_dir, "pytorch_model.bin"), mmap=False)  # weights_only, allowlist
     raise CheckpointFileError(f"{hf_dir} has no model.safetensors, model.safetensors.index.json or "

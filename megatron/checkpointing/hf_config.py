@@ -17,8 +17,16 @@ T5_FFN = ("relu", "gated-gelu")
 
 
 def read_json(path: str) -> Dict[str, Any]:
-    with open(path) as f:
-        return json.load(f)
+    """A JSON object from `path`; UserError naming the file when it is not one (damaged, cut short)."""
+    try:
+        with open(path, "rb") as f:
+            obj = json.loads(f.read().decode("utf-8"))
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+        raise UserError(f"{path} is not valid JSON ({type(err).__name__}: {str(err)[:120]}); the file is damaged "
+                        f"or cut short") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} holds a JSON {type(obj).__name__}, not an object")
+    return obj
 
 
 def write_json(path: str, obj: Dict[str, Any]) -> None:

@@ -16,35 +16,22 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import zlib
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .consolidated import has_engine_state, has_optimizer, layout_of
-from .files import ARGS_FILE, CheckpointFileError, checkpoint_folder, layer_file, mp_rank_file, read_args, zero_file
+from .files import (ARGS_FILE, CheckpointFileError, checkpoint_folder, layer_file, mp_rank_file, read_args,
+                    settings_crc32, zero_file)
 from .names import ModelTable, plain_pp1
 from .optim import optimizer_kind
+from .reading import MANIFEST, checksum_error, crc32, iteration_tags, load_hint, read_manifest, role
 from megatron.errors import UserError
 
-MANIFEST = "manifest.json"
-CHUNK = 16 << 20
 ZIP_END = b"PK\x05\x06"  # end-of-central-directory record: the last 22 bytes of a zip without a comment
 ZIP_START = b"PK\x03\x04"
-TAG = re.compile(r"iter_(\d+)$")
 # what a load reads: a file serves one part (megatron_args.json and the manifest serve every load)
 WEIGHTS, ENGINE, OPTIMIZER = "weights", "engine", "optimizer"
 EVERY_PART = (WEIGHTS, ENGINE, OPTIMIZER)
 Problem = Tuple[str, str]  # (file name, what is wrong with it)
-
-
-def crc32(path: str) -> str:
-    """The file's CRC-32, read in chunks into one reused buffer (no allocation per chunk)."""
-    value, buffer = 0, bytearray(CHUNK)
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as f:
-        while size := f.readinto(buffer):
-            value = zlib.crc32(view[:size], value)
-    return f"{value:08x}"
 
 
 def saved_files(folder: str) -> List[str]:
@@ -54,8 +41,14 @@ def saved_files(folder: str) -> List[str]:
 
 
 def entries(folder: str, names: Sequence[str]) -> Dict[str, Dict[str, Any]]:
-    return {n: {"bytes": os.path.getsize(os.path.join(folder, n)), "crc32": crc32(os.path.join(folder, n))}
-            for n in names}
+    """name -> {bytes, crc32}; megatron_args.json also gets the CRC-32 of its settings (`files.settings_crc32`:
+    every field but the file paths), so that an edit of its paths passes and any other change does not."""
+    out = {n: {"bytes": os.path.getsize(os.path.join(folder, n)), "crc32": crc32(os.path.join(folder, n))}
+           for n in names}
+    if ARGS_FILE in out:
+        with open(os.path.join(folder, ARGS_FILE)) as f:
+            out[ARGS_FILE]["settings_crc32"] = settings_crc32(json.load(f))
+    return out
 
 
 def write_manifest(folder: str, files: Optional[Dict[str, Dict[str, Any]]] = None) -> None:
@@ -79,19 +72,6 @@ def save_manifest(folder: str) -> None:
         write_manifest(folder, {name: entry for share in shares for name, entry in share.items()})
 
 
-def read_manifest(folder: str) -> Optional[Dict[str, Dict[str, Any]]]:
-    """name -> {bytes, crc32}; None for a folder saved before manifests. ValueError if it is not one."""
-    path = os.path.join(folder, MANIFEST)
-    if not os.path.isfile(path):
-        return None
-    with open(path) as f:
-        files = json.load(f).get("files")
-    if not isinstance(files, dict) or not all(isinstance(e, dict) and {"bytes", "crc32"} <= set(e)
-                                              for e in files.values()):
-        raise ValueError("no 'files' entry of {name: {bytes, crc32}}")
-    return files
-
-
 def part_of(name: str, saved: Dict[str, Any]) -> Optional[str]:
     """The part of a load that reads `name`; None for a file every load reads."""
     if name.startswith("layer_") or (name.startswith("mp_rank_") and plain_pp1(saved)):
@@ -99,22 +79,6 @@ def part_of(name: str, saved: Dict[str, Any]) -> Optional[str]:
     if name.startswith("mp_rank_"):
         return ENGINE
     return OPTIMIZER if name.endswith("optim_states.pt") else None
-
-
-def role(name: str, tp: int) -> str:
-    """What the file `name` holds, from its name and the saved tensor-parallel size."""
-    numbers = [int(x) for x in re.findall(r"\d+", name)]
-    if name.startswith("layer_"):
-        return f"weights of pipeline layer {numbers[0]}, tp rank {numbers[1]}"
-    if name.startswith("mp_rank_"):
-        return f"engine state of pipeline stage {numbers[0] // tp}, tp rank {numbers[0] % tp}: LR scheduler, " \
-               f"steps, client state, RNG"
-    if "zero_pp_rank_" in name:
-        dp, mp = numbers[-2], numbers[-1]
-        return f"optimizer partition of dp rank {dp}, pipeline stage {mp // tp}, tp rank {mp % tp}"
-    if name == MANIFEST:
-        return "the size and CRC-32 of every file of the save"
-    return "the run's resolved arguments" if name == ARGS_FILE else "a file of the save"
 
 
 def expected_files(folder: str, saved: Dict[str, Any]) -> List[str]:
@@ -165,8 +129,8 @@ def first_problem(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVE
     """The first file a load of `parts` would read that is missing, unreadable or of the wrong size."""
     try:
         listed = read_manifest(folder)
-    except (ValueError, AttributeError) as err:  # json's errors are ValueErrors; a list has no .get
-        return MANIFEST, f"damaged ({type(err).__name__}: {err})"
+    except (ValueError, OSError) as err:  # json's and utf-8's errors are ValueErrors
+        return MANIFEST, f"damaged ({type(err).__name__}: {str(err)[:120]})"
     sizes = {n: e["bytes"] for n, e in listed.items()} if listed is not None else \
         dict.fromkeys(expected_files(folder, saved))
     for name, size in sizes.items():
@@ -174,16 +138,11 @@ def first_problem(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVE
             continue  # megatron_args.json was parsed already; it may have been edited (moved tokenizer files)
         path = os.path.join(folder, name)
         what = _stat_problem(path, size) or (_zip_problem(path) if listed is None else None)
+        if what == "missing" and listed is not None:
+            what = f"missing ({MANIFEST} lists it)"
         if what:
             return name, what
     return None
-
-
-def iteration_tags(load_dir: str) -> List[Tuple[int, str]]:
-    """(iteration, tag) of the tag folders in `load_dir`, newest first."""
-    names = os.listdir(load_dir) if os.path.isdir(load_dir) else []
-    return sorted(((int(m.group(1)), n) for n in names
-                   if (m := TAG.match(n)) and os.path.isdir(os.path.join(load_dir, n))), reverse=True)
 
 
 def newest_complete(load_dir: str, skip: str) -> Optional[Tuple[int, str]]:
@@ -204,11 +163,7 @@ def damaged_error(folder: str, name: str, what: str, saved: Optional[Dict[str, A
     """The one-line error for file `name` of `folder`: where, what it holds, what is wrong, what to load."""
     tp = layout_of(saved)[0] if saved else 1
     load_dir = os.path.dirname(os.path.abspath(folder))
-    other = newest_complete(load_dir, folder)
-    hint = (f"the newest complete checkpoint in {load_dir} is iteration {other[0]}: load it with --ckpt-step "
-            f"{other[0]} (the tools: --tag {other[1]})" if other is not None else
-            f"{load_dir} holds no other complete checkpoint: restore the file, or start over with another "
-            f"--save/--load directory")
+    hint = load_hint(load_dir, newest_complete(load_dir, folder))
     return CheckpointFileError(f"checkpoint file {os.path.join(folder, name)} ({role(name, tp)}) is {what}; {hint}")
 
 
@@ -244,7 +199,6 @@ def verify_checksums(folder: str, saved: Dict[str, Any]) -> str:
         if actual != entry["crc32"] and name == ARGS_FILE:
             edited = f"; {ARGS_FILE} was edited after the save (its CRC-32 differs)"
         elif actual != entry["crc32"]:
-            raise damaged_error(folder, name, f"damaged: CRC-32 {actual} where {MANIFEST} lists {entry['crc32']}",
-                                saved)
+            raise checksum_error(os.path.join(folder, name), actual, entry["crc32"])
     total = sum(e["bytes"] for e in listed.values())
     return f"verified         {len(listed)} files, {total / 1e6:.1f} MB: sizes and CRC-32 as {MANIFEST} lists{edited}"

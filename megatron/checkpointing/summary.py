@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 
 from .consolidated import has_engine_state, has_optimizer, layout_of
-from .files import folder_bytes, layer_file, load_file, mp_rank_file, read_args
+from .files import folder_bytes, layer_file, mp_rank_file, read_args
+from .reading import load_file
 from .manifest import checked_folder, role, verify_checksums
 from .names import ModelTable, virtual_stages
 from .optim import optimizer_kind
@@ -47,7 +48,7 @@ def full_shapes(folder: str, table: ModelTable, tp: int) -> Dict[str, torch.Size
         params = table.layer_params(layer)
         if not params:
             continue
-        local = load_file(os.path.join(folder, layer_file(layer, 0)), mmap=True)
+        local = load_file(os.path.join(folder, layer_file(layer, 0)), mmap=True, verify=False)
         for p in params:
             shape = list(local[p.local].shape)
             if p.dim is not None:
@@ -63,7 +64,7 @@ def inspect_lines(load_dir: str, tag: Optional[str] = None, verify: bool = False
     args = read_args(folder)
     table = ModelTable(args)
     tp, pp, dp = layout_of(args)
-    engine = load_file(os.path.join(folder, mp_rank_file(0)), mmap=True) if has_engine_state(args) else {}
+    engine = load_file(os.path.join(folder, mp_rank_file(0)), mmap=True, verify=False) if has_engine_state(args) else {}
     shapes = full_shapes(folder, table, tp)
     files = sorted(os.listdir(folder))
     kind = optimizer_kind(args) if has_optimizer(args) else None

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import difflib
 import json
 import math
+import re
 from typing import Any, Dict, Optional, Tuple
 
 from megatron.errors import UserError
@@ -39,6 +41,15 @@ SHARED: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("pipeline_timeline_batches", ("pipeline", "timeline_batches")),
 )
 FLAG = {name: "--" + name.replace("_", "-") for name, _ in SHARED}
+# top-level keys of DeepSpeed's JSON (0.19): those above and the common others. An unknown key one or two letters
+# from one of these is a typo or damage, which DeepSpeed would ignore silently: it is refused, naming both.
+KNOWN_KEYS = sorted({path[0] for _, path in SHARED} | {
+    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "wall_clock_breakdown", "steps_per_print",
+    "bfloat16", "amp", "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "optimizer",
+    "scheduler", "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet",
+    "communication_data_type", "seq_parallel_communication_data_type", "checkpoint", "data_types",
+    "torch_autocast", "memory_breakdown", "dump_state", "elasticity", "aio", "compile", "dataloader_drop_last",
+    "disable_allgather", "timers", "monitor_config"})
 FORBIDDEN_SECTIONS = ("optimizer", "scheduler")
 
 
@@ -51,15 +62,23 @@ def load_json(path: Optional[str]) -> Dict[str, Any]:
     if path is None:
         return {}
     try:
-        with open(path) as f:
-            cfg = json.load(f)
+        with open(path, "rb") as f:
+            cfg = json.loads(f.read().decode("utf-8"))
     except OSError as err:
         raise ConfigConflictError(f"--deepspeed_config {path}: cannot read it ({err.strerror})") from None
     except json.JSONDecodeError as err:
         raise ConfigConflictError(f"--deepspeed_config {path}: not valid JSON ({err.msg} at line {err.lineno} "
                                   f"column {err.colno})") from None
+    except UnicodeDecodeError as err:
+        raise ConfigConflictError(f"--deepspeed_config {path}: not UTF-8 text (byte {err.start}); the file is "
+                                  f"damaged") from None
     if not isinstance(cfg, dict):
         raise ConfigConflictError(f"--deepspeed_config {path}: expected a JSON object, got {type(cfg).__name__}")
+    for key in cfg:
+        near = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.8) if key not in KNOWN_KEYS else []
+        if near:
+            raise ConfigConflictError(f"--deepspeed_config {path}: unknown key {key!r}, did you mean {near[0]!r}? "
+                                      f"(DeepSpeed ignores keys it does not know; the file is mistyped or damaged)")
     if "bfloat16" in cfg:  # DeepSpeed's older spelling
         cfg.setdefault("bf16", cfg.pop("bfloat16"))
     for section in FORBIDDEN_SECTIONS:
@@ -96,8 +115,10 @@ def _json_to_arg(name: str, value: Any) -> Any:
     return value
 
 
-def merge_json_into_args(args: argparse.Namespace, cfg: Dict[str, Any], path: str = "ds_config") -> None:
-    """Fill unset arguments from `cfg`; raise ConfigConflictError where both are set and differ."""
+def merge_json_into_args(args: argparse.Namespace, cfg: Dict[str, Any], path: str = "ds_config") -> Dict[str, str]:
+    """Fill unset arguments from `cfg`; raise ConfigConflictError where both are set and differ. Returns
+    {flag: 'json.path = value in PATH'} for the arguments the JSON filled (`from_json_note` names them)."""
+    filled = {}
     for name, json_path in SHARED:
         from_json = _json_to_arg(name, _lookup(cfg, json_path))
         from_cli = getattr(args, name)
@@ -105,10 +126,18 @@ def merge_json_into_args(args: argparse.Namespace, cfg: Dict[str, Any], path: st
             continue
         if from_cli is None:
             setattr(args, name, from_json)
+            filled[FLAG[name]] = f"{'.'.join(json_path)} = {_lookup(cfg, json_path)} in {path}"
         elif from_cli != from_json:
             raise ConfigConflictError(
                 f"{FLAG[name]} {from_cli} conflicts with {'.'.join(json_path)} = {_lookup(cfg, json_path)} "
                 f"in {path}; remove one of them or make them agree")
+    return filled
+
+
+def from_json_note(message: str, filled: Dict[str, str]) -> str:
+    """`message` (a resolution error) with where a flag it names took its value, when the JSON set it."""
+    named = [where for flag, where in filled.items() if re.search(rf"{re.escape(flag)}(?![\w-])", message)]
+    return message + (f" (set by {'; '.join(named)})" if named else "")
 
 
 def initial_scale_power(initial_loss_scale: float) -> int:

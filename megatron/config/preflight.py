@@ -9,8 +9,8 @@ DeepSpeed, so a mistake is reported in about a second instead of after N process
 example scripts run it before every launch (`CHECK_ARGS=0` skips it).
 
 `check_inputs` also runs at the start of every pretraining process (`deep=False`: files exist); the
-preflight also opens each dataset's index (`deep=True`: header, sizes and .bin length) and loads a
-HuggingFaceTokenizer's tokenizer.json.
+preflight also opens each dataset's index (`deep=True`: header, sizes and .bin length) and builds the
+tokenizer from its files (vocab.json and merges.txt, the SentencePiece model, tokenizer.json).
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ import sys
 from typing import List, Optional, Sequence
 
 from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
-from megatron.errors import UserError, exit_on_user_error
-from megatron.tokenizer.hf_tokenizer import HuggingFaceTokenizer, tokenizer_json_path
+from megatron.errors import UserError, exit_on_user_error, one_line
+from megatron.tokenizer.hf_tokenizer import tokenizer_json_path
 
 ENTRY_POINTS = {"gpt": "pretrain_gpt2.py", "t5": "pretrain_t5.py"}
 
@@ -48,8 +48,21 @@ def _check_file(flag: str, path: Optional[str], needed_by: str) -> None:
         raise UserError(f"{flag} {path}: file not found")
 
 
+def build_tokenizer_from_args(args: argparse.Namespace):
+    """The tokenizer the arguments name; a file that does not load is a UserError naming it."""
+    from megatron.tokenizer import build_tokenizer
+    try:
+        return build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.tokenizer_model,
+                               args.vocab_extra_ids)
+    except (OSError, ValueError) as err:
+        if isinstance(err, UserError):
+            raise
+        raise UserError(f"cannot build the {args.tokenizer_type}: {one_line(err)}") from err
+
+
 def check_inputs(args: argparse.Namespace, deep: bool = False) -> None:
-    """The data prefixes and tokenizer files the arguments name exist (deep: and the datasets open)."""
+    """The data prefixes and tokenizer files the arguments name exist (deep: and the datasets open, and the
+    tokenizer loads)."""
     if not args.data_path:
         raise UserError("--data-path is required: PREFIX of a preprocessed .bin/.idx pair, or WEIGHT PREFIX ...")
     for prefix in _data_prefixes(args.data_path):
@@ -61,8 +74,8 @@ def check_inputs(args: argparse.Namespace, deep: bool = False) -> None:
         _check_file("--tokenizer-model", args.tokenizer_model, "--tokenizer-type SentencePieceTokenizer")
     elif args.tokenizer_type == "HuggingFaceTokenizer":
         tokenizer_json_path(args.tokenizer_model)
-        if deep:  # the file loads and names an eos (a few hundred ms for a 100k-token vocabulary)
-            HuggingFaceTokenizer(args.tokenizer_model, args.vocab_extra_ids)
+    if deep:  # the files load and agree (a few hundred ms for a 100k-token vocabulary)
+        build_tokenizer_from_args(args)
 
 
 def _parse(argv: Sequence[str]) -> tuple:

@@ -25,7 +25,8 @@ from typing import Optional
 
 from megatron.config.architecture import default_ffn_size, refuse_gpt_options, resolve_gpt_layer
 from megatron.config.batch_schedule import BatchSchedule
-from megatron.config.ds_config import build_ds_config, initial_scale_power, load_json, merge_json_into_args
+from megatron.config.ds_config import (build_ds_config, from_json_note, initial_scale_power, load_json,
+                                       merge_json_into_args)
 from megatron.errors import UserError, flag_name as _flag, require as _need
 
 FP16_DEFAULTS = dict(initial_loss_scale=2.0 ** 32, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
@@ -401,18 +402,23 @@ def resolve_args(args: argparse.Namespace, world_size: Optional[int] = None) -> 
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = load_json(args.deepspeed_config)
-    merge_json_into_args(args, cfg, args.deepspeed_config or "ds_config")
-    _resolve_parallel(args, world_size)
-    _resolve_batch(args)
-    _resolve_model(args)
-    _resolve_pipeline(args)
-    _resolve_partition(args)
-    _resolve_precision(args)
-    _resolve_schedule(args)
-    _resolve_timeline(args)
-    _resolve_data(args)
-    _resolve_checkpoint(args)
-    args.ds_config = build_ds_config(args, cfg)
+    filled = merge_json_into_args(args, cfg, args.deepspeed_config or "ds_config")
+    try:
+        _resolve_parallel(args, world_size)
+        _resolve_batch(args)
+        _resolve_model(args)
+        _resolve_pipeline(args)
+        _resolve_partition(args)
+        _resolve_precision(args)
+        _resolve_schedule(args)
+        _resolve_timeline(args)
+        _resolve_data(args)
+        _resolve_checkpoint(args)
+        args.ds_config = build_ds_config(args, cfg)
+    except UserError as err:
+        if not filled:
+            raise
+        raise type(err)(from_json_note(str(err), filled)) from None
     return args
 
 

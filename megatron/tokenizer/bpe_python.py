@@ -31,39 +31,74 @@ def bytes_to_unicode() -> Dict[int, str]:
     return dict(zip(printable, map(chr, chars)))
 
 
+def _unique_keys(pairs: List[Tuple[str, object]]) -> Dict[str, object]:
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"the token {key!r} appears twice")
+        out[key] = value
+    return out
+
+
 def load_vocab(path: str) -> Dict[str, int]:
-    with open(path, encoding="utf-8") as f:
-        vocab = json.load(f)
+    """token -> id; ValueError naming the file unless it is a JSON object of distinct tokens."""
+    try:
+        with open(path, "rb") as f:
+            vocab = json.loads(f.read().decode("utf-8"), object_pairs_hook=_unique_keys)
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, a token twice
+        raise ValueError(f"{path}: not a vocab.json ({type(err).__name__}: {str(err)[:120]})") from None
     if not isinstance(vocab, dict):
         raise ValueError(f"{path}: expected a JSON object token -> id, got {type(vocab).__name__}")
     return vocab
 
 
+def check_ids(vocab: Dict[str, int], path: str) -> None:
+    """The ids are exactly 0..N-1, once each (what a trained vocab.json holds: a changed id leaves a gap and a
+    token outside the embedding's rows)."""
+    ids = sorted(i if isinstance(i, int) and not isinstance(i, bool) else -1 for i in vocab.values())
+    if ids != list(range(len(vocab))):
+        wrong = next((i for n, i in enumerate(ids) if i != n), None)
+        raise ValueError(f"{path}: the ids of its {len(vocab)} tokens are not 0..{len(vocab) - 1} once each "
+                         f"(first out of place: {wrong}); the file is damaged")
+
+
 def load_merges(path: str) -> List[Tuple[str, str]]:
     """Merges in rank order; a first line starting with ``#version`` is a header."""
     merges = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if line_no == 1 and line.startswith("#version"):
-                continue
-            parts = line.split()
-            if not parts:
-                continue
-            if len(parts) != 2:
-                raise ValueError(f"{path}:{line_no}: expected two symbols per merge, got {line.rstrip()!r}")
-            merges.append((parts[0], parts[1]))
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line_no, line in enumerate(f, start=1):
+                if line_no == 1 and line.startswith("#version"):
+                    continue
+                parts = line.split()
+                if not parts:
+                    continue
+                if len(parts) != 2:
+                    raise ValueError(f"{path}:{line_no}: expected two symbols per merge, got {line.rstrip()!r}")
+                merges.append((parts[0], parts[1]))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start} of a chunk); the file is "
+                         f"damaged") from None
     return merges
 
 
-def check_byte_level(vocab: Dict[str, int], merges: Sequence[Tuple[str, str]], vocab_file: str) -> None:
-    """Every byte has a token and every merge result is a token, so every text has an encoding."""
+def check_byte_level(vocab: Dict[str, int], merges: Sequence[Tuple[str, str]], vocab_file: str,
+                     merge_file: str = "merges.txt") -> None:
+    """Every byte has a token and every merge result is a token, so every text has an encoding (and the two
+    files agree: a token or merge changed in either shows here)."""
     missing = [c for c in bytes_to_unicode().values() if c not in vocab]
     if missing:
         raise ValueError(f"{vocab_file}: not a byte-level BPE vocab, {len(missing)} of the 256 byte symbols "
                          f"are missing (e.g. {missing[0]!r})")
-    for a, b in merges:
+    for rank, (a, b) in enumerate(merges):
+        if a not in vocab or b not in vocab:
+            raise ValueError(f"{merge_file} and {vocab_file} disagree: merge {rank} {a!r} {b!r} joins "
+                             f"{a if a not in vocab else b!r}, which is not in the vocab (one of the two files is "
+                             f"damaged or from another tokenizer)")
         if a + b not in vocab:
-            raise ValueError(f"{vocab_file}: merge {a!r} {b!r} produces {a + b!r}, which is not in the vocab")
+            raise ValueError(f"{merge_file} and {vocab_file} disagree: merge {rank} {a!r} {b!r} produces {a + b!r}, "
+                             f"which is not in the vocab (one of the two files is damaged or from another "
+                             f"tokenizer)")
 
 
 class PythonByteLevelBPE:

@@ -13,8 +13,8 @@ import os
 from typing import List, Optional, Sequence
 
 from megatron.tokenizer.base import AbstractTokenizer
-from megatron.tokenizer.bpe_python import (GPT2_PATTERN, PythonByteLevelBPE, check_byte_level, load_merges,
-                                           load_vocab)
+from megatron.tokenizer.bpe_python import (GPT2_PATTERN, PythonByteLevelBPE, check_byte_level, check_ids,
+                                           load_merges, load_vocab)
 
 EOD_TOKEN = "<|endoftext|>"
 BACKENDS = ("auto", "tokenizers", "python")
@@ -53,9 +53,10 @@ class GPT2BPETokenizer(AbstractTokenizer):
         if backend not in BACKENDS:
             raise ValueError(f"GPT2BPETokenizer: unknown backend {backend!r}, expected one of {BACKENDS}")
         vocab, merges = load_vocab(vocab_file), load_merges(merge_file)
-        check_byte_level(vocab, merges, vocab_file)
+        check_byte_level(vocab, merges, vocab_file, merge_file)
         if EOD_TOKEN not in vocab:
             raise ValueError(f"{vocab_file}: no {EOD_TOKEN} token; train with tools/train_tokenizer.py --type bpe")
+        check_ids(vocab, vocab_file)
         super().__init__(len(vocab), vocab_extra_ids)
         self._eod = vocab[EOD_TOKEN]
         self._python = PythonByteLevelBPE(vocab, merges)

@@ -78,6 +78,23 @@ def _check_templates(processor, path: str) -> None:
                                 f"writes {token!r}, which its special_tokens do not define")
 
 
+def _check_ids(obj: dict, path: str) -> None:
+    """The model's vocabulary and the added tokens give ids 0..N-1, each once (what a trained tokenizer writes;
+    a changed id leaves a gap and a token outside the embedding's rows)."""
+    vocab = obj["model"].get("vocab")
+    if not isinstance(vocab, dict):
+        return  # a model without a token -> id map (Unigram lists pieces in id order)
+    ids = set(vocab.values())
+    for added in obj.get("added_tokens") or []:
+        if isinstance(added, dict) and isinstance(added.get("id"), int):
+            ids.add(added["id"])
+    if len(set(vocab.values())) != len(vocab) or not all(isinstance(i, int) for i in ids) or \
+            (ids and (min(ids) < 0 or max(ids) >= len(ids))):
+        raise UserError(f"{path}: not a usable tokenizer.json: the ids of its {len(vocab)} vocabulary tokens and "
+                        f"added tokens are not 0..N-1 once each (largest {max(ids) if ids else None}); the file is "
+                        f"damaged")
+
+
 def load_tokenizer_json(path: str):
     """A ``tokenizers.Tokenizer`` from the file; UserError naming the file when it is not one."""
     from tokenizers import Tokenizer
@@ -86,6 +103,7 @@ def load_tokenizer_json(path: str):
     if not isinstance(obj.get("model"), dict):
         raise UserError(f"{path}: not a tokenizer.json: no 'model' object (keys: {', '.join(sorted(obj)) or 'none'})")
     _check_templates(obj.get("post_processor"), path)
+    _check_ids(obj, path)
     try:
         tokenizer = Tokenizer.from_file(path)
         tokenizer.encode("a")  # a probe: some inconsistencies only show when encoding

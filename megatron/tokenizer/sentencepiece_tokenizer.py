@@ -18,7 +18,14 @@ class SentencePieceTokenizer(AbstractTokenizer):
             raise FileNotFoundError(f"SentencePieceTokenizer: model file {model_file!r} not found")
         import sentencepiece
 
-        self._sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_file=model_file)
+            pieces = [self._sp.id_to_piece(i) for i in range(self._sp.get_piece_size())]
+        except (RuntimeError, OSError, ValueError) as err:  # a damaged protobuf, pieces that are not UTF-8
+            raise ValueError(f"{model_file}: not a SentencePiece model ({type(err).__name__}: "
+                             f"{str(err).splitlines()[0][:120]}); the file is damaged or cut short") from None
+        if len(set(pieces)) != len(pieces):
+            raise ValueError(f"{model_file}: a piece appears twice; the file is damaged")
         if self._sp.eos_id() < 0:
             raise ValueError(f"{model_file}: the model has no eos piece (eos_id=-1); retrain with eos_id=1")
         super().__init__(self._sp.get_piece_size(), vocab_extra_ids)

@@ -13,9 +13,15 @@ bench/exit_check.py (README: Long runs).
 
 The handler is installed when the run starts, before any DataLoader worker is forked: a worker inherits it,
 so a signal sent to every process of a job (scancel) only sets a flag there.
+
+A run that ends cleanly (completed, or stopped and saved) has rank 0 write one line to MEGATRON_STOP_FILE when
+the environment names one (`record_clean_end`): the example scripts set it, and when the whole job was
+signalled and a launcher exited non-zero although its workers saved and exited 0 (DeepSpeed's launcher), the
+file tells them so.
 """
 from __future__ import annotations
 
+import os
 import signal
 import time
 from typing import Optional
@@ -26,6 +32,18 @@ import torch.distributed as dist
 from tds import device as tds_device
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_FILE_ENV = "MEGATRON_STOP_FILE"
+
+
+def record_clean_end(line: str) -> None:
+    """Rank 0, once the run's last checkpoint is written: `line` into MEGATRON_STOP_FILE, if it is set."""
+    path = os.environ.get(STOP_FILE_ENV)
+    if not path or (dist.is_initialized() and dist.get_rank() != 0):
+        return
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(line + "\n")
+    os.replace(tmp, path)
 
 
 class ExitConditions:
@@ -91,9 +109,11 @@ class ExitConditions:
         for sig in self._previous:
             signal.signal(sig, signal.SIG_IGN)
 
-    def close(self) -> None:
-        if self._pending is not None and self._pending[1] is not None:
-            self._pending[1].wait()  # a loop that ended without reading its last agreement
+    def close(self, failed: bool = False) -> None:
+        """Restore the handlers. A loop that ended without reading its last agreement waits for it, unless
+        the run `failed`: then a peer may be gone and the all_reduce never completes (the process exits)."""
+        if self._pending is not None and self._pending[1] is not None and not failed:
+            self._pending[1].wait()
         self._pending = None
         for sig, previous in self._previous.items():
             signal.signal(sig, previous)

@@ -39,6 +39,7 @@ class TrainState:
     saved_iteration: int = -1     # the newest checkpoint of this run, or the one it resumed from
     loaded_iteration: int = -1
     skipped_in_a_row: int = 0     # fp16: consecutive steps skipped for overflow
+    stopped: Optional[str] = None  # why the run stopped before --train-iters (a signal, the time limit)
 
 
 def set_iteration_batch(engine, lr_unit: str, schedule: BatchSchedule, consumed: int) -> int:
@@ -135,7 +136,8 @@ def save_and_exit(engine, cfg: RunConfig, state: TrainState, exits: ExitConditio
             save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
             state.saved_iteration = state.iteration
         where = f"checkpoint {cfg.checkpoint.save}/{checkpoint_tag(state.iteration)}"
-    print_rank_0(f"exiting at iteration {state.iteration} of {cfg.batch.train_iters}: {why}; {where}")
+    state.stopped = f"exiting at iteration {state.iteration} of {cfg.batch.train_iters}: {why}; {where}"
+    print_rank_0(state.stopped)
 
 
 def train(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch],

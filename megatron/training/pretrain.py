@@ -42,9 +42,8 @@ from megatron.training.learning_rates import AnnealingLR
 from megatron.logging_utils import TensorBoard, print_line, print_rank_0
 from megatron.model.specs import ModelSpec
 from megatron.training.optimizer import build_optimizer
-from megatron.config.preflight import check_inputs
-from megatron.tokenizer import build_tokenizer
-from megatron.training.exit_conditions import ExitConditions
+from megatron.config.preflight import build_tokenizer_from_args, check_inputs
+from megatron.training.exit_conditions import ExitConditions, record_clean_end
 from megatron.training.loop import TrainingStopped, TrainState, train
 
 
@@ -83,17 +82,6 @@ def split_sample_counts(batch: Batch, eval_iters: int) -> List[int]:
     for valid and test (every evaluation reads the same first samples)."""
     train = batch.train_samples if batch.train_samples is not None else batch.train_iters * batch.global_batch_size
     return [train] + [eval_iters * batch.global_batch_size] * 2
-
-
-def build_tokenizer_from_args(args: argparse.Namespace):
-    """The tokenizer the arguments name; a file that does not load is a UserError naming it."""
-    try:
-        return build_tokenizer(args.tokenizer_type, args.vocab_file, args.merge_file, args.tokenizer_model,
-                               args.vocab_extra_ids)
-    except (OSError, ValueError) as err:
-        if isinstance(err, UserError):
-            raise
-        raise UserError(f"cannot build the {args.tokenizer_type}: {one_line(err)}") from err
 
 
 def settle_config(args: argparse.Namespace, spec: ModelSpec):
@@ -186,9 +174,13 @@ def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     engine, tokenizer, cfg, parallel = initialize_and_build(args, spec)
     exits = ExitConditions.of(cfg.exit, started)  # before the data loaders fork their workers
     try:
-        return _pretrain(engine, tokenizer, cfg, parallel, spec, exits)
-    finally:
-        exits.close()
+        state = _pretrain(engine, tokenizer, cfg, parallel, spec, exits)
+    except BaseException:
+        exits.close(failed=True)
+        raise
+    exits.close()
+    record_clean_end(state.stopped or f"completed iteration {state.iteration} of {cfg.batch.train_iters}")
+    return state
 
 
 def _pretrain(engine, tokenizer, cfg: RunConfig, parallel: mpu.ParallelState, spec: ModelSpec,

@@ -121,7 +121,7 @@ def test_iteration_gelu_and_vocabulary(tmp_path, capsys):
     assert model_config(resolved_args("gpt2", (1, 1, 1), 96, extra=["--gelu", "erf"])).gelu == "erf"
     assert "GELU: erf" in out and "--gelu erf" in out
     assert "--load resumes at iteration 120, 960 consumed samples" in out and "optimizer state" in out
-    from megatron.checkpointing.files import load_file
+    from megatron.checkpointing.reading import load_file
     engine = load_file(os.path.join(ckpt, "iter_0000120", "mp_rank_00_model_states.pt"))
     position = (engine["iteration"], engine["consumed_train_samples"], engine["lr_scheduler"]["num_steps"])
     assert position == (120, 960, 120)

@@ -1,7 +1,7 @@
 """Every checkpoint file is read with torch.load(weights_only=True) and an allowlist (tds/safe_load.py): a file whose
 pickle would run a command (written here: `os.system("touch <marker>")`) is refused in one line naming the file and
 the global by inspect, reshape, import-hf, import-megatron (legacy files, torch_dist's index and items) and the
-engine's own reads (DeepSpeed's state-dict loaders, and `--load` through `_named_read_errors`); the command never
+engine's own reads (DeepSpeed's state-dict loaders, and `--load` through `_checked_reads`); the command never
 runs. A legacy file needing a global outside the allowlist loads with --trust-checkpoint. (`--load` through the
 example script: tests/training/test_damaged_checkpoint.py.)"""
 import os
@@ -155,7 +155,7 @@ def test_engine_reads_are_safe(tmp_path, marker):
     and the error --load gives for it."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     from deepspeed.runtime.state_dict_factory import SDLoaderFactory
-    from megatron.checkpointing.engine_io import _named_read_errors
+    from megatron.checkpointing.engine_io import _checked_reads
     from megatron.checkpointing.files import UntrustedCheckpointError
     path = str(tmp_path / "layer_01-model_00-model_states.pt")
     _poison(path, marker)
@@ -167,6 +167,6 @@ def test_engine_reads_are_safe(tmp_path, marker):
         checkpoint_engine = safe
 
     with pytest.raises(UntrustedCheckpointError) as err:
-        with _named_read_errors(Engine(), str(tmp_path), {}):
+        with _checked_reads(Engine(), str(tmp_path), {}):
             Engine.checkpoint_engine.load(path)
     assert path in str(err.value) and "\n" not in str(err.value)

@@ -20,6 +20,7 @@ import torch
 
 from megatron.checkpointing.consolidated import read_consolidated
 from megatron.checkpointing.files import read_args, write_args
+from megatron.checkpointing.manifest import write_manifest
 from megatron.checkpointing.names import ModelTable
 from megatron.errors import UserError
 from tds.safe_load import load as safe_load
@@ -83,7 +84,7 @@ def test_bad_input_is_one_line(gpt2_222, tmp_path):
     _fails(["reshape", "--load", ckpt, "--save", str(tmp_path / "r"), "--tensor-model-parallel-size", "1",
             "--pipe-parallel-size", "1"],
            r"zero_pp_rank_1_mp_rank_02_optim_states.pt \(optimizer partition of dp rank 1, pipeline stage 1, "
-           r"tp rank 0\) is missing; the newest complete checkpoint in .* is iteration 5")
+           r"tp rank 0\) is missing \(manifest.json lists it\); the newest complete checkpoint in .* is iteration 5")
     layer = os.path.join(folder, "layer_01-model_01-model_states.pt")
     with open(layer, "r+b") as f:
         f.truncate(os.path.getsize(layer) // 2)
@@ -96,6 +97,7 @@ def test_bad_input_is_one_line(gpt2_222, tmp_path):
     bert = str(tmp_path / "bert" / "iter_0000005")
     shutil.copytree(gpt2_222["tag5"], bert)
     write_args(bert, {**read_args(gpt2_222["tag5"]), "model_type": "bert"})
+    write_manifest(bert)  # a checkpoint saved as model_type 'bert' (an edit of the type alone is refused)
     _fails(["inspect", bert], "model_type 'bert' is not one this tool handles")
     assert not any(os.path.exists(tmp_path / n) for n in ("r", "x.pt", "h"))
     result = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "inspect", bert], cwd=ROOT,

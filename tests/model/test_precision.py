@@ -51,10 +51,15 @@ def run_jobs_any_cpu(jobs: list) -> list:
         return common.run_jobs([{k: v for k, v in job.items() if k != "name"} for job in jobs])
 
 
+def kinds_at(tp: int) -> tuple:
+    """The models a tensor-parallel size can split: the Llama-style layer's 2 query groups need tp | 2."""
+    return tuple(name for name in KINDS if MODELS[name][1].get("num_query_groups", tp) % tp == 0)
+
+
 def _jobs(tp: int, pp: int, dp: int, gas: int = common.GAS, sequence_parallel: bool = False) -> list:
     return [dict(kind=MODELS[name][0], tp=tp, pp=pp, dp=dp, config_kw=MODELS[name][1], steps=STEPS, precision=p,
                  zero=1, repeat_batch=True, gas=gas, sequence_parallel=sequence_parallel, name=name)
-            for name in KINDS for p in PRECISIONS]
+            for name in kinds_at(tp) for p in PRECISIONS]
 
 
 def _losses(jobs: list, per_rank: list) -> dict:
@@ -88,7 +93,7 @@ def single() -> dict:
 
 
 def check_layout(losses: dict, reference: dict, layout: tuple) -> None:
-    for kind in KINDS:
+    for kind in kinds_at(layout[0]):
         for p in PRECISIONS:
             where = f"{kind} {p} {layout}"
             if p != "fp32":
@@ -120,5 +125,6 @@ def test_half_precision_tracks_fp32_and_single_process_more_layouts(tp, pp, dp, 
 @pytest.mark.slow
 @pytest.mark.parametrize("tp,pp,dp", [(2, 2, 2), (4, 1, 1)])
 def test_half_precision_with_sequence_parallel(tp, pp, dp, single):
-    """--sequence-parallel in bf16 and fp16 stays within the same tolerances of fp32 and the single process."""
+    """--sequence-parallel in bf16 and fp16 stays within the same tolerances of fp32 and the single process (at
+    tp = 4 GPT-2's layer and T5: the Llama-style layer's 2 query groups do not split over 4 ranks)."""
     _check(tp, pp, dp, single, sequence_parallel=True)

@@ -6,18 +6,22 @@
   middle of the run: the ranks save at the interrupted iteration and exit 0, the job requeues itself
   (`scontrol requeue`), and the requeued job resumes from that checkpoint and finishes with the losses of the
   uninterrupted run at every iteration and the same final weights, bit for bit.
+- The time limit without `--signal`, in both styles: SLURM's own SIGTERM to every process of the job; the ranks
+  save in KillWait's 30 s, and the next job resumes bit for bit.
 
 SLURM holds a requeued job for AuthInfo's cred_expire before it may start again (120 s by default); the test
 cluster sets 10 s, so the requeued job starts on its own (releasing it earlier with `scontrol update
 StartTime=now` can start it while its previous credential is still revoked, and the launch fails).
 """
+import json
 import os
 import re
 import subprocess
 
 import pytest
 
-from tests.slurm.conftest import (TINY, assert_same_weights, data_env, job_fields, logged_losses, read,
+from tests.faults.script import INJECT
+from tests.slurm.conftest import (ROOT, TINY, assert_same_weights, data_env, job_fields, logged_losses, read,
                                   sbatch, wait_for_line, wait_for_state)
 
 pytestmark = pytest.mark.slurm
@@ -51,7 +55,7 @@ def uninterrupted(cluster, data, tmp_path_factory):
 
 def test_torchrun_per_node_style_completes(uninterrupted):
     log, save = uninterrupted
-    assert "--ntasks-per-node 1" in log and "-m torch.distributed.run --nnodes 1 --nproc_per_node 2" in log, log
+    assert "--ntasks-per-node 1" in log and "-m megatron.training.torchrun --nnodes 1 --nproc_per_node 2" in log, log
     assert "ranks: from the launcher's RANK/WORLD_SIZE (torchrun, deepspeed): world size 2" in log
     assert sorted(logged_losses(log)) == list(range(1, ITERS + 1))
     assert open(os.path.join(save, "latest")).read().strip() == f"iter_{ITERS:07d}"
@@ -95,3 +99,43 @@ def test_preempted_job_requeues_and_resumes_bit_for_bit(cluster, data, tmp_path,
     assert logged_losses(log) == logged_losses(reference_log)
     assert_same_weights(str(tmp_path / "checkpoints"), reference_save)
     assert job_fields(job, env)["Restarts"] == "1"
+
+
+def _without_signal(script: str, folder) -> str:
+    """A copy of examples/slurm/`script` without its `#SBATCH --signal` line: a job nobody warns before its end."""
+    with open(os.path.join(ROOT, "examples", "slurm", script)) as f:
+        lines = [line for line in f if not line.startswith("#SBATCH --signal")]
+    path = os.path.join(str(folder), script.replace(".sbatch", "_no_signal.sbatch"))
+    with open(path, "w") as f:
+        f.writelines(lines)
+    return path
+
+
+@pytest.mark.parametrize("script,options", [("gpt2_srun.sbatch", SRUN_STYLE), ("gpt2_torchrun.sbatch", [])],
+                         ids=["srun", "torchrun"])
+def test_time_limit_without_signal_saves_and_resumes_bit_for_bit(cluster, data, tmp_path, uninterrupted, script,
+                                                                 options):
+    """SLURM ends the job at its time limit (1 minute, no --signal) with SIGTERM to every process of the job, the
+    batch shell, the example script, its log filters, srun, torchrun and the ranks, and SIGKILL KillWait (30 s)
+    later: the ranks save at the current iteration in between (each iteration sleeps 6 s here: tests/faults/
+    plan.py). A second job resumes there and ends with the uninterrupted run's losses and weights."""
+    slow = json.dumps({"slow_iteration": 6})
+    env = _gpt2_env(cluster, data, tmp_path, FAULTS=slow, PYTHONPATH=INJECT + os.pathsep + ROOT, REQUEUE="0")
+    log_path = str(tmp_path / "job.out")
+    job = sbatch(_without_signal(script, tmp_path), env, log_path, "--time=1", *options)
+    fields = wait_for_state(job, env, DONE, timeout=400, log=log_path)
+    log = read(log_path)
+    stopped = re.search(rf"^exiting at iteration (\d+) of {ITERS}: received SIGTERM ", log, re.M)
+    assert fields["JobState"] == "TIMEOUT" and stopped, f"{fields['JobState']}\n{log[-4000:]}"
+    iteration = int(stopped.group(1))
+    ours = [line for line in log.splitlines() if line.startswith("error: ")]  # SLURM's own say "...: error: ***"
+    assert 0 < iteration < ITERS and "Traceback" not in log and not ours, log[-4000:]
+    assert open(tmp_path / "checkpoints" / "latest").read().strip() == f"iter_{iteration:07d}"
+
+    env = _gpt2_env(cluster, data, tmp_path, REQUEUE="0")
+    job = sbatch(script, env, str(tmp_path / "resumed.out"), *options)
+    resumed = _assert_completed(job, env, str(tmp_path / "resumed.out"))
+    assert re.search(rf"^loaded checkpoint \S+iter_{iteration:07d}: iteration {iteration},", resumed, re.M)
+    reference_log, reference_save = uninterrupted
+    assert {**logged_losses(log), **logged_losses(resumed)} == logged_losses(reference_log)
+    assert_same_weights(str(tmp_path / "checkpoints"), reference_save)

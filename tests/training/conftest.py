@@ -1,5 +1,6 @@
 """A small tokenized corpus (stdlib docstrings -> BPE tokenizer -> .bin/.idx), built once per session."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -25,6 +26,14 @@ def build_data(out_dir: str, max_mb: float = 0.3, vocab_size: int = 512) -> dict
         subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     return dict(data_prefix=prefix + "_text_document", vocab=os.path.join(tok, "vocab.json"),
                 merges=os.path.join(tok, "merges.txt"))
+
+
+def own_copy(data: dict, folder) -> dict:
+    """`data` with its .bin/.idx copied into `folder`: the index maps a run caches beside them are named without
+    the split, so runs with another split must not share them."""
+    for ext in (".bin", ".idx"):
+        shutil.copy(data["data_prefix"] + ext, os.path.join(str(folder), "docs") + ext)
+    return dict(data, data_prefix=os.path.join(str(folder), "docs"))
 
 
 @pytest.fixture(scope="session")

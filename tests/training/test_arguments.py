@@ -226,6 +226,20 @@ def test_deepspeed_config_file_errors(tmp_path):
     with pytest.raises(UserError, match="not valid JSON"):
         parse("--deepspeed_config", str(broken))
     assert issubclass(ConfigConflictError, UserError)
+    binary = tmp_path / "binary.json"
+    binary.write_bytes(b'{"zero_optimization": {"stage": 1}, "x": "\xff"}')
+    with pytest.raises(UserError, match=r"binary.json: not UTF-8 text \(byte 42\)"):
+        parse("--deepspeed_config", str(binary))
+    typo = tmp_path / "typo.json"  # DeepSpeed itself would ignore the key, and clip at its default
+    typo.write_text(json.dumps({"gradient_clippng": 0.5}))
+    with pytest.raises(UserError, match=r"typo.json: unknown key 'gradient_clippng', did you mean 'gradient_clipping'"):
+        parse("--deepspeed_config", str(typo))
+    stage = tmp_path / "stage.json"
+    stage.write_text(json.dumps({"zero_optimization": {"stage": 3}}))
+    with pytest.raises(UserError) as err:
+        parse("--deepspeed_config", str(stage))
+    assert str(err.value).startswith("--zero-stage 3 is not supported") and \
+        str(err.value).endswith(f"(set by zero_optimization.stage = 3 in {stage})"), str(err.value)
 
 
 def test_pipe_spec_classes_and_counts_match_the_models():

@@ -2,8 +2,8 @@
 
 One run of examples/ds_pretrain_gpt2.sh at (tp, pp, dp) = (2, 1, 2) saves iterations 2 and 4 (each with its
 manifest.json); every test damages a copy of that directory the way a user meets it (a copy cut short, a
-deleted shard, a file overwritten in place, a checkpoint saved before manifests) and goes on through the
-example script, bare torchrun or tools/convert_checkpoint.py.
+deleted shard, a file overwritten in place, one flipped byte, a checkpoint saved before manifests) and goes on
+through the example script, bare torchrun or tools/convert_checkpoint.py.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from megatron.checkpointing import read_latest
 from tests.dist import free_port
+from tests.training.conftest import own_copy
 from tests.training.test_user_errors import _assert_one_line, _env, _run_script
 
 pytestmark = pytest.mark.long
@@ -26,6 +27,7 @@ LAYOUT = dict(NPROC="4", TP="2", PP="1", NUM_LAYERS="2", HIDDEN="32", HEADS="4",
 LAYER = "layer_02-model_01-model_states.pt"
 SHARD = "zero_pp_rank_1_mp_rank_01_optim_states.pt"
 OLDER = "the newest complete checkpoint in {ckpt} is iteration 2: load it with --ckpt-step 2"
+VERIFIED = "the newest verified checkpoint in {ckpt} is iteration 2: load it with --ckpt-step 2"
 
 
 def _script_env(tmp_path, data, ckpt: str, iters: int) -> dict:
@@ -37,10 +39,7 @@ def _script_env(tmp_path, data, ckpt: str, iters: int) -> dict:
 def data(tmp_path_factory, gpt_data) -> dict:
     """The session's corpus in a folder of its own: the index maps cached beside it are named without the
     split, so another module's runs with another split must not share them."""
-    root = tmp_path_factory.mktemp("damaged_data")
-    for ext in (".bin", ".idx"):
-        shutil.copy(gpt_data["data_prefix"] + ext, str(root / "docs") + ext)
-    return dict(gpt_data, data_prefix=str(root / "docs"))
+    return own_copy(gpt_data, tmp_path_factory.mktemp("damaged_data"))
 
 
 @pytest.fixture(scope="module")
@@ -84,15 +83,33 @@ def test_truncated_layer_file_through_the_script(saved, data, tmp_path):
 
 
 def test_file_overwritten_in_place_through_the_script(saved, data, tmp_path):
-    """Same size, unreadable content: DeepSpeed's read fails, and the failure names the file."""
+    """Same size, unreadable content: the read fails on the bytes the manifest's CRC-32 does not match, and the
+    failure names the file."""
     ckpt = _copy(saved, tmp_path)
     path = os.path.join(ckpt, "iter_0000004", "mp_rank_01_model_states.pt")
     with open(path, "r+b") as f:
         f.write(bytes(os.path.getsize(path)))
     proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, ckpt, 6), timeout=300)
     _assert_one_line(proc, "mp_rank_01_model_states.pt (engine state of pipeline stage 0, tp rank 1: LR scheduler, "
-                           "steps, client state, RNG) is unreadable")
-    assert OLDER.format(ckpt=ckpt) in proc.stderr
+                           "steps, client state, RNG) is damaged: CRC-32 ")
+    assert VERIFIED.format(ckpt=ckpt) in proc.stderr
+
+
+def test_flipped_byte_in_a_weight_file_through_the_script(saved, data, tmp_path):
+    """One byte of tensor data flipped (a bad disk or copy; same size, and torch reads it without an error): the
+    relaunch refuses it by its CRC-32 (checked while the file is read), naming the file and the newest
+    checkpoint that verifies, instead of training on it; --ckpt-step 2 resumes."""
+    ckpt = _copy(saved, tmp_path)
+    path = os.path.join(ckpt, "iter_0000004", LAYER)
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x01]))
+    proc = _run_script("ds_pretrain_gpt2.sh", _script_env(tmp_path, data, ckpt, 6), timeout=300)
+    _assert_one_line(proc, f"{ckpt}/iter_0000004/{LAYER} (weights of pipeline layer 2, tp rank 1) is damaged: CRC-32 ")
+    assert VERIFIED.format(ckpt=ckpt) in proc.stderr and "iteration 5/6" not in proc.stdout
+    _resume_from_2(tmp_path, data, ckpt)
 
 
 def test_pickle_that_runs_a_command_through_the_script(saved, data, tmp_path):
@@ -129,7 +146,8 @@ def test_missing_shard_under_bare_torchrun(saved, data, tmp_path):
     out = proc.stdout + proc.stderr
     errors = [line for line in out.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, out[-3000:]
-    assert f"{SHARD} (optimizer partition of dp rank 1, pipeline stage 0, tp rank 1) is missing; " \
+    assert f"{SHARD} (optimizer partition of dp rank 1, pipeline stage 0, tp rank 1) is missing (manifest.json " \
+           f"lists it); " \
            f"{OLDER.format(ckpt=ckpt)}" in errors[0]
     assert proc.returncode == 1 and "exitcode  : 2" in out, out[-3000:]
     assert "[rank" not in out, out[-3000:]  # no worker printed a traceback
@@ -185,5 +203,6 @@ def test_the_tools(saved, tmp_path):
     for argv in (["inspect", ckpt], ["reshape", "--load", ckpt, "--save", str(tmp_path / "r"),
                                      "--tensor-model-parallel-size", "1", "--pipe-parallel-size", "1"]):
         _assert_tool_line(_tool(*argv), f"{SHARD} (optimizer partition of dp rank 1, pipeline stage 0, tp rank 1) "
-                                        f"is missing; {OLDER.format(ckpt=ckpt)} (the tools: --tag iter_0000002)")
+                                        f"is missing (manifest.json lists it); {OLDER.format(ckpt=ckpt)} (the tools: "
+                                        f"--tag iter_0000002)")
     assert _tool("inspect", ckpt, "--tag", "iter_0000002", "--verify").returncode == 0

@@ -74,8 +74,7 @@ def _run_until_signal(env: dict, after_iteration: int, delay_s: float, sig: int)
         proc.kill()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGUSR1, marks=pytest.mark.slow)],
-                         ids=["SIGTERM", "SIGUSR1"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM], ids=["SIGTERM"])  # SIGUSR1: tests/faults/test_job_signals.py
 @pytest.mark.long
 def test_signal_to_the_script_saves_exits_0_and_the_resumed_run_is_exact(default_run, tmp_path, sig):
     """A SIGTERM to the launching script at a random point: every rank finishes its iteration, saves there and

@@ -26,7 +26,8 @@ import torch
 from megatron.errors import UserError
 from megatron.model.config import padded_vocab_size
 from ..consolidated import has_engine_state, layout_of, read_weights
-from ..files import atomic_folder, load_file, mp_rank_file, read_args
+from ..files import atomic_folder, mp_rank_file, read_args
+from ..reading import load_file
 from ..manifest import WEIGHTS, checked_folder
 from .legacy import TRACKER
 from .qkv import split_qkv

@@ -27,7 +27,8 @@ import torch
 
 from megatron.errors import UserError
 from tds.safe_load import Opaque, engine_globals
-from ..files import CheckpointFileError, load_file
+from ..files import CheckpointFileError
+from ..reading import load_file
 from .qkv import merge_qkv
 from ..names import ModelTable
 from ..tp import merge, resize_rows

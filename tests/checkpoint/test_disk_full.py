@@ -1,0 +1,40 @@
+"""The tools' outputs on a file system that is too small (a tmpfs mounted here as root; skipped where mounting
+is refused): `reshape` and `export-hf` stop with one line naming the output, the bytes it needs and those free,
+and leave nothing behind; the check before writing, and a file system that fills while they write (another
+writer took the space after the check: the check is skipped here). The training saves: tests/faults."""
+import os
+
+import pytest
+
+from megatron.checkpointing import files
+from megatron.checkpointing.space import DiskFullError
+from tests.checkpoint.synthetic import resolved_args, write_synthetic
+from tests.faults.tmpfs import small_tmpfs
+from tools.convert_checkpoint import run
+
+TOOLS = {"reshape": lambda ckpt, out: ["reshape", "--load", ckpt, "--save", out, "--tensor-model-parallel-size", "2",
+                                       "--pipe-parallel-size", "1"],
+         "export-hf": lambda ckpt, out: ["export-hf", "--load", ckpt, "--output", out]}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> str:
+    """A (1, 1, 1) GPT-2 checkpoint of about 0.6 MB (weights 0.2 MB, the rest optimizer state)."""
+    return write_synthetic(str(tmp_path_factory.mktemp("ckpt") / "ckpt"), resolved_args("gpt2", (1, 1, 1), 500))
+
+
+@pytest.mark.parametrize("tool", sorted(TOOLS))
+@pytest.mark.parametrize("when", ["before", "while writing"])
+def test_a_full_file_system_is_one_line_and_leaves_nothing(ckpt, tmp_path, monkeypatch, tool, when):
+    with small_tmpfs(str(tmp_path / "small"), 160 << 10) as small:
+        if when == "while writing":
+            monkeypatch.setattr(files, "check_space", lambda *args: None)
+        out = os.path.join(small, "out")
+        with pytest.raises(DiskFullError) as err:
+            run(TOOLS[tool](ckpt, out))
+        line = str(err.value)
+        assert line.startswith(f"no space left on device: the output at {out} needs "), line
+        assert "bytes" in line and f"nothing was written to {out} (the partial output was removed)" in line, line
+        assert "\n" not in line
+        assert os.listdir(small) == []  # the temporary folder is gone too
+    run(TOOLS[tool](ckpt, str(tmp_path / "roomy")))  # the same command where there is room
