@@ -26,13 +26,13 @@ p = 4, m = 8 the simulator puts 1F1B 5% over its formula at 0.79 ms per hop and 
 
 Printed too: a bare gloo hop measured in the same processes first (`bare_hop_ms`: two ranks exchange an
 activation-sized message, the receiver idle in its receive, no engine) and the simulator's bubble at that hop,
-i.e. what an engine that cost nothing per hop would measure on this machine (`bench/pipeline_hops.py` splits
+i.e. what an engine that cost nothing per hop would measure on this machine (`bench/probes/pipeline_hops.py` splits
 the engine's hop). And the simulator replaying the run's own measured F, B and W spans (`replayed`), with free
 hops and with that bare hop: the sleeps wake late and unevenly, which alone puts a schedule over its formula.
 Last, what the 1F1B and interleaved checks leave the engine per send or receive instruction on the stage, by the
 simulator with exact op times and the bare hop (`allowed_instruction_ms`): at 20 ms, m = 8 and a 0.59 ms hop
 0.092 ms for 1F1B and 0.045 ms for interleaved, against a first torch op that costs ~0.17 ms on a process that
-has just slept 10 ms here (`bench/wake_cost.py`).
+has just slept 10 ms here (`bench/probes/wake_cost.py`).
 
 The formulas count no communication, but each send and receive instruction of the engine takes ~0.3-0.5 ms of
 Python and gloo time on the stage, which the measurement counts as idle: ~1.6 ms per micro-batch and chunk,

@@ -21,7 +21,7 @@ order (relative error ~1e-7 in fp32).
 
 Why not autograd's own pruning (`backward(inputs=[x], retain_graph=True)`, then `backward(inputs=params)`):
 the second pass must propagate dX through every layer again to reach the earlier layers' weights, and the
-whole graph stays alive until then; `python bench/weight_grad_split.py` measures both.
+whole graph stays alive until then; `python bench/probes/weight_grad_split.py` measures both.
 
 Which layers defer: those with a `weight_grad_store` attribute (None: plain `F.linear`, no overhead), which
 `attach` sets from outside, and inside `route_linears(weights, store)` every `torch.nn.functional.linear`

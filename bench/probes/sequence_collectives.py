@@ -1,6 +1,6 @@
 """What each sequence-parallel collective costs on gloo beside the all-reduce it replaces, per call.
 
-    .venv/bin/python bench/sequence_collectives.py [--world 2] [--reps 300] [--hidden 64]
+    .venv/bin/python bench/probes/sequence_collectives.py [--world 2] [--reps 300] [--hidden 64]
 
 One activation of the default job, (b, s, h) = (4, 64, hidden) fp32, on --world gloo processes (one thread
 each). Protocol: every rep runs each operation once, in a fixed order, each after a barrier (interleaved, so
@@ -12,13 +12,16 @@ megatron/mpu/mappings.py (all-to-alls on CPU) with the same inputs and outputs.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-from _spawn import run_on_ranks
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+from _spawn import run_on_ranks  # noqa: E402
 
 
 def measure(reps: int, hidden: int) -> dict:

@@ -1,6 +1,6 @@
 """Cost of splitting a backward into B (input gradient) and W (weight gradient), two ways, on a CPU MLP.
 
-    python bench/weight_grad_split.py [--layers 8] [--hidden 256] [--tokens 512] [--repeats 20]
+    python bench/probes/weight_grad_split.py [--layers 8] [--hidden 256] [--tokens 512] [--repeats 20]
 
 Model: `layers` blocks of Linear(h, 4h) -> GELU -> Linear(4h, h) -> LayerNorm(h), fp32, one thread.
 Per micro-batch, after the same forward:

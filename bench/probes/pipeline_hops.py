@@ -23,15 +23,18 @@ segments' medians need not add up to the hop's. The bare hop is
 machine cost with no engine. At p = 4, m = 8 the schedule simulator keeps 1F1B within 5% of its formula up to
 0.79 ms per hop and interleaved within 10% up to 0.78 ms (`pipeline_bubble.py`'s "as hop").
 
-    .venv/bin/python bench/pipeline_hops.py [--ms 20] [--schedules 1f1b interleaved]
+    .venv/bin/python bench/probes/pipeline_hops.py [--ms 20] [--schedules 1f1b interleaved]
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
-from _spawn import run_on_ranks  # bench/ is on the path when a script runs
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+from _spawn import run_on_ranks  # noqa: E402
 import pipeline_bubble as bubble
 
 SEGMENTS = ("F end -> send instruction", "packing", "gloo send call", "sent -> receive returned", "unpacking",

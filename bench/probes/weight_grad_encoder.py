@@ -1,7 +1,7 @@
 """ZB-H1's B (input gradient) and W (weight gradients) of plain nn.TransformerEncoderLayers, the two ways the
 engine splits a backward, against one full backward.
 
-    python bench/weight_grad_encoder.py [--layers 4] [--hidden 256] [--tokens 256] [--repeats 20]
+    python bench/probes/weight_grad_encoder.py [--layers 4] [--hidden 256] [--tokens 256] [--repeats 20]
 
 Model: `layers` x nn.TransformerEncoderLayer(h, 4 heads, 4h, dropout 0, batch_first), fp32, one thread,
 input (b = tokens / 64, s = 64, h). Per micro-batch, after the same forward:
@@ -26,7 +26,7 @@ import time
 
 import torch
 from torch import nn
-from weight_grad_split import check_gradients  # bench/ is on the path when a script runs
+from weight_grad_split import check_gradients  # bench/probes/ is on the path when a script runs
 
 from tds.pipe import graph_split
 from tds.pipe.weight_grad import WeightGradStore, route_linears

@@ -13,16 +13,19 @@ the vCPU) are cold, and a stage of `pipeline_bubble.py --ms 20` runs each send a
 after a sleeping layer. The engine's instruction costs measured there (`pipeline_hops.py`) are this machine's
 cold costs, not its CPU cost per call (`boundary_hop_cost.py`, hot).
 
-    .venv/bin/python bench/wake_cost.py
+    .venv/bin/python bench/probes/wake_cost.py
 """
 from __future__ import annotations
 
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-from _spawn import run_on_ranks  # bench/ is on the path when a script runs
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
+from _spawn import run_on_ranks  # noqa: E402
 
 NAPS_MS = (0.0, 1.0, 10.0)
 

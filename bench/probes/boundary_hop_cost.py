@@ -1,7 +1,7 @@
 """The engine's own CPU cost of one pipeline hop, without the transport: `Boundary.send_activations`,
 `recv_activations`, `send_grads` and `recv_grads` over a stand-in for `P2P` that only copies the message.
 
-    python bench/boundary_hop_cost.py [--hops 3000] [--rounds 5]
+    python bench/probes/boundary_hop_cost.py [--hops 3000] [--rounds 5]
 
 Protocol: one process, one thread; a declared 1-tuple (float (2, 8), grad) sent and received `hops` times in
 the steady state (the layout holds: one message per activation hop), then its gradient back; each figure is the
