@@ -35,31 +35,69 @@ VOCAB = {"gpt": 50257, "t5": 32128}
 def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = p.add_argument_group("planner")
     g.add_argument("--model", choices=["gpt", "t5"], default="gpt", help="model type of the flags")
-    g.add_argument("--hf-config", default=None, help="a Hugging Face config.json (gpt2, t5, llama, "
-                   "mistral or qwen2)")
+    g.add_argument("--hf-config", default=None, help="a Hugging Face config.json (gpt2, t5, llama, mistral, qwen2)")
     g.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (GPT-2 50257, T5 32128)")
     g.add_argument("--nodes", type=int, default=1)
     g.add_argument("--gpus-per-node", type=int, default=8)
-    g.add_argument("--gpu", choices=sorted(GPUS), default="h100",
-                   help="defaults per GPU (memory GB, dense bf16 TFLOP/s, intra-node GB/s, inter-node GB/s per GPU): " +
-                        "; ".join(f"{k} {v[0]:g}/{v[1]:g}/{v[2]:g}/{v[3]:g}" for k, v in sorted(GPUS.items())))
-    g.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per GPU (default: --gpu's)")
-    g.add_argument("--intra-node-gbps", type=float, default=None, help="GB/s between GPUs of a node (default: --gpu's)")
-    g.add_argument("--inter-node-gbps", type=float, default=None, help="GB/s per GPU between nodes (default: --gpu's)")
+    g.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="memory, peak and links (below)")
+    g.add_argument("--peak-tflops", type=float, default=None, help="dense bf16 peak per GPU")
+    g.add_argument("--intra-node-gbps", type=float, default=None, help="GB/s between GPUs of a node")
+    g.add_argument("--inter-node-gbps", type=float, default=None, help="GB/s per GPU between nodes")
     g.add_argument("--efficiency", type=float, default=Cluster.efficiency,
-                   help="achieved fraction of the dense peak at large micro-batches (default %(default)s, fitted "
-                        "to GPT-2 medium on one H100; see megatron/planning/speed.py)")
+                   help="achieved fraction of the peak (default %(default)s, megatron/planning/speed.py)")
     g.add_argument("--allocator-overhead", type=float, default=Cluster.allocator_overhead,
                    help="memory lost to fragmentation (default %(default)s)")
     g.add_argument("--hop-latency-ms", type=float, default=Cluster.hop_latency_ms,
-                   help="one pipeline message besides its bytes (default %(default)s, NCCL point-to-point, "
-                        "assumed)")
+                   help="one pipeline message besides its bytes (default %(default)s)")
     g.add_argument("--instruction-ms", type=float, default=Cluster.instruction_ms,
-                   help="stage time of one pipeline send or receive instruction (default %(default)s: on a GPU "
-                        "the engine runs ahead of the queued kernels; bench/plan_timeline.py measures it on CPU)")
+                   help="one pipeline send or receive instruction (default %(default)s)")
     g.add_argument("--no-sequence-parallel", action="store_true", help="leave SP out of the search")
-    g.add_argument("--top", type=int, default=20)
+    g.add_argument("--top", type=int, default=20, help="rows printed (default %(default)s)")
     g.add_argument("--json", action="store_true", help="all candidates as JSON")
+    return _grouped_help(p)
+
+
+# --help lists the options planning reads, in these groups, with short lines (None: the option's own help); the other
+# training flags are accepted (a pretrain_*.py command line plans as it is) and not listed.
+HELP_GROUPS = {
+    "model shape (or --load CKPT, or --hf-config)": {
+        "--model": None, "--hf-config": None, "--load": "a checkpoint: its megatron_args.json",
+        "--num-layers": "T5: the encoder's (and the decoder's unless --decoder-num-layers)",
+        "--decoder-num-layers": None, "--hidden-size": None, "--num-attention-heads": None,
+        "--ffn-hidden-size": "default 4 h (--swiglu: Megatron's 2/3 rule)", "--kv-channels": "default h / heads",
+        "--seq-length": None, "--vocab-size": None, "--swiglu": "the gated MLP of the Llama family",
+        "--group-query-attention": "with --num-query-groups G", "--num-query-groups": None,
+        "--untie-embeddings-and-output-weights": "a separate output layer"},
+    "batch and precision": {"--global-batch-size": "split into micro-batch x gas x dp", "--bf16": None,
+                            "--fp16": None, "--no-sequence-parallel": None},
+    "cluster": {"--nodes": None, "--gpus-per-node": None, "--gpu": None, "--gpu-memory-gb": "override --gpu's",
+                "--peak-tflops": None, "--intra-node-gbps": None, "--inter-node-gbps": None, "--efficiency": None,
+                "--allocator-overhead": None, "--hop-latency-ms": None, "--instruction-ms": None},
+    "output": {"--top": None, "--json": None},
+}
+
+
+def _grouped_help(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The parser with --help showing HELP_GROUPS only; every other option stays accepted, its help suppressed."""
+    by_flag = {flag: a for a in p._actions for flag in a.option_strings}
+    shown = {flag: by_flag[flag] for flags in HELP_GROUPS.values() for flag in flags}
+    for a in set(p._actions) - set(shown.values()) - {by_flag["-h"]}:
+        a.help = argparse.SUPPRESS
+    p._action_groups[:] = [g for g in p._action_groups if "-h" in (o for a in g._group_actions for o in a.option_strings)]
+    for title, flags in HELP_GROUPS.items():
+        group = p.add_argument_group(title)
+        for flag, text in flags.items():
+            action = shown[flag]
+            action.help = text or action.help
+            if action.nargs != 0 and not action.choices:
+                action.metavar = action.metavar or {int: "N", float: "F"}.get(action.type, "PATH")
+            action.option_strings = [flag]  # aliases (--ff-hidden-size) stay accepted: the parser's own map keeps them
+            group._group_actions.append(action)
+    p.usage = "plan_layout.py (MODEL FLAGS | --load CKPT | --hf-config config.json) --global-batch-size N [CLUSTER]"
+    p.description = __doc__.split("\n\n")[0]
+    p.formatter_class = lambda prog: argparse.HelpFormatter(prog, max_help_position=40, width=118)
+    p.epilog = "--gpu (memory GB / dense bf16 TFLOP/s / intra-node GB/s / inter-node GB/s per GPU): " + "; ".join(
+        f"{k} {v[0]:g}/{v[1]:g}/{v[2]:g}/{v[3]:g}" for k, v in sorted(GPUS.items()))
     return p
 
 

@@ -48,6 +48,16 @@ def test_inspect_reports_the_checkpoint(gpt2_222, capsys):
     print(f"inspect of the (2,2,2) test checkpoint: {seconds * 1e3:.0f} ms")
 
 
+def test_inspect_on_cpu_prints_no_warning(gpt2_222):
+    """Through the command line as a user runs it, DS_ACCELERATOR unset: DeepSpeed's 'Setting accelerator to CPU'
+    warning (megatron names the accelerator where the machine has none) nor any other WARNING line."""
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    result = subprocess.run([sys.executable, "tools/convert_checkpoint.py", "inspect", gpt2_222["dir"]], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0 and "iteration        10" in result.stdout, result.stderr[-2000:]
+    assert "WARNING" not in result.stdout + result.stderr, result.stdout + result.stderr
+
+
 def test_to_fp32_loads_into_the_plain_model(gpt2_222, tmp_path):
     from megatron.checkpointing import load_model_weights, read_checkpoint_args
     from megatron.checkpointing.names import model_config

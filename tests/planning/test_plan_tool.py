@@ -86,3 +86,17 @@ def test_llama_flags_and_hugging_face_config_plan_the_same_model(tmp_path, capsy
     # 8.03 B parameters (Llama 3 8B): the stages of one replica hold them all, the tp ranks 1 / tp each
     lay = first["layout"]
     assert sum(s["params"] for s in first["stages"]) * lay["tp"] == pytest.approx(8.03e9, rel=0.01)
+
+
+def test_help_lists_the_planning_options_grouped_and_accepts_the_training_ones(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = capsys.readouterr().out
+    assert len(text.splitlines()) < 60
+    for title in ("model shape", "batch and precision", "cluster", "output"):
+        assert f"\n{title}" in text
+    assert "--lr" not in text and "--train-iters" not in text and "DeepSpeed" not in text
+    # a pretrain_gpt2.py command line plans as it is, aliases included
+    main(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ff-hidden-size", "256",
+          "--seq-length", "64", "--global-batch-size", "8", "--lr", "1e-4", "--train-iters", "10", "--top", "1"])
+    assert "layouts fit" in capsys.readouterr().out
