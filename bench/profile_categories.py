@@ -1,6 +1,6 @@
 """Time per category from a torch.profiler run: where an iteration's device (or CPU) time goes, and how much of the
 wall clock the device sits idle. Used by `bench/gpu_throughput.py --profile`; tested on CPU
-(tests/planning/test_profile_categories.py), so that a GPU run changes only the profiler's activity.
+(tests/bench/test_profile_categories.py), so that a GPU run changes only the profiler's activity.
 
     with annotated():                       # the loss and the step tail named as profiler ranges
         with profile(activities=[...], schedule=...) as prof:
