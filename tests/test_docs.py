@@ -35,3 +35,25 @@ def test_the_check_finds_what_is_broken(tmp_path):
         f"{where}:6: tools/convert_checkpoint.py reshape does not take --frobnicate",
         f"{where}:7: tools/convert_checkpoint.py has no subcommand 'fold'",
         f"{where}:10: tools/no_such_tool.py does not exist"]
+
+
+def test_the_test_counts_the_docs_state_are_what_the_suite_collects():
+    """README.md and docs/testing.md say how many tests `make test`, `make test-long` and `make test-slurm` run;
+    the counts come from collecting the suite (tests/suite_counts.py), so a test added or removed shows here."""
+    import re
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-o", "addopts=",
+                          "-p", "tests.suite_counts"], cwd=ROOT, capture_output=True, text=True, timeout=300).stdout
+    counts = dict((k, int(v)) for k, v in re.findall(r"(\w+)=(\d+)", out.split("suite counts:")[-1]))
+    assert set(counts) == {"test", "long", "slurm"} and counts["test"] > 1000, out[-2000:]
+    for name in ("README.md", os.path.join("docs", "testing.md")):
+        text = " ".join(open(os.path.join(ROOT, name)).read().split())
+        stated = re.search(r"`make test` runs the default suite on CPU with gloo \(([\d,]+) tests\), and `make "
+                           r"test-long` its ([\d,]+) runs", text)
+        slurm = re.search(r"runs `tests/slurm` against it \(([\d,]+) tests\)", text)
+        assert stated and (name != "README.md" or slurm), f"{name}: the sentence with the counts is gone"
+        assert int(stated[1].replace(",", "")) == counts["test"], (name, stated[1], counts)
+        assert int(stated[2].replace(",", "")) == counts["long"], (name, stated[2], counts)
+        if slurm:
+            assert int(slurm[1].replace(",", "")) == counts["slurm"], (name, slurm[1], counts)
