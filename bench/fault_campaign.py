@@ -1,7 +1,7 @@
 """The mutation campaign (tests/faults/campaign.py): every kind of file the project reads, mutated one file per
 case (flipped bits, cuts, header fields), each case driven through the user's command (the example scripts'
 preflight and a training process's reads, pretrain's --load, tools/convert_checkpoint.py reshape, export-hf and
-import-hf). Prints the table of outcomes per file kind (README: Long runs, Faults) and every case that ended
+import-hf). Prints the table of outcomes per file kind (docs/long-runs.md, Faults) and every case that ended
 badly (a traceback, a hang, a silently accepted change, a refusal that does not name the file).
 
     python bench/fault_campaign.py                  # every case (about 650), seed 0; a few minutes on 2 cores

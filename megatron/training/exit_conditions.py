@@ -9,7 +9,7 @@ any rank has received so far, and whether any rank has run longer than the limit
 `reason()` waits for it (long done by then: it ran beside the iteration) and reads the answer. Every rank sees
 the same answer, so every rank saves the same iteration and exits 0; a signal that arrives during iteration N is
 acted on after iteration N + 1. The time the loop spends blocked in both calls is measured by
-bench/exit_check.py (README: Long runs).
+bench/exit_check.py (docs/long-runs.md).
 
 The handler is installed when the run starts, before any DataLoader worker is forked: a worker inherits it,
 so a signal sent to every process of a job (scancel) only sets a flag there.

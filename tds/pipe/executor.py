@@ -324,7 +324,7 @@ class StageExecutor:
     def _backward_input(self, roots: list, grads: list, routed: bool) -> graph_split.BackwardInput:
         """B through the graph split, except for a unit whose linears defer through the store (F.linear routed
         in its forward, or the store linears of weight_grad.py): the rest of its weights (norms, embeddings)
-        costs less in B than kept graphs and W calls would (README)."""
+        costs less in B than kept graphs and W calls would (tds/README.md)."""
         module = self.ctx.module
         if routed or any(getattr(m, "weight_grad_store", None) is not None for m in module.modules()):
             return graph_split.backward_whole(roots, grads, [], "")

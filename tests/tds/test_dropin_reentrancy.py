@@ -8,7 +8,7 @@ record what they see in their first forward: whether autograd is on (a reentrant
 under no_grad) and, on the first layer, whether the loaded input requires grad (DeepSpeed 0.19.8's
 `_reentrant_activation_checkpointing()`: float inputs do when the function is reentrant). TDS must give
 DeepSpeed's answers wherever the program names DeepSpeed's function; with no function named, TDS's default
-is torch's non-reentrant checkpoint (README) unless use_reentrant is true, and its engine answers accordingly.
+is torch's non-reentrant checkpoint (tds/README.md) unless use_reentrant is true, and its engine answers accordingly.
 """
 from __future__ import annotations
 
