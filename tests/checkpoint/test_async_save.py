@@ -36,15 +36,15 @@ def _args(data_prefix: str, save: str, extra=()) -> list:
 def _killed_write(rendezvous: str, real):
     """`_write_files` that, for KILLED_AT, writes everything but on VICTIM (half of its first file), then
     waits until every rank got there and kills its process with SIGKILL."""
-    def write_files(write, writes, folder, rank):
+    def write_files(write, writes, folder, rank, *rest):
         if os.path.basename(folder) != KILLED_AT:
-            return real(write, writes, folder, rank)
+            return real(write, writes, folder, rank, *rest)
         if rank == VICTIM:
             path, state = writes[0]
             write(state, path)
             os.truncate(path, os.path.getsize(path) // 2)
         else:
-            real(write, writes, folder, rank)
+            real(write, writes, folder, rank, *rest)
         open(os.path.join(rendezvous, str(rank)), "w").close()
         while len(os.listdir(rendezvous)) < 4:
             time.sleep(0.01)
