@@ -59,7 +59,7 @@ class ModelSpec:
                          verbose=cfg.logging.deepspeed_verbose or None,  # None: tds default (env TDS_VERBOSE)
                          virtual_stages=cfg.layout.virtual_pipe_stages,
                          sequence_parallel=cfg.layout.sequence_parallel)
-        if getattr(cfg.model, "compile_layers", False):  # --compile, applied from outside the model; toy specs' configs lack the field
+        if cfg.model.compile_layers:  # --compile, applied from outside the model (megatron.model.compile)
             from megatron.logging_utils import print_rank_0
             from .compile import compile_layers
             print_rank_0(compile_layers(pipe, cfg.layout.pipeline_schedule))

@@ -4,6 +4,8 @@ for exercising the training driver without the real GPT-2: same data path, loss 
 Module k is built under torch.manual_seed(seed + k), so every layout starts from the same weights.
 Shapes: b = micro-batch, s = sequence, h = hidden, V = padded vocabulary.
 """
+import argparse
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -75,5 +77,12 @@ def toy_get_batch(raw, args, tokenizer, tp_group=None):
     return (tokens,), (labels, loss_mask)
 
 
-TOY_SPEC = ModelSpec("toy", config=lambda args: args, plain=None, pipe=toy_pipe, datasets=gpt2_datasets,
+def toy_config(args) -> argparse.Namespace:
+    """The arguments, with the fields a GPT2Config resolves that the loop reads (the FLOP count's key/value heads,
+    --compile)."""
+    return argparse.Namespace(**{**vars(args), "num_query_groups": args.num_query_groups or args.num_attention_heads,
+                                 "compile_layers": False})
+
+
+TOY_SPEC = ModelSpec("toy", config=toy_config, plain=None, pipe=toy_pipe, datasets=gpt2_datasets,
                      get_batch=toy_get_batch)
