@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from megatron.errors import UserError, one_line
 from megatron.logging_utils import print_rank_0
-from .files import publish_latest
+from .files import not_published, publish_latest
 from .manifest import MANIFEST, entries, saved_files, write_manifest
 from .space import agree_space, disk_full_error, is_disk_full, tensor_bytes, writing
 
@@ -150,8 +150,7 @@ def save_async(engine, save_dir: str, tag: str, client_state: Dict[str, Any],
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     finally:
         del checkpoint_engine.save  # the class's method again
-    what, outcome = f"checkpoint {tag}", f"nothing was published (`latest` names the previous checkpoint; the " \
-                                         f"incomplete {folder} can be deleted)"
+    what, outcome = f"checkpoint {tag}", not_published(save_dir, tag)
     needed = _total_bytes(writes)
     agree_space(save_dir, needed, what, outcome)
     if write_args is not None:

@@ -47,8 +47,8 @@ from tds.safe_load import UnsafeCheckpointError, trusted
 from .async_save import save_async
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
 from .files import (ARGS_FILE, LATEST, CheckpointFileError, CheckpointMismatchError, UntrustedCheckpointError,
-                    checkpoint_folder, checkpoint_tag, folder_bytes, publish_latest, read_args, read_latest,
-                    write_args)
+                    checkpoint_folder, checkpoint_tag, folder_bytes, not_published, publish_latest, read_args,
+                    read_latest, write_args)
 from .manifest import WEIGHTS, check_files, checked_folder, damaged_error, parts_read, save_manifest
 from .reading import MANIFEST, read_manifest, read_verified
 from .space import agree_space, tensor_bytes, writing
@@ -122,13 +122,6 @@ def previous_size(save_dir: str, tag: str) -> int:
     present = folder_bytes(target) if os.path.isdir(target) and os.path.realpath(target) != os.path.realpath(folder) \
         else 0
     return max(0, total - present)
-
-
-def not_published(save_dir: str, tag: str) -> str:
-    """What a save of `tag` that fails leaves: `latest` as it was."""
-    previous = read_latest(save_dir)
-    where = f"`latest` still names {previous}" if previous else f"{save_dir} has no published checkpoint yet"
-    return f"nothing was published ({where}; the incomplete {os.path.join(save_dir, tag)} can be deleted)"
 
 
 @contextlib.contextmanager

@@ -82,6 +82,13 @@ def read_latest(load_dir: str) -> Optional[str]:
     return tag
 
 
+def not_published(save_dir: str, tag: str) -> str:
+    """What a save of `tag` that fails leaves (synchronous or asynchronous): `latest` as it was."""
+    previous = read_latest(save_dir)
+    where = f"`latest` still names {previous}" if previous else f"{save_dir} has no published checkpoint yet"
+    return f"nothing was published ({where}; the incomplete {os.path.join(save_dir, tag)} can be deleted)"
+
+
 def publish_latest(save_dir: str, tag: str) -> None:
     """Atomically point `latest` at `tag` (a reader sees the old or the new name, never a partial one)."""
     tmp = os.path.join(save_dir, f".{LATEST}.tmp.{os.getpid()}")

@@ -39,7 +39,7 @@ def test_a_full_disk_stops_the_run_and_the_previous_checkpoint_resumes(data, ref
         assert re.search(rf"no space left on device: checkpoint (iteration 8|iter_0000008) at {save}/?\S* needs ",
                          errors[0]), errors[0]
         assert re.search(r"\d+ bytes \(\d+\.\d MB\)", errors[0]), errors[0]
-        assert f"`latest` still names iter_0000004" in errors[0] or "`latest` names the previous" in errors[0], errors[0]
+        assert "`latest` still names iter_0000004" in errors[0], errors[0]
         assert read_latest(save) == "iter_0000004"
         assert 0.5 < folder_bytes(os.path.join(save, "iter_0000004")) / CHECKPOINT_BYTES < 1.2
         roomy = str(tmp_path / "roomy")
