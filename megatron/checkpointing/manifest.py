@@ -23,7 +23,7 @@ from .files import (ARGS_FILE, CheckpointFileError, checkpoint_folder, layer_fil
                     settings_crc32, zero_file)
 from .names import ModelTable, plain_pp1
 from .optim import optimizer_kind
-from .reading import MANIFEST, checksum_error, crc32, iteration_tags, load_hint, read_manifest, role
+from .reading import MANIFEST, checksum_error, crc32, load_hint, newest_where, read_manifest, role
 from megatron.errors import UserError
 
 ZIP_END = b"PK\x05\x06"  # end-of-central-directory record: the last 22 bytes of a zip without a comment
@@ -145,18 +145,16 @@ def first_problem(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVE
     return None
 
 
+def _complete(folder: str) -> bool:
+    try:
+        return first_problem(folder, read_args(folder)) is None
+    except (UserError, KeyError, ValueError):
+        return False  # not a checkpoint of this project
+
+
 def newest_complete(load_dir: str, skip: str) -> Optional[Tuple[int, str]]:
-    """(iteration, tag) of the newest folder of `load_dir`, other than `skip`, that passes `first_problem`."""
-    for iteration, tag in iteration_tags(load_dir):
-        folder = os.path.join(load_dir, tag)
-        if os.path.realpath(folder) == os.path.realpath(skip):
-            continue
-        try:
-            if first_problem(folder, read_args(folder)) is None:
-                return iteration, tag
-        except (UserError, KeyError, ValueError):
-            continue  # not a checkpoint of this project
-    return None
+    """The newest folder of `load_dir`, other than `skip`, that passes `first_problem`."""
+    return newest_where(load_dir, skip, _complete)
 
 
 def damaged_error(folder: str, name: str, what: str, saved: Optional[Dict[str, Any]] = None) -> CheckpointFileError:

@@ -207,13 +207,18 @@ def verifies(folder: str) -> bool:
             return False
 
 
-def newest_verified(load_dir: str, skip: str) -> Optional[Tuple[int, str]]:
-    """(iteration, tag) of the newest folder of `load_dir` other than `skip` whose files match its manifest."""
+def newest_where(load_dir: str, skip: str, good: Callable[[str], bool]) -> Optional[Tuple[int, str]]:
+    """(iteration, tag) of the newest tag folder of `load_dir`, other than `skip`, for which `good(folder)`."""
     for iteration, tag in iteration_tags(load_dir):
         folder = os.path.join(load_dir, tag)
-        if os.path.realpath(folder) != os.path.realpath(skip) and verifies(folder):
+        if os.path.realpath(folder) != os.path.realpath(skip) and good(folder):
             return iteration, tag
     return None
+
+
+def newest_verified(load_dir: str, skip: str) -> Optional[Tuple[int, str]]:
+    """The newest folder of `load_dir` other than `skip` whose files match its manifest."""
+    return newest_where(load_dir, skip, verifies)
 
 
 def load_hint(load_dir: str, other: Optional[Tuple[int, str]], what: str = "complete") -> str:
