@@ -9,7 +9,7 @@
     python tools/convert_checkpoint.py import-megatron --input DIR --save CKPT_DIR --tensor-model-parallel-size T \\
         --pipe-parallel-size P [--qkv-order 0|1|2] [--data-path PREFIX] [--num-attention-heads N] [--vocab-size V]
     python tools/convert_checkpoint.py export-megatron --load CKPT_DIR --output DIR --tensor-model-parallel-size T \\
-        --pipe-parallel-size P
+        --pipe-parallel-size P [--ckpt-format torch|torch_dist]
     python tools/convert_checkpoint.py to-fp32 --load CKPT_DIR --output FILE(.pt|.safetensors)
 
 CKPT_DIR is a directory written with --save (its `latest` tag is used unless --tag is given) or a tag folder.
@@ -76,10 +76,14 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--gelu", choices=["tanh", "erf"], default=None,
                    help="override the GELU read from the source's arguments (--openai-gelu, --bias-gelu-fusion)")
     s = sub.add_parser("export-megatron", help="a GPT checkpoint -> Megatron-LM's legacy format (checkpoint_version "
-                                               "3.0) at any (tp, pp)")
+                                               "3.0) at any (tp, pp), or Megatron core's torch_dist")
     s.add_argument("--load", required=True, metavar="CKPT_DIR")
     s.add_argument("--output", required=True, metavar="DIR", help="new directory (must not exist)")
     _layout(s)
+    s.add_argument("--ckpt-format", choices=["torch", "torch_dist"], default="torch",
+                   help="Megatron-LM's name for the format: torch (legacy, one file per tp x pp rank; the default) or "
+                        "torch_dist (Megatron core's distributed checkpoint: global tensors that Megatron-LM loads "
+                        "at any tp and pp; --tensor-model-parallel-size sets the vocabulary padding it records)")
     s.add_argument("--tag", default=None)
     s = sub.add_parser("to-fp32", help="one consolidated fp32 state dict of the plain model (tp = 1)")
     s.add_argument("--load", required=True, metavar="CKPT_DIR")
@@ -174,10 +178,13 @@ def _import_megatron(args) -> None:
 
 def _export_megatron(args) -> None:
     from megatron.checkpointing.ancestors.export import export_megatron
-    name = export_megatron(args.load, args.output, args.tensor_model_parallel_size, args.pipe_parallel_size, args.tag)
-    print(f"exported to Megatron-LM's legacy format (checkpoint_version 3.0) at (tp, pp) = "
-          f"({args.tensor_model_parallel_size}, {args.pipe_parallel_size}): {args.output}/{name}; Megatron-LM loads it "
-          f"with --load {args.output} --use-checkpoint-args --no-load-optim --no-load-rng")
+    name = export_megatron(args.load, args.output, args.tensor_model_parallel_size, args.pipe_parallel_size, args.tag,
+                           args.ckpt_format)
+    what = ("Megatron core's torch_dist format" if args.ckpt_format == "torch_dist" else
+            "Megatron-LM's legacy format (checkpoint_version 3.0)")
+    print(f"exported to {what} at (tp, pp) = ({args.tensor_model_parallel_size}, {args.pipe_parallel_size}): "
+          f"{args.output}/{name}; Megatron-LM loads it with --load {args.output} --ckpt-format {args.ckpt_format} "
+          f"--use-checkpoint-args --no-load-optim --no-load-rng")
 
 
 def _to_fp32(args) -> None:

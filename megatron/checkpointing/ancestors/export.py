@@ -1,5 +1,9 @@
-"""export-megatron: a GPT checkpoint of this project -> Megatron-LM's legacy format (checkpoint_version 3.0) at any
-(tp, pp), the files Megatron-LM's own `load_checkpoint` reads (`--use-checkpoint-args` takes the model from them).
+"""export-megatron: a GPT checkpoint of this project -> Megatron-LM's legacy format (`--ckpt-format torch`,
+checkpoint_version 3.0) at any (tp, pp), or Megatron core's torch_dist (`--ckpt-format torch_dist`,
+export_torch_dist.py). The legacy files are those Megatron-LM's own `load_checkpoint` reads, as its source reads
+them (it does not run here: Megatron-LM's training package is not on PyPI); the torch_dist folder is proven with
+Megatron core's own `dist_checkpointing.load` (tests/checkpoint/test_megatron_core.py). `--use-checkpoint-args`
+takes the model from either.
 
     <out>/latest_checkpointed_iteration.txt            the iteration, or `release` for weights only
     <out>/iter_NNNNNNN|release/mp_rank_TT[_PPP]/model_optim_rng.pt
@@ -12,7 +16,8 @@
 QKV rows per tp rank in order '2' (per query group [q heads, k, v], `qkv.split_qkv`); every other parameter
 cut as Megatron-LM's layers cut it (the same partition attributes as this project's); the word table padded to
 Megatron-LM's multiple of make_vocab_size_divisible_by x tp. The GELU is said by --openai-gelu (tanh) or its
-absence with the fused bias-GELU off (erf). No optimizer or RNG state is written (load with --no-load-optim
+absence with the fused bias-GELU off (erf); Megatron core, which has no --openai-gelu, by its fused bias-GELU kernel
+(the tanh approximation, which needs the linear biases) or its absence (erf). No optimizer or RNG state is written (load with --no-load-optim
 --no-load-rng, or --finetune).
 """
 from __future__ import annotations
@@ -29,6 +34,7 @@ from ..consolidated import has_engine_state, layout_of, read_weights
 from ..files import atomic_folder, mp_rank_file, read_args
 from ..reading import load_file
 from ..manifest import WEIGHTS, checked_folder
+from .export_torch_dist import write_torch_dist
 from .legacy import TRACKER
 from .qkv import split_qkv
 from .source import QKV
@@ -36,11 +42,16 @@ from ..names import ModelTable
 from ..tp import resize_rows, split
 
 DIVISIBLE_BY = 128
+FORMATS = ("torch", "torch_dist")
 
 
-def megatron_args(args: Dict[str, Any], tp: int, pp: int, iteration: int, consumed: int) -> argparse.Namespace:
-    """Megatron-LM's arguments for this project's saved GPT arguments."""
+def megatron_args(args: Dict[str, Any], tp: int, pp: int, iteration: int, consumed: int,
+                  fmt: str = "torch") -> argparse.Namespace:
+    """Megatron-LM's arguments for this project's saved GPT arguments, the GELU said as `fmt`'s model code reads
+    it (see the module docstring)."""
     rope = args.get("position_embedding_type") == "rope"
+    tanh = args.get("gelu", "tanh") == "tanh"
+    fused_gelu = fmt == "torch_dist" and tanh and not args.get("swiglu")
     ns = dict(num_layers=args["num_layers"], hidden_size=args["hidden_size"], ffn_hidden_size=args["ffn_hidden_size"],
               num_attention_heads=args["num_attention_heads"], kv_channels=args["kv_channels"],
               max_position_embeddings=args["max_position_embeddings"], seq_length=args["seq_length"],
@@ -57,18 +68,22 @@ def megatron_args(args: Dict[str, Any], tp: int, pp: int, iteration: int, consum
               num_query_groups=args.get("num_query_groups") or args["num_attention_heads"],
               add_bias_linear=not args.get("disable_bias_linear"), add_qkv_bias=bool(args.get("add_qkv_bias")),
               untie_embeddings_and_output_weights=bool(args.get("untie_embeddings_and_output_weights")),
-              openai_gelu=args.get("gelu", "tanh") == "tanh", bias_gelu_fusion=False, onnx_safe=False,
+              openai_gelu=tanh, bias_gelu_fusion=fused_gelu, bias_swiglu_fusion=bool(args.get("swiglu")),
+              onnx_safe=False,
               apply_residual_connection_post_layernorm=False, hidden_dropout=args["hidden_dropout"],
               attention_dropout=args["attention_dropout"], init_method_std=args.get("init_method_std", 0.02),
               iteration=iteration, consumed_train_samples=consumed, tokenizer_type=args.get("tokenizer_type"),
               vocab_file=args.get("vocab_file"), merge_file=args.get("merge_file"),
-              tokenizer_model=args.get("tokenizer_model"), fp16=False, bf16=False, params_dtype=torch.float32)
+              tokenizer_model=args.get("tokenizer_model"), fp16=False, bf16=False, params_dtype=torch.float32,
+              ckpt_format=fmt)
     if args.get("use_rope_scaling"):
         ns.update(use_rope_scaling=True, rope_scaling_factor=args["rope_scaling_factor"])
     return argparse.Namespace(**ns)
 
 
-def _check(args: Dict[str, Any], pp: int, folder: str) -> None:
+def _check(args: Dict[str, Any], pp: int, folder: str, fmt: str) -> None:
+    if fmt not in FORMATS:
+        raise UserError(f"--ckpt-format {fmt!r}: export-megatron writes {' or '.join(FORMATS)}")
     if args.get("model_type") != "gpt":
         raise UserError(f"export-megatron writes GPT checkpoints; {folder} holds model_type {args.get('model_type')!r}")
     if args["num_layers"] % pp:
@@ -79,6 +94,11 @@ def _check(args: Dict[str, Any], pp: int, folder: str) -> None:
     if args.get("use_rope_scaling") and scaling != (1.0, 4.0, 8192):
         raise UserError(f"export-megatron: llama3 rope scaling with (low, high, original) = {scaling}; Megatron-LM's "
                         f"--use-rope-scaling fixes them at (1.0, 4.0, 8192)")
+    if fmt == "torch_dist" and args.get("gelu", "tanh") == "tanh" and not args.get("swiglu") \
+            and args.get("disable_bias_linear"):
+        raise UserError(f"--ckpt-format torch_dist: {folder} holds a tanh-GELU model without linear biases; Megatron "
+                        f"core computes the tanh GELU only in its fused bias-GELU kernel, which needs the biases "
+                        f"(--ckpt-format torch: Megatron-LM's legacy model reads --openai-gelu)")
 
 
 def _position(folder: str, args: Dict[str, Any]):
@@ -88,36 +108,45 @@ def _position(folder: str, args: Dict[str, Any]):
     return state.get("iteration", 0), state.get("consumed_train_samples", 0)
 
 
-def export_megatron(load_dir: str, output: str, tp: int, pp: int, tag: Optional[str] = None) -> str:
-    """Write the checkpoint as Megatron-LM's legacy files into the new folder `output`; returns the tag written."""
+def export_megatron(load_dir: str, output: str, tp: int, pp: int, tag: Optional[str] = None,
+                    fmt: str = "torch") -> str:
+    """Write the checkpoint in `fmt` (FORMATS) into the new folder `output`; returns the tag written."""
     folder = checked_folder(load_dir, tag, (WEIGHTS,))
     args = read_args(folder)
-    _check(args, pp, folder)
+    _check(args, pp, folder, fmt)
     table = ModelTable(args)
     weights = read_weights(folder, table, layout_of(args)[0])
     iteration, consumed = _position(folder, args)
-    margs = megatron_args(args, tp, pp, iteration, consumed)
-    heads, kv = args["num_attention_heads"], args["kv_channels"]
-    groups = args.get("num_query_groups") or heads
-    parts = {}
+    margs = megatron_args(args, tp, pp, iteration, consumed, fmt)
     for name, full in weights.items():
-        info = table.by_name[name]
-        if info.vocab:
-            full = resize_rows(full, margs.padded_vocab_size)
-        parts[name] = split_qkv(full, tp, heads, groups, kv) if QKV in name else split(full, info, tp)
+        if table.by_name[name].vocab:
+            weights[name] = resize_rows(full, margs.padded_vocab_size)
     name = "release" if iteration == 0 else f"iter_{iteration:07d}"
-    per_stage = args["num_layers"] // pp
     with atomic_folder(output) as tmp:
         with open(os.path.join(tmp, TRACKER), "w") as f:
             f.write("release" if iteration == 0 else str(iteration))
-        for s in range(pp):
-            for t in range(tp):
-                model = _stage_model(parts, t, s, pp, per_stage, args)
-                rank_dir = os.path.join(tmp, name, f"mp_rank_{t:02d}" + (f"_{s:03d}" if pp > 1 else ""))
-                os.makedirs(rank_dir)
-                torch.save(dict(args=margs, checkpoint_version=3.0, iteration=iteration, model=model),
-                           os.path.join(rank_dir, "model_optim_rng.pt"))
+        if fmt == "torch_dist":
+            write_torch_dist(os.path.join(tmp, name), weights, args, margs, iteration)
+        else:
+            _write_legacy(os.path.join(tmp, name), weights, table, args, margs, tp, pp, iteration)
     return name
+
+
+def _write_legacy(folder: str, weights: Dict[str, torch.Tensor], table: ModelTable, args: Dict[str, Any],
+                  margs: argparse.Namespace, tp: int, pp: int, iteration: int) -> None:
+    """One file per (tp rank, stage) under the iteration folder."""
+    heads, kv = args["num_attention_heads"], args["kv_channels"]
+    groups = args.get("num_query_groups") or heads
+    parts = {name: split_qkv(full, tp, heads, groups, kv) if QKV in name else split(full, table.by_name[name], tp)
+             for name, full in weights.items()}
+    per_stage = args["num_layers"] // pp
+    for s in range(pp):
+        for t in range(tp):
+            model = _stage_model(parts, t, s, pp, per_stage, args)
+            rank_dir = os.path.join(folder, f"mp_rank_{t:02d}" + (f"_{s:03d}" if pp > 1 else ""))
+            os.makedirs(rank_dir)
+            torch.save(dict(args=margs, checkpoint_version=3.0, iteration=iteration, model=model),
+                       os.path.join(rank_dir, "model_optim_rng.pt"))
 
 
 def _stage_model(parts: Dict[str, list], t: int, s: int, pp: int, per_stage: int,

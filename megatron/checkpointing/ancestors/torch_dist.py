@@ -37,7 +37,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from megatron.errors import UserError
-from tds.safe_load import UnsafeCheckpointError
+from tds.safe_load import UnsafeCheckpointError, is_trusted
 from ..files import CheckpointFileError, UntrustedCheckpointError
 from .legacy import TRACKER
 from .qkv import order_of_version
@@ -47,10 +47,19 @@ BACKEND = "torch_dist"
 
 
 def _index_globals() -> Dict[tuple, Any]:
-    from torch.distributed.checkpoint import filesystem, metadata
+    """The index's records: torch's distributed-checkpoint dataclasses (Metadata, its storage and chunk
+    descriptors; the SavePlans of every rank that Megatron core >= 0.16 keeps in it), and Megatron core 0.15's
+    subclasses of two of them (MCoreMetadata, MCoreSavePlan: read as the torch records they extend, their extra
+    fields kept as data). Each is a dataclass or enum that pickle fills field by field: nothing runs."""
+    from torch.distributed.checkpoint import filesystem, metadata, planner
     names = ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
              "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
     out = {("torch.distributed.checkpoint.metadata", n): getattr(metadata, n) for n in names if hasattr(metadata, n)}
+    plans = ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData")
+    out.update({("torch.distributed.checkpoint.planner", n): getattr(planner, n) for n in plans
+                if hasattr(planner, n)})
+    core = "megatron.core.dist_checkpointing.strategies.torch"
+    out.update({(core, "MCoreMetadata"): metadata.Metadata, (core, "MCoreSavePlan"): planner.SavePlan})
     out.update({("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo,
                 ("torch", "Size"): torch.Size, ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
                 ("pathlib", "PosixPath"): pathlib.PurePosixPath, ("pathlib", "WindowsPath"): pathlib.PureWindowsPath,
@@ -64,7 +73,8 @@ def _index_globals() -> Dict[tuple, Any]:
 
 
 class _IndexUnpickler(pickle.Unpickler):
-    """pickle restricted to the index's dataclasses, torch.Size, dtypes and layouts (nothing else is found)."""
+    """pickle restricted to the index's records (`_index_globals`), dtypes and layouts; any other global is
+    refused before anything is built. With --trust-checkpoint, any global the index names is found."""
 
     def __init__(self, f, where: str):
         super().__init__(f)
@@ -76,6 +86,8 @@ class _IndexUnpickler(pickle.Unpickler):
         if module == "torch" and isinstance(getattr(torch, name, None), (torch.dtype, torch.layout,
                                                                           torch.memory_format)):
             return getattr(torch, name)
+        if is_trusted():
+            return super().find_class(module, name)
         raise UnsafeCheckpointError(self.where, [f"{module}.{name}"])
 
 
