@@ -198,8 +198,9 @@ def _styled(layer: Dict[str, torch.Tensor], style: str) -> Dict[str, torch.Tenso
 
 def write_legacy(root: str, model, tp: int, pp: int, version, style: str = "new", container: str = "encoder",
                  vpp: int = 1, iteration: int = 120, gelu: Dict = None, extra_args: Dict = None) -> None:
-    """Megatron-LM legacy files; `container`: 'encoder', 'transformer' or 'flat' (language_model holds
-    'transformer.'-prefixed keys); `version` None writes no checkpoint_version (version 0)."""
+    """Megatron-LM legacy files (megatron/checkpointing.py's save_checkpoint of each release); `container`:
+    'encoder' (2.5 and later), 'transformer' (1.0 to 2.4) or 'gpt2model_2019' (the GPT2Model of July 2019,
+    abe36e2e5f: its flat state dict, no args); `version` None writes no checkpoint_version (version 0)."""
     t = Ref(model)
     order = {None: "0", 1.0: "1"}.get(version, "2")
     gelu = gelu if gelu is not None else dict(openai_gelu=True)
@@ -224,23 +225,27 @@ def write_legacy(root: str, model, tp: int, pp: int, version, style: str = "new"
                     if last:
                         encoder.update({f"{STYLES[style]['final']}.{k}": t[f"final.{k}"] for k in ("weight", "bias")
                                         if f"final.{k}" in t})
-                    if container == "flat":
-                        lm.update({f"transformer.{k}": v for k, v in encoder.items()})
-                    else:
-                        lm[container] = encoder
+                    if container == "gpt2model_2019":
+                        chunks.append({"word_embeddings.weight": lm["embedding"]["word_embeddings"]["weight"],
+                                       "position_embeddings.weight": t["pos"],
+                                       **{f"transformer.{k}": v for k, v in encoder.items()}})
+                        continue
+                    lm[container] = encoder
                     chunk = {"language_model": lm}
                     if last and "head" in t:
                         lm["output_layer"] = {"weight": vocab_rows(t["head"], tp, r)}
                     elif last and pp > 1:
                         chunk["word_embeddings_for_head"] = {"weight": vocab_rows(t["word"], tp, r)}
                     chunks.append(chunk)
-                state = dict(args=_namespace(t, tp, pp, version, gelu, iteration), iteration=iteration,
+                state = dict(iteration=iteration,
                              optimizer={"optimizer": {"state": {0: {"exp_avg": torch.zeros(3)}}, "param_groups": []},
                                         "loss_scaler": scaler()},
                              random_rng_state=random.getstate(), np_rng_state=np.random.get_state(),
                              torch_rng_state=torch.get_rng_state())
-                state["args"].model_type = model_type.encoder_or_decoder
-                vars(state["args"]).update(extra_args or {})
+                if container != "gpt2model_2019":
+                    state["args"] = _namespace(t, tp, pp, version, gelu, iteration)
+                    state["args"].model_type = model_type.encoder_or_decoder
+                    vars(state["args"]).update(extra_args or {})
                 if vpp > 1:
                     state.update({f"model{c}": m for c, m in enumerate(chunks)})
                 else:
@@ -357,7 +362,7 @@ def _planner():
             if isinstance(obj, _Chunked):
                 return next(x for off, x in obj.chunks if tuple(off) == tuple(index.offset))
             return super().lookup_object(index)
-    return Planner()
+    return Planner(flatten_state_dict=False)  # a list item stays one item, as in core's files
 
 
 def _stacked(per_layer, layers: int, tp: int, pp: int, dim) -> _Chunked:
@@ -374,10 +379,14 @@ def _stacked(per_layer, layers: int, tp: int, pp: int, dim) -> _Chunked:
     return _Chunked(chunks)
 
 
-def write_torch_dist(root: str, model, tp: int, pp: int, te_norms: bool, iteration: int = 300,
-                     common_in_dcp: bool = False) -> None:
-    """Megatron core's torch_dist folder: metadata.json, the DCP files (global tensors written as the (tp, pp)
-    ranks' chunks, layers stacked on a leading axis), common.pt (or a common_state item)."""
+def write_torch_dist(root: str, model, tp: int, pp: int, iteration: int = 300, common_extra: Dict = None) -> None:
+    """Megatron core 0.19's torch_dist folder (core_v0.19.0, which does not install from PyPI here; the releases
+    that do are tested as themselves, tests/checkpoint/test_megatron_core.py): metadata.json, the DCP files
+    (global tensors written as the (tp, pp) ranks' chunks, layers stacked on a leading axis, the norms under
+    Transformer Engine's names), and no common.pt: the common state is the item `common_state/shard_0_1`, which
+    dist_checkpointing/serialization.py's save adds as a ShardedObject and strategies/torch.py's
+    `_mcore_to_torch_sharded_object` stores as every ShardedObject, torch.save([data of each rank]); the same
+    for Transformer Engine's `_extra_state` (a BytesIO)."""
     import torch.distributed.checkpoint as dcp
     t = Ref(model)
     word = torch.cat([t["word"], t["word"].new_zeros(padded(t.vocab, tp) - t.vocab, t.hidden)])
@@ -388,8 +397,7 @@ def write_torch_dist(root: str, model, tp: int, pp: int, te_norms: bool, iterati
     fused = [("self_attention.linear_qkv.weight", lambda i, r: qkv_rows(t, i, "weight", "2", tp, r), 0),
              ("self_attention.linear_proj.weight", lambda i, r: t[f"{i}.dense.weight"].chunk(tp, 1)[r], 1),
              ("mlp.linear_fc2.weight", lambda i, r: t[f"{i}.fc2.weight"].chunk(tp, 1)[r], 1)]
-    norm_names = (("self_attention.linear_qkv.layer_norm_", "mlp.linear_fc1.layer_norm_") if te_norms
-                  else ("input_layernorm.", "pre_mlp_layernorm."))
+    norm_names = ("self_attention.linear_qkv.layer_norm_", "mlp.linear_fc1.layer_norm_")
     for leaf in ("weight", "bias"):
         if f"0.ln1.{leaf}" in t:
             fused += [(norm_names[0] + leaf, lambda i, r, lf=leaf: t[f"{i}.ln1.{lf}"], None),
@@ -412,23 +420,17 @@ def write_torch_dist(root: str, model, tp: int, pp: int, te_norms: bool, iterati
         sd["output_layer.weight"] = _Chunked([((r * x.size(0), 0), x) for r, x in enumerate(
             torch.cat([t["head"], t["head"].new_zeros(padded(t.vocab, tp) - t.vocab, t.hidden)]).chunk(tp))])
     sd["optimizer.state.exp_avg.decoder.final_layernorm.weight"] = torch.zeros(t.hidden)
-    sd["decoder.layers.self_attention.linear_qkv._extra_state/shard_0_1"] = io.BytesIO(b"te fp8 metadata")
+    sd["decoder.layers.self_attention.linear_qkv._extra_state/shard_0_1"] = [io.BytesIO(b"te fp8 metadata")]
     folder = os.path.join(root, f"iter_{iteration:07d}")
     with megatron_classes() as (model_type, _):
         args = _namespace(t, tp, pp, 3.0, dict(openai_gelu=False, bias_gelu_fusion=True), iteration)
         args.model_type = model_type.encoder_or_decoder
-        common = dict(args=args, checkpoint_version=3.0, iteration=iteration)
-        buffer = io.BytesIO()
-        torch.save(common, buffer)
-    if common_in_dcp:
-        sd["common_state/shard_0_1"] = io.BytesIO(buffer.getvalue())
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "torch.distributed is disabled ... a single process"
-        dcp.save(sd, storage_writer=dcp.FileSystemWriter(folder), planner=_planner(), no_dist=True)
-    if not common_in_dcp:
-        with open(os.path.join(folder, "common.pt"), "wb") as fh:
-            fh.write(buffer.getvalue())
+        common = dict(args=args, checkpoint_version=3.0, iteration=iteration, **(common_extra or {}))
+        sd["common_state/shard_0_1"] = [common]  # torch.save'd by DCP's planner as core's planner stores it
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "torch.distributed is disabled ... a single process"
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(folder), planner=_planner(), no_dist=True)
     with open(os.path.join(folder, "metadata.json"), "w") as fh:
         json.dump({"sharded_backend": "torch_dist", "sharded_backend_version": 1, "common_backend": "torch"}, fh)
     with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as fh:

@@ -10,7 +10,7 @@ untied head), and writes it with `dist_checkpointing.save`:
   fresh GPTModel built from the arguments the export records, and core's logits equal the first ones;
 - import-megatron of the export gives the first import's tensors bit for bit;
 - in the newest release, a checkpoint written by two gloo processes of core at tensor parallelism 2 imports with
-  equal logits.
+  equal logits (`long`).
 """
 import pytest
 import torch
@@ -53,6 +53,7 @@ def test_core_writes_we_import_we_export_core_reads(version, tmp_path, capsys):
             _assert_same(ours, back)
 
 
+@pytest.mark.long
 def test_core_at_tensor_parallel_2_imports(tmp_path):
     work = str(tmp_path)
     expected = save_tp(VERSIONS[-1], 2, "llama", str(tmp_path / "core"), work)

@@ -1,11 +1,14 @@
-"""`tools/convert_checkpoint.py import-megatron` / `export-megatron` on checkpoints written from the ancestors'
-documented layouts (tests/checkpoint/megatron_fixtures.py; transformers models are the reference, nothing is
-downloaded), every one at tp 2 and pp 2:
+"""`tools/convert_checkpoint.py import-megatron` / `export-megatron` on checkpoints written in the ancestors' layouts
+as each release wrote them (tests/checkpoint/megatron_fixtures.py, from their source; transformers models are the
+reference, nothing is downloaded), at tp 2 (and pp 2 where the release had pipeline parallelism). Megatron core's
+own torch_dist files, from the releases that install here, are tests/checkpoint/test_megatron_core.py.
 
-- Megatron-LM legacy, checkpoint_version absent (0; QKV [3, np, hn], flat 'transformer.' keys, old names), 1.0
-  ([np, hn, 3], 'transformer'), 2.0 (erf GELU), 3.0 (new names, the fused bias-GELU, interleaved model0/model1
-  chunks) and a Llama-style GPT (rotary, RMSNorm, SwiGLU, grouped-query attention, untied head);
-- Megatron core torch_dist (local and Transformer Engine norm names, common.pt and a common_state item);
+- Megatron-LM legacy: 2019's GPT2Model (no arguments, no checkpoint_version: QKV [3, np, hn], its flat state
+  dict), release 1.0 (arguments, still no checkpoint_version, 'transformer', erf GELU), checkpoint_version 1.0
+  ([np, hn, 3]) and 2.0 (main between 2020-09-29 and 2020-10-26, pp 1), release 2.0 (3.0, 'transformer', old
+  names, pp 2), 3.0 with today's names (the fused bias-GELU, interleaved model0/model1 chunks) and a Llama-style
+  GPT (rotary, RMSNorm, SwiGLU, grouped-query attention, untied head);
+- Megatron core 0.19's torch_dist (the common state as a `common_state` item holding a list; no PyPI wheel);
 - DeepSpeed pipeline files: Megatron-DeepSpeed GPTModelPipe, DeepSpeedExamples v1.1.5 / CPM-Pretrain
   GPT2ModelPipe (no arguments, no checkpoint_version), Megatron-DeepSpeed without a pipeline.
 
@@ -29,18 +32,24 @@ from tools.convert_checkpoint import run
 pytest.importorskip("transformers")
 RTOL = 1e-5
 ERF = dict(openai_gelu=False, bias_gelu_fusion=False)
-CASES = {  # name: (reference, writer, import flags, export layout)
-    "legacy_v0": ("gpt2", lambda d, m: fx.write_legacy(d, m, 2, 2, None, style="old", container="flat"), [], (4, 1)),
-    "legacy_v1": ("gpt2", lambda d, m: fx.write_legacy(d, m, 2, 2, 1.0, style="old", container="transformer"), [],
-                  (2, 2)),
-    "legacy_v2_erf": ("gpt2_erf", lambda d, m: fx.write_legacy(d, m, 2, 2, 2.0, style="old", gelu=ERF), [], (1, 2)),
+CASES = {  # name: (reference, writer, import flags, export layout); each as a release (or commit) wrote it
+    "megatron_lm_2019": ("gpt2", lambda d, m: fx.write_legacy(d, m, 2, 1, None, style="old",
+                                                             container="gpt2model_2019"),
+                         ["--num-attention-heads", "4"], (4, 1)),
+    "megatron_lm_1.0": ("gpt2_erf", lambda d, m: fx.write_legacy(d, m, 2, 1, None, style="old", container="transformer",
+                                                                gelu=ERF), [], (1, 2)),
+    "checkpoint_version_1.0": ("gpt2", lambda d, m: fx.write_legacy(d, m, 2, 1, 1.0, style="old",
+                                                                   container="transformer"), [], (2, 2)),
+    "checkpoint_version_2.0_erf": ("gpt2_erf", lambda d, m: fx.write_legacy(d, m, 2, 1, 2.0, style="old",
+                                                                           container="transformer", gelu=ERF), [],
+                                   (1, 2)),
+    "megatron_lm_2.0": ("gpt2", lambda d, m: fx.write_legacy(d, m, 2, 2, 3.0, style="old", container="transformer"),
+                        [], (2, 2)),
     "legacy_v3_fused_gelu": ("gpt2", lambda d, m: fx.write_legacy(d, m, 2, 2, 3.0, gelu=dict(bias_gelu_fusion=True)),
                              [], (2, 2)),
     "legacy_v3_interleaved": ("gpt2", lambda d, m: fx.write_legacy(d, m, 2, 2, 3.0, vpp=2), [], (2, 4)),
     "legacy_v3_llama": ("llama", lambda d, m: fx.write_legacy(d, m, 2, 2, 3.0), [], (2, 1)),
-    "torch_dist": ("gpt2", lambda d, m: fx.write_torch_dist(d, m, 2, 2, te_norms=False), [], (2, 2)),
-    "torch_dist_llama_te": ("llama", lambda d, m: fx.write_torch_dist(d, m, 2, 2, te_norms=True, common_in_dcp=True),
-                            [], (2, 2)),
+    "torch_dist_core_0.19": ("llama", lambda d, m: fx.write_torch_dist(d, m, 2, 2), [], (2, 2)),
     "megatron_deepspeed": ("gpt2", lambda d, m: fx.write_ds_pipe(d, m, 2, 2, "megatron-deepspeed"), [], (2, 2)),
     "megatron_deepspeed_no_pipe": ("gpt2", lambda d, m: fx.write_ds_pipe(d, m, 2, 1, "no-pipe"), [], (2, 2)),
     "deepspeed_examples_v115": ("gpt2", lambda d, m: fx.write_ds_pipe(d, m, 2, 2, "v1.1.5"),
@@ -190,6 +199,12 @@ def test_bad_input_is_one_line(tmp_path):
     os.makedirs(no_args)
     fx.write_ds_pipe(no_args, fx.reference("gpt2"), 2, 2, "v1.1.5")
     _one_line_error(argv + [no_args], "records no arguments", "--num-attention-heads")
+
+    mlm_2019 = str(tmp_path / "mlm_2019")
+    os.makedirs(mlm_2019)
+    fx.write_legacy(mlm_2019, fx.reference("gpt2"), 1, 1, None, style="old", container="gpt2model_2019")
+    _one_line_error(argv + [mlm_2019], "iter_0000120 records no arguments (2019's Megatron-LM",
+                    "--num-attention-heads")
 
 
 def test_unsupported_options_and_export_layouts_are_one_line(tmp_path):

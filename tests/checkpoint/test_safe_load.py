@@ -1,6 +1,7 @@
 """Every checkpoint file is read with torch.load(weights_only=True) and an allowlist (tds/safe_load.py): a file whose
 pickle would run a command (written here: `os.system("touch <marker>")`) is refused in one line naming the file and
-the global by inspect, reshape, import-hf, import-megatron (legacy files, torch_dist's index and items) and the
+the global by inspect, reshape, import-hf, import-megatron (legacy files, torch_dist's index, through the command
+too, and a torch_dist item) and the
 engine's own reads (DeepSpeed's state-dict loaders, and `--load` through `_checked_reads`); the command never
 runs. A legacy file needing a global outside the allowlist loads with --trust-checkpoint. (`--load` through the
 example script: tests/training/test_damaged_checkpoint.py.)"""
@@ -123,15 +124,38 @@ def test_import_megatron_refuses(tmp_path, marker):
 
     dist = str(tmp_path / "dist")
     os.makedirs(dist)
-    fx.write_torch_dist(dist, fx.reference("gpt2"), 1, 1, te_norms=False)
+    fx.write_torch_dist(dist, fx.reference("gpt2"), 1, 1)
     index = os.path.join(dist, "iter_0000300", ".metadata")
     with open(index, "wb") as f:
         pickle.dump(Command(marker), f)
     _refused(_import_argv(dist, str(tmp_path / "out")), index)
-    fx.write_torch_dist(str(tmp_path / "dist2"), fx.reference("gpt2"), 1, 1, te_norms=False)
-    common = os.path.join(tmp_path / "dist2", "iter_0000300", "common.pt")
-    _poison(common, marker)
-    _refused(_import_argv(str(tmp_path / "dist2"), str(tmp_path / "out")), common)
+    dist2 = str(tmp_path / "dist2")
+    fx.write_torch_dist(dist2, fx.reference("gpt2"), 1, 1, common_extra=dict(payload=Command(marker)))
+    _refused(_import_argv(dist2, str(tmp_path / "out")), os.path.join(dist2, "iter_0000300", "__0_0.distcp"))
+
+
+def test_poisoned_torch_dist_index_through_the_command(tmp_path, marker):
+    """Megatron core's index with one poisoned record among its real ones, through tools/convert_checkpoint.py in a
+    subprocess: exit 2, one stderr line naming the file and the global; the command never runs."""
+    import subprocess
+    import sys
+    from torch.distributed.checkpoint.metadata import Metadata
+    dist = str(tmp_path / "dist")
+    fx.write_torch_dist(dist, fx.reference("gpt2"), 1, 1)
+    index = os.path.join(dist, "iter_0000300", ".metadata")
+    with open(index, "rb") as f:
+        real = pickle.load(f)
+    assert isinstance(real, Metadata)
+    real.storage_meta = Command(marker)
+    with open(index, "wb") as f:
+        pickle.dump(real, f)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, os.path.join(root, "tools", "convert_checkpoint.py"),
+                           *_import_argv(dist, str(tmp_path / "out"))], capture_output=True, text=True, cwd=str(tmp_path))
+    lines = [line for line in proc.stderr.splitlines() if line.strip() and "[WARNING]" not in line]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {index}: refused, its pickle calls posix.system"), lines[0]
+    assert not os.path.exists(tmp_path / "out")
 
 
 def test_trusted_legacy_file_loads_with_the_flag(tmp_path, capsys):

@@ -4,8 +4,8 @@ the saved arguments of this project's GPT that computes the same function.
 Megatron-LM's MLP activation. Megatron-LM computes GELU with erf (F.gelu) unless --openai-gelu (tanh, GPT-2's);
 but its fused bias-GELU kernel (--bias-gelu-fusion, on by default with biases since late 2020) is the tanh
 approximation, and it replaces F.gelu whenever it runs. So: --openai-gelu -> tanh; --onnx-safe -> erf; the fused
-kernel with biases -> tanh; otherwise erf. Files without arguments (DeepSpeedExamples v1.1.5, CPM-Pretrain:
-their Megatron fuses bias and GELU by default) -> tanh. `--gelu` overrides all of it.
+kernel with biases -> tanh; otherwise erf. Files without arguments (2019's Megatron-LM: its GELU is the tanh
+approximation; DeepSpeedExamples v1.1.5, CPM-Pretrain: their Megatron fuses bias and GELU by default) -> tanh. `--gelu` overrides all of it.
 
 Options this project's GPT does not implement are refused in one line naming the argument (mixture of experts,
 query-key layer norm, post-layer-norm residuals, LayerNorm 1p, interleaved rotary, multi-latent attention).
@@ -44,8 +44,9 @@ class ImportOptions:
 def gelu_of(margs: Dict[str, Any], bias: bool) -> Tuple[str, str]:
     """(gelu, why) for Megatron-LM's arguments (see the module docstring)."""
     if not margs:
-        return "tanh", ("no arguments recorded; DeepSpeedExamples' and CPM-Pretrain's Megatron fuse bias and GELU by "
-                        "default (the tanh approximation); --gelu erf for a run with --no-bias-gelu-fusion")
+        return "tanh", ("no arguments recorded; 2019's Megatron-LM computes GELU with the tanh approximation, and "
+                        "DeepSpeedExamples' and CPM-Pretrain's Megatron fuse bias and GELU by default (the same); "
+                        "--gelu erf for a run with --no-bias-gelu-fusion")
     if margs.get("openai_gelu"):
         return "tanh", "--openai-gelu"
     if margs.get("onnx_safe"):
@@ -82,8 +83,8 @@ def gpt_args(margs: Dict[str, Any], parts: Dict[str, List[torch.Tensor]], opts: 
     f = _shape_facts(parts)
     heads = margs.get("num_attention_heads") or opts.num_attention_heads
     if not heads:
-        raise UserError(f"{where} records no arguments (DeepSpeedExamples v1.1.5 / CPM-Pretrain layer files): give "
-                        f"--num-attention-heads N (the heads of the run that wrote it)")
+        raise UserError(f"{where} records no arguments (2019's Megatron-LM, DeepSpeedExamples v1.1.5 and CPM-Pretrain "
+                        f"save none): give --num-attention-heads N (the heads of the run that wrote it)")
     hidden = f["hidden"]
     if margs.get("hidden_size", hidden) != hidden or margs.get("num_layers", f["layers"]) != f["layers"]:
         raise UserError(f"{where}: the arguments say {margs.get('num_layers')} layers of width "

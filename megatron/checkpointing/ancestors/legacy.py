@@ -6,8 +6,11 @@
                              before checkpoint_version 3.0)
         checkpoint_version   absent (0), 1.0, 2.0, 3.0: the fused QKV's row order (`qkv`)
         iteration, model (or model0, model1, ... per virtual-pipeline chunk), optimizer, rng state, ...
-        model: language_model.{embedding, encoder | transformer (older) | flat transformer.* (oldest)},
-               word_embeddings_for_head (last stage, tied), language_model.output_layer (untied)
+        model: language_model.{embedding, encoder | transformer (Megatron-LM 1.0 to 2.4)},
+               word_embeddings_for_head (last stage, tied), language_model.output_layer (untied); 2019's
+               GPT2Model (before the `megatron` package, no args, no checkpoint_version) saved its own flat
+               state dict: word_embeddings.weight, position_embeddings.weight, transformer.layers.i.*,
+               transformer.final_layernorm.*
 
 Layer numbers are local to a (stage, chunk); chunk c of stage s holds the layers after those of every
 (chunk, stage) before it in the order c * pp + s (Megatron's interleaving), so they are numbered by counting.

@@ -121,6 +121,7 @@ def model_keys(flat: Dict[str, Any], layer_offset: int, where: str) -> Dict[str,
     for key, value in flat.items():
         key = re.sub(r"^language_model\.", "", key)
         key = re.sub(r"^(encoder|transformer)\.", "", key)
+        key = re.sub(r"^(word|position)_embeddings\.", r"embedding.\1_embeddings.", key)  # 2019: GPT2Model's own
         if IGNORED.search(key) or key.startswith("word_embeddings_for_head.") or not torch.is_tensor(value):
             continue
         if key.startswith("decoder."):

@@ -3,25 +3,29 @@
     <dir>/latest_checkpointed_iteration.txt, <dir>/iter_NNNNNNN/
         metadata.json        {"sharded_backend": "torch_dist", ...}
         .metadata            the distributed checkpoint's index: every tensor's global shape, its chunks (offsets,
-                             sizes) and where each chunk's bytes are (file, offset, length)
+                             sizes) and where each chunk's bytes are (file, offset, length); torch's Metadata
+                             (core 0.16 and later: with every rank's SavePlan in it) or core 0.15's MCoreMetadata
         __R_N.distcp         the chunks, each a torch.save'd tensor (non-tensor items: torch.save'd objects)
-        common.pt            the state that is not sharded: args, checkpoint_version, iteration (older
-                             versions; newer keep it as a non-tensor item named common_state*)
+        common.pt            the state that is not sharded: args, checkpoint_version, iteration (core before
+                             0.19; 0.19 and later keep it as the item `common_state/shard_0_1`, a list [state])
 
 Tensors are stored as global tensors, whatever tp and pp wrote them; a GPT's keys (`decoder.layers.` prefix
 dropped, the rest as `source.RENAMES`):
     embedding.word_embeddings.weight, embedding.position_embeddings.weight
     decoder.layers.{self_attention.linear_qkv, self_attention.linear_proj, mlp.linear_fc1, mlp.linear_fc2}.*,
-        with Transformer Engine the norms as linear_qkv.layer_norm_* and linear_fc1.layer_norm_*, else
-        input_layernorm.* and pre_mlp_layernorm.*; stacked along a leading layer axis (homogeneous layers,
-        the default) or numbered decoder.layers.i.*
+        the norms as linear_qkv.layer_norm_* and linear_fc1.layer_norm_* (Transformer Engine's fused modules;
+        core's local layer spec maps its input_layernorm / pre_mlp_layernorm to the same keys, which are also
+        read); stacked along a leading layer axis (homogeneous layers, the default) or numbered
+        decoder.layers.i.*
     decoder.final_layernorm.*, output_layer.weight (untied head)
 linear_qkv rows are grouped per query group [q heads, k, v] (`qkv` order '2'); linear_fc1 of SwiGLU is
 stored as [W_gate; W_up] (core's swiglu sharded factory), already the canonical layout.
 
 Safety: PyTorch reads `.metadata` with pickle and non-tensor items with weights_only=False, so this module reads
-neither through PyTorch: `.metadata` is unpickled with only the index's own classes allowed (`_IndexUnpickler`),
-every chunk and object through `tds.safe_load`.
+neither through PyTorch: `.metadata` is unpickled with only the index's own records allowed (`_IndexUnpickler`),
+every chunk and object through `tds.safe_load`; a file naming any other global is refused in one line naming
+the file and the global, before anything of it is built. Proven against Megatron core's own files
+(tests/checkpoint/test_megatron_core.py).
 """
 from __future__ import annotations
 
@@ -130,7 +134,7 @@ def _item(folder: str, info, where: str) -> Any:
 
 
 def _load_bytes(data: io.BytesIO, where: str) -> Any:
-    """A stored object: DCP torch.save's it (a BytesIO, such as Transformer Engine's state, stays one)."""
+    """A stored object (torch.save'd; Transformer Engine's state inside is a BytesIO, kept as one)."""
     import argparse
     from tds.safe_load import engine_globals, load
     from .source import ANCESTOR_CODE
@@ -152,14 +156,24 @@ def read_tensor(folder: str, index, key: str, where: Dict[tuple, Any]) -> torch.
 
 
 def _common(folder: str, index) -> Dict[str, Any]:
+    """The state that is not sharded: common.pt (Megatron core before 0.19; 0.19 and later still read it), or the
+    `common_state` item, which core 0.19 and later store as every other ShardedObject, the torch.save'd list of its
+    ranks' objects (one: [state]); `serialization.load_common_state_dict` takes item [0]."""
     path = os.path.join(folder, "common.pt")
     if os.path.isfile(path):
-        return load_ancestor(path, mmap=False)
-    for k, info in index.storage_data.items():
-        if k.fqn.startswith("common_state"):
-            common = _item(folder, info, k.fqn)
-            return _load_bytes(common, f"{folder} (item {k.fqn})") if isinstance(common, io.BytesIO) else common
-    return {}
+        common, where = load_ancestor(path, mmap=False), path
+    else:
+        key = next((k for k in index.storage_data if k.fqn.startswith("common_state")), None)
+        if key is None:
+            return {}
+        where = f"{folder} (item {key.fqn})"
+        common = _item(folder, index.storage_data[key], key.fqn)
+        common = common[0] if isinstance(common, list) and len(common) == 1 else common
+    if not isinstance(common, dict):
+        raise CheckpointFileError(f"{where} holds a {type(common).__name__}, not the dict of arguments, iteration and "
+                                  f"checkpoint_version that Megatron core stores there; it is damaged or not a "
+                                  f"Megatron checkpoint")
+    return common
 
 
 def _model_keys(index) -> Dict[str, str]:
