@@ -85,7 +85,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     seq = seq_length_of(args, checkpoint)
     data = read_data(args, checkpoint.tokenizer)  # bad data fails before any weight is read
     with parallel.launched(args.tensor_model_parallel_size) as par:
-        model = loading.load_model(checkpoint, args.load, args.tag, par.tp_group, args.dtype)
+        model = loading.load_model(checkpoint, args.load, args.tag, par.tp_group, args.dtype,
+                                   args.trust_checkpoint)
         result = run_task(args, model, checkpoint.tokenizer, data, par, seq)
     if not par.is_first:
         return

@@ -124,7 +124,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         encode_prompts(checkpoint.config, checkpoint.tokenizer, prompts)  # bad prompts fail before any weight
     with parallel.launched(args.tensor_model_parallel_size) as par:
         loaded = loading.Loaded(checkpoint, loading.load_model(checkpoint, args.load, args.tag, par.tp_group,
-                                                               args.dtype))
+                                                               args.dtype, args.trust_checkpoint))
         if prompts is None and par.broadcast_object(sys.stdin.isatty()):  # rank 0's terminal decides
             return interactive(loaded, params, par)
         if prompts is None:

@@ -59,6 +59,9 @@ def add_loading_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1,
                    help="tp size to run at (any; the checkpoint is resharded on load); launch a multiple of it")
     g.add_argument("--dtype", choices=sorted(DTYPES), default="fp32", help="compute dtype")
+    g.add_argument("--trust-checkpoint", action="store_true",
+                   help="read the checkpoint's pickles with torch.load(weights_only=False), only for files from a "
+                        "source you trust; by default a file needing a global outside the allowlist is refused")
     for name in TOKENIZER_FIELDS:
         g.add_argument("--" + name.replace("_", "-"), default=None,
                        help="override the checkpoint's tokenizer argument")
@@ -104,12 +107,15 @@ def read_checkpoint(load_dir: str, tag: Optional[str] = None,
 
 
 def load_model(checkpoint: Checkpoint, load_dir: str, tag: Optional[str] = None, tp_group=None,
-               dtype: str = "fp32") -> torch.nn.Module:
-    """GPT2Model / T5Model at this tp size with the checkpoint's weights, eval mode; collective over tp."""
+               dtype: str = "fp32", trust: bool = False) -> torch.nn.Module:
+    """GPT2Model / T5Model at this tp size with the checkpoint's weights, eval mode; collective over tp. `trust`:
+    --trust-checkpoint (tds.safe_load.trusted)."""
     from megatron.checkpointing import load_model_weights
     from megatron.model.specs import spec_for
+    from tds.safe_load import trusted
     model = spec_for(checkpoint.kind).plain(checkpoint.config, tp_group)
-    load_model_weights(model, load_dir, tag)
+    with trusted(trust):
+        load_model_weights(model, load_dir, tag)
     return model.to(DTYPES[dtype]).eval()
 
 

@@ -173,6 +173,20 @@ def test_trusted_legacy_file_loads_with_the_flag(tmp_path, capsys):
     run(_import_argv(src, str(tmp_path / "out"), "--trust-checkpoint"))
     assert "imported Megatron-LM legacy checkpoint" in capsys.readouterr().out
 
+    dist = str(tmp_path / "dist")  # a torch_dist index holding a record of no allowlist: the flag reads it too
+    fx.write_torch_dist(dist, fx.reference("gpt2"), 1, 1)
+    index = os.path.join(dist, "iter_0000300", ".metadata")
+    with open(index, "rb") as f:
+        real = pickle.load(f)
+    real.storage_meta = Custom()
+    with open(index, "wb") as f:
+        pickle.dump(real, f)
+    with pytest.raises(UserError) as err:
+        run(_import_argv(dist, str(tmp_path / "out2")))
+    assert "Custom" in str(err.value) and index in str(err.value) and "--trust-checkpoint" in str(err.value)
+    run(_import_argv(dist, str(tmp_path / "out2"), "--trust-checkpoint"))
+    assert "imported Megatron core torch_dist checkpoint" in capsys.readouterr().out
+
 
 def test_engine_reads_are_safe(tmp_path, marker):
     """DeepSpeed's state-dict loader (what PipelineModule.load_state_dir uses) through the engine's checkpoint engine,
