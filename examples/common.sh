@@ -2,6 +2,10 @@
 # Shared by ds_pretrain_gpt2.sh, ds_pretrain_llama.sh and ds_pretrain_t5.sh (sourced, not run): layout and run defaults, common
 # arguments, default data and the launcher.
 # Expects REPO and PYTHON to be set by the caller.
+# Nothing here changes directory: every relative path a user gives (DATA_PATH, VOCAB_FILE, TOKENIZER_MODEL,
+# PRETRAINED, LOAD, SAVE, WORK_DIR, DS_CONFIG, HOSTFILE and the extra arguments) means what it means where the
+# script was started. The project's scripts are run by their path under REPO, which PYTHONPATH leads to.
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 
 # Number of CUDA devices torch sees on this node (0 on a CPU-only machine: without nvidia-smi or rocm-smi
 #   torch is not even imported, which keeps a mistake's report under a few seconds).
@@ -34,6 +38,32 @@ parallel_defaults() {
     fi
 }
 
+# checkpoint_model ARGS...: before the scripts' defaults. FROM_CHECKPOINT=1 when the model comes from a
+#   checkpoint: PRETRAINED is set (continued pretraining) or ARGS hold --use-checkpoint-args; the scripts then pass
+#   --use-checkpoint-args and none of their own model defaults. MODEL_SET lists the model variables the
+#   environment set: those are passed all the same, and pretrain_*.py checks them against the checkpoint.
+checkpoint_model() {
+    FROM_CHECKPOINT=0
+    if [[ -n ${PRETRAINED:-} ]]; then FROM_CHECKPOINT=1; fi
+    local arg var
+    for arg in "$@"; do
+        if [[ $arg == --use-checkpoint-args ]]; then FROM_CHECKPOINT=1; fi
+    done
+    MODEL_SET=" "
+    for var in NUM_LAYERS HIDDEN HEADS QUERY_GROUPS FFN ROTARY_BASE; do
+        if [[ -n ${!var:-} ]]; then MODEL_SET+="$var "; fi
+    done
+}
+
+# model_args VAR FLAG [VAR FLAG ...]: FLAG "$VAR" into TRAIN_ARGS for each pair; when the model comes from a
+#   checkpoint, only for the variables the environment set.
+model_args() {
+    while (( $# >= 2 )); do
+        if [[ $FROM_CHECKPOINT == 0 || $MODEL_SET == *" $1 "* ]]; then TRAIN_ARGS+=("$2" "${!1}"); fi
+        shift 2
+    done
+}
+
 # run_settings: warm-up, checkpoints, seed, split and launcher defaults (after TRAIN_ITERS and WORK_DIR).
 run_settings() {
     WARMUP_ITERS=${WARMUP_ITERS:-$(( TRAIN_ITERS / 10 ))}
@@ -61,8 +91,9 @@ data_path_args() {
     fi
 }
 
-# common_train_args: the pretrain_*.py arguments both models take, into the array TRAIN_ARGS; the caller
-#   appends its model shape and tokenizer arguments. --exit-signal-handler is on (EXIT_SIGNAL_HANDLER=0 turns it
+# common_train_args: the pretrain_*.py arguments both models take, into the array TRAIN_ARGS (the model's depth,
+#   width and heads unless a checkpoint gives them; PRETRAINED as --pretrained-checkpoint); the caller appends its
+#   other model and tokenizer arguments. --exit-signal-handler is on (EXIT_SIGNAL_HANDLER=0 turns it
 #   off): a SIGTERM or SIGUSR1 to the script saves at the current iteration and exits 0 (forward_signal);
 #   EXIT_DURATION_IN_MINS=N does the same after N minutes; ASYNC_SAVE=1 writes checkpoints in the background.
 #   The loss runs fused (--cross-entropy-loss-fusion; LOSS_FUSION=0 for the eager form); COMPILE=1 adds --compile.
@@ -70,7 +101,6 @@ common_train_args() {
     data_path_args
     TRAIN_ARGS=(
         --tensor-model-parallel-size "$TP" --pipe-parallel-size "$PP" --zero-stage 1
-        --num-layers "$NUM_LAYERS" --hidden-size "$HIDDEN" --num-attention-heads "$HEADS"
         --micro-batch-size "$MICRO_BATCH" --gas "$GAS" --train-iters "$TRAIN_ITERS"
         --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP_ITERS"
         --weight-decay 0.01 --clip-grad 1.0
@@ -79,6 +109,9 @@ common_train_args() {
         --save "$SAVE" --load "$LOAD" --save-interval "$SAVE_INTERVAL"
         --deepspeed --deepspeed_config "$DS_CONFIG"
     )
+    model_args NUM_LAYERS --num-layers HIDDEN --hidden-size HEADS --num-attention-heads
+    if [[ -n "${PRETRAINED:-}" ]]; then TRAIN_ARGS+=(--pretrained-checkpoint "$PRETRAINED"); fi
+    if [[ $FROM_CHECKPOINT == 1 ]]; then TRAIN_ARGS+=(--use-checkpoint-args); fi
     if [[ ${EXIT_SIGNAL_HANDLER:-1} != 0 ]]; then TRAIN_ARGS+=(--exit-signal-handler); fi
     if [[ ${ASYNC_SAVE:-0} != 0 ]]; then TRAIN_ARGS+=(--async-save); fi
     if [[ ${LOSS_FUSION:-1} != 0 ]]; then TRAIN_ARGS+=(--cross-entropy-loss-fusion); fi
@@ -144,7 +177,7 @@ preflight() {
     if [[ ${CHECK_ARGS:-1} == 0 ]]; then
         return
     fi
-    (cd "$REPO" && "$PYTHON" -m megatron.config.preflight "$model" --world-size "$(world_size)" "$@") || exit $?
+    "$PYTHON" -m megatron.config.preflight "$model" --world-size "$(world_size)" "$@" || exit $?
 }
 
 # hide_after FILE: copy stdin to stdout until FILE exists (a process has reported a user error), then drop
@@ -212,7 +245,7 @@ launch() {
     shift
     local cmd nodes
     if [[ ${DRY_RUN:-0} == 1 ]]; then  # the planner's prediction for this layout, one process, no model built
-        (cd "$REPO" && WORLD_SIZE=$(world_size) "$PYTHON" "$script" "$@" --dry-run) || exit $?
+        WORLD_SIZE=$(world_size) "$PYTHON" "$REPO/$script" "$@" --dry-run || exit $?
         exit 0
     fi
     case "$LAUNCHER" in
@@ -256,7 +289,6 @@ launch_once() {
     local script=$1
     shift
     echo "launching: ${cmd[*]} $script ($procs processes)"
-    cd "$REPO" || return
     local error_file stop_file status out_pid err_pid
     error_file=$(mktemp -u "${TMPDIR:-/tmp}/megatron-error.XXXXXXXX")
     stop_file=$error_file.stopped
@@ -267,7 +299,7 @@ launch_once() {
     exec 4> >(hide_after "$error_file" >&2)
     err_pid=$!
     status=0
-    MEGATRON_ERROR_FILE=$error_file MEGATRON_STOP_FILE=$stop_file "${cmd[@]}" "$script" "$@" >&3 2>&4 3>&- 4>&- &
+    MEGATRON_ERROR_FILE=$error_file MEGATRON_STOP_FILE=$stop_file "${cmd[@]}" "$REPO/$script" "$@" >&3 2>&4 3>&- 4>&- &
     local launcher_pid=$!
     trap 'forward_signal TERM' TERM
     trap 'forward_signal USR1' USR1
@@ -295,13 +327,15 @@ launch_once() {
     return "$status"
 }
 
-# greedy_samples: two short greedy samples from the checkpoint in SAVE (tools/generate.py; SAMPLES=0 skips them),
-#   each cut at its first blank line (a tiny default model soon continues with newlines only).
-greedy_samples() {
+# samples: two short samples from the checkpoint in SAVE (tools/generate.py; SAMPLES=0 skips them), each cut at
+#   its first blank line. A small model decoded greedily repeats its likeliest words ("the the the"), so they are
+#   drawn as docs/generation.md suggests for one: top-k 40 at temperature 0.8, seed 1234 (the same text every
+#   time from the same checkpoint).
+samples() {
     if [[ ${SAMPLES:-1} == 0 ]]; then
         return
     fi
-    echo "greedy samples from the checkpoint in $SAVE:"
-    (cd "$REPO" && "$PYTHON" tools/generate.py --load "$SAVE" --max-new-tokens 24 --stop $'\n\n' \
-        --prompt "Return the number of" --prompt "Return a list of")
+    echo "samples from the checkpoint in $SAVE (top-k 40, temperature 0.8, seed 1234):"
+    "$PYTHON" "$REPO/tools/generate.py" --load "$SAVE" --max-new-tokens 24 --stop $'\n\n' \
+        --top-k 40 --temperature 0.8 --seed 1234 --prompt "Return the number of" --prompt "Return a list of"
 }

@@ -8,10 +8,13 @@
 #   TP=1 PP=4 NPROC=8 bash examples/ds_pretrain_gpt2.sh                   another layout
 #   DATA_PATH=data/my_text_document VOCAB_FILE=... MERGE_FILE=... bash ...   your own preprocessed data
 #   DATA_PATH="0.7 data/web_text_document 0.3 data/books_text_document" ...  a blend (Megatron's form)
+#   PRETRAINED=runs/imported bash ...   continue an imported GPT-2 (import-hf): the model comes from it
 #   LAUNCHER=deepspeed HOSTFILE=hostfile bash ...                         several nodes ("host slots=N" lines)
 #   kill -TERM <this script's pid>     (or SIGUSR1)   save at the current iteration, exit 0; run again to resume
 #   MAX_RESTARTS=3 bash ...              a failed rank restarts every rank (up to 3 times), resuming from latest
 #
+# Relative paths mean what they mean where the script is started (it never changes directory); its outputs go to
+# WORK_DIR, runs/gpt2 under that folder by default.
 # Without DATA_PATH the embedded default corpus is used: the docstrings of Python's standard library
 # (examples/make_default_corpus.py), a byte-level BPE tokenizer trained on it (tools/train_tokenizer.py)
 # and its .bin/.idx (tools/preprocess_data.py), all built once under WORK_DIR.
@@ -27,7 +30,8 @@ PYTHON=${PYTHON:-python}
 # shellcheck source=examples/common.sh
 source "$REPO/examples/common.sh"
 NGPUS=${NGPUS:-$(count_gpus)}
-WORK_DIR=${WORK_DIR:-$REPO/runs/gpt2}
+WORK_DIR=${WORK_DIR:-$PWD/runs/gpt2}
+checkpoint_model "$@"
 
 parallel_defaults
 if (( NGPUS > 0 )); then
@@ -57,7 +61,8 @@ if [[ -z "${DATA_PATH:-}" ]]; then
 fi
 
 common_train_args
-TRAIN_ARGS+=(--seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN" --tokenizer-type GPT2BPETokenizer)
+TRAIN_ARGS+=(--seq-length "$SEQ_LEN" --tokenizer-type GPT2BPETokenizer)
+if [[ $FROM_CHECKPOINT == 0 ]]; then TRAIN_ARGS+=(--max-position-embeddings "$SEQ_LEN"); fi
 if [[ -n "${VOCAB_FILE:-}" ]]; then TRAIN_ARGS+=(--vocab-file "$VOCAB_FILE"); fi
 if [[ -n "${MERGE_FILE:-}" ]]; then TRAIN_ARGS+=(--merge-file "$MERGE_FILE"); fi
 
@@ -68,4 +73,4 @@ fi
 preflight gpt "${TRAIN_ARGS[@]}" "$@"
 echo "GPT-2: tp=$TP, pp=$PP, $TRAIN_ITERS iterations, checkpoints in $SAVE"
 launch pretrain_gpt2.py "${TRAIN_ARGS[@]}" "$@"
-greedy_samples
+samples

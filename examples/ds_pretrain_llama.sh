@@ -7,13 +7,16 @@
 # Every setting below is a variable that the environment overrides, as in ds_pretrain_gpt2.sh, e.g.
 #   TRAIN_ITERS=20 bash examples/ds_pretrain_llama.sh                      a short run
 #   DATA_PATH=data/my_text_document TOKENIZER_MODEL=path/to/tokenizer_dir bash ...   your data and tokenizer.json
-# Continued pretraining from a Hugging Face folder (docs: README "Continued pretraining"):
+# Continued pretraining from a Hugging Face folder (docs/checkpoints.md, "Continued pretraining"):
 #   python tools/convert_checkpoint.py import-hf --input HF_DIR --save runs/imported \
-#       --tensor-model-parallel-size 2 --pipe-parallel-size 2     # prints the model flags to pass below
+#       --tensor-model-parallel-size 2 --pipe-parallel-size 2
 #   PRETRAINED=runs/imported TOKENIZER_MODEL=runs/imported/iter_0000000/tokenizer DATA_PATH=... \
-#       bash examples/ds_pretrain_llama.sh <the printed model flags>
+#       bash examples/ds_pretrain_llama.sh
 # PRETRAINED is --pretrained-checkpoint: its weights start the run while SAVE holds no checkpoint; restarts and
-# re-runs resume from SAVE.
+# re-runs resume from SAVE. The model (Llama, Mistral, Qwen2; tied or untied head) comes from it
+# (--use-checkpoint-args): the script passes none of its own model defaults, only the variables set here.
+# Relative paths mean what they mean where the script is started (it never changes directory); its outputs go to
+# WORK_DIR, runs/llama under that folder by default.
 #
 # Without DATA_PATH the embedded default corpus is used (the docstrings of Python's standard library), with a
 # byte-level BPE tokenizer.json trained on it (tools/train_tokenizer.py --type hf-bpe, read as
@@ -29,7 +32,8 @@ PYTHON=${PYTHON:-python}
 # shellcheck source=examples/common.sh
 source "$REPO/examples/common.sh"
 NGPUS=${NGPUS:-$(count_gpus)}
-WORK_DIR=${WORK_DIR:-$REPO/runs/llama}
+WORK_DIR=${WORK_DIR:-$PWD/runs/llama}
+checkpoint_model "$@"
 
 parallel_defaults
 if (( NGPUS > 0 )); then
@@ -61,12 +65,13 @@ fi
 : "${TOKENIZER_MODEL:?give TOKENIZER_MODEL (a tokenizer.json or its folder) with DATA_PATH}"
 
 common_train_args
-TRAIN_ARGS+=(--seq-length "$SEQ_LEN" --max-position-embeddings "$SEQ_LEN" --ffn-hidden-size "$FFN"
-             --position-embedding-type rope --rotary-base "$ROTARY_BASE" --normalization RMSNorm --swiglu
-             --group-query-attention --num-query-groups "$QUERY_GROUPS" --disable-bias-linear
-             --untie-embeddings-and-output-weights --hidden-dropout 0 --attention-dropout 0
+TRAIN_ARGS+=(--seq-length "$SEQ_LEN" --hidden-dropout 0 --attention-dropout 0
              --tokenizer-type HuggingFaceTokenizer --tokenizer-model "$TOKENIZER_MODEL")
-if [[ -n "${PRETRAINED:-}" ]]; then TRAIN_ARGS+=(--pretrained-checkpoint "$PRETRAINED"); fi
+model_args FFN --ffn-hidden-size ROTARY_BASE --rotary-base QUERY_GROUPS --num-query-groups
+if [[ $FROM_CHECKPOINT == 0 ]]; then  # the Llama-style layer; a checkpoint gives its own (tied or untied head, ...)
+    TRAIN_ARGS+=(--max-position-embeddings "$SEQ_LEN" --position-embedding-type rope --normalization RMSNorm --swiglu
+                 --group-query-attention --disable-bias-linear --untie-embeddings-and-output-weights)
+fi
 
 if [[ -n "$DEFAULT_DATA" ]]; then
     preflight gpt --args-only "${TRAIN_ARGS[@]}" "$@"
@@ -75,4 +80,4 @@ fi
 preflight gpt "${TRAIN_ARGS[@]}" "$@"
 echo "Llama-style GPT: tp=$TP, pp=$PP, $TRAIN_ITERS iterations, checkpoints in $SAVE"
 launch pretrain_gpt2.py "${TRAIN_ARGS[@]}" "$@"
-greedy_samples
+samples

@@ -10,6 +10,8 @@
 # corrupted at load time. --num-layers is the depth of the encoder, and of the decoder unless
 # --decoder-num-layers is given. T5 v1.1: bash examples/ds_pretrain_t5.sh --feed-forward-proj gated-gelu \
 #   --untie-embeddings-and-output-weights
+# PRETRAINED=runs/imported (an import-hf of a T5 folder) continues it: the model comes from it.
+# Relative paths mean what they mean where the script is started; outputs go to WORK_DIR (runs/t5 there).
 # Without DATA_PATH: the stdlib-docstring corpus with a SentencePiece tokenizer trained on it (WORK_DIR).
 # Without GPUs: a tiny T5 on 8 CPU processes (tp=2, pp=2, dp=2, gloo); with GPUs: all of them, T5-base size.
 set -euo pipefail
@@ -19,7 +21,8 @@ PYTHON=${PYTHON:-python}
 # shellcheck source=examples/common.sh
 source "$REPO/examples/common.sh"
 NGPUS=${NGPUS:-$(count_gpus)}
-WORK_DIR=${WORK_DIR:-$REPO/runs/t5}
+WORK_DIR=${WORK_DIR:-$PWD/runs/t5}
+checkpoint_model "$@"
 
 parallel_defaults
 if (( NGPUS > 0 )); then
@@ -53,9 +56,10 @@ fi
 
 common_train_args
 TRAIN_ARGS+=(
-    --ffn-hidden-size "$FFN" --encoder-seq-length "$ENC_LEN" --decoder-seq-length "$DEC_LEN"
+    --encoder-seq-length "$ENC_LEN" --decoder-seq-length "$DEC_LEN"
     --tokenizer-type SentencePieceTokenizer --vocab-extra-ids "$VOCAB_EXTRA_IDS" --mask-prob "$MASK_PROB"
 )
+model_args FFN --ffn-hidden-size
 if [[ -n "${TOKENIZER_MODEL:-}" ]]; then TRAIN_ARGS+=(--tokenizer-model "$TOKENIZER_MODEL"); fi
 
 if [[ -n "$DEFAULT_DATA" ]]; then

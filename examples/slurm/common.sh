@@ -21,9 +21,10 @@
 # (`scontrol requeue`, with `#SBATCH --requeue`; SLURM starts a requeued job slurm.conf's AuthInfo
 # cred_expire later, 120 s by default). REQUEUE=0 turns that off.
 #
-# Submit from the repository root (SLURM runs a copy of the script, so REPO defaults to SLURM_SUBMIT_DIR).
-# Every variable of examples/ds_pretrain_*.sh overrides a setting (TRAIN_ITERS, TP, PP, WORK_DIR, ...);
-# SAVE defaults to WORK_DIR/checkpoints and WORK_DIR to runs/<model> under the repository.
+# Submit from the repository root, or from any folder with REPO=/path/to/repo (SLURM runs a copy of the script,
+# so REPO defaults to SLURM_SUBMIT_DIR). Every variable of examples/ds_pretrain_*.sh overrides a setting
+# (TRAIN_ITERS, TP, PP, WORK_DIR, ...); relative paths mean the folder the job was submitted from (its working
+# directory; nothing changes it); SAVE defaults to WORK_DIR/checkpoints and WORK_DIR to runs/<model> there.
 
 REPO=${REPO:-${SLURM_SUBMIT_DIR:?submit with sbatch from the repository root, or set REPO}}
 PYTHON=${PYTHON:-python}
@@ -57,7 +58,7 @@ slurm_train() {
         torchrun) export LAUNCHER=srun-torchrun ;;
         *) echo "error: slurm_train: style must be srun or torchrun, got '$style'" >&2; return 2 ;;
     esac
-    export WORK_DIR=${WORK_DIR:-$REPO/runs/$model}
+    export WORK_DIR=${WORK_DIR:-$PWD/runs/$model}
     export SAVE=${SAVE:-$WORK_DIR/checkpoints}
     export SAMPLES=${SAMPLES:-0}
     echo "SLURM job ${SLURM_JOB_ID} (restart ${SLURM_RESTART_COUNT:-0}) on ${SLURM_JOB_NODELIST}: $model, $style style"

@@ -18,8 +18,21 @@ manifest.json lists checked while reading).
 
 `tools/convert_checkpoint.py` is a thin command line over these modules.
 """
-from .async_save import wait_for_saves  # noqa: F401
-from .engine_io import (SHAPE_FIELDS, check_compatible, commit, load_checkpoint, load_model_weights,  # noqa: F401
-                        read_checkpoint_args, save_checkpoint)
-from .files import (ARGS_FILE, LATEST, CheckpointFileError, CheckpointMismatchError, checkpoint_tag,  # noqa: F401
-                    publish_latest, read_latest)
+import importlib
+from typing import Any
+
+# name -> the module defining it, imported on first use (PEP 562), so that a torch-free module of this package
+# (files: `latest` and megatron_args.json) imports without torch and DeepSpeed (the preflight's
+# --use-checkpoint-args reads a checkpoint's arguments in about a second)
+_EXPORTS = {"wait_for_saves": "async_save"}
+_EXPORTS.update({name: "engine_io" for name in ("SHAPE_FIELDS", "check_compatible", "commit", "load_checkpoint",
+                                                "load_model_weights", "read_checkpoint_args", "save_checkpoint")})
+_EXPORTS.update({name: "files" for name in ("ARGS_FILE", "LATEST", "CheckpointFileError", "CheckpointMismatchError",
+                                            "checkpoint_tag", "publish_latest", "read_latest")})
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)

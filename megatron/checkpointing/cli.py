@@ -23,6 +23,7 @@ megatron/checkpointing (the same code loads checkpoints in training). The same c
 from __future__ import annotations
 
 import argparse
+import os
 from typing import List, Optional
 
 from megatron.errors import exit_on_user_error
@@ -149,6 +150,13 @@ def _import(args) -> None:
           f"({args.tensor_model_parallel_size}, {args.pipe_parallel_size}), weights only: --load {args.save} "
           f"(or --pretrained-checkpoint {args.save}) starts at iteration 0 with a fresh optimizer")
     print(f"model flags: {' '.join(model_flags(saved))}")
+    script = ("ds_pretrain_t5.sh" if saved["model_type"] == "t5" else
+              "ds_pretrain_llama.sh" if saved.get("swiglu") or saved.get("position_embedding_type") == "rope" else
+              "ds_pretrain_gpt2.sh")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    script = os.path.join(repo, "examples", script) if os.path.isdir(os.path.join(repo, "examples")) else script
+    print(f"continue pretraining it: PRETRAINED={args.save} bash {script} (the scripts pass "
+          f"--pretrained-checkpoint {args.save} --use-checkpoint-args: the model flags come from the checkpoint)")
     if saved.get("tokenizer_type"):
         files = ([saved["tokenizer_model"]] if saved["tokenizer_model"] else [saved["vocab_file"], saved["merge_file"]])
         print(f"tokenizer: --tokenizer-type {saved['tokenizer_type']} with {', '.join(files)}"

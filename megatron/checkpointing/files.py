@@ -22,7 +22,6 @@ import zlib
 from typing import Any, Dict, Iterable, Iterator, Optional
 
 from megatron.errors import UserError
-from .space import check_space, writing
 
 LATEST = "latest"
 MANIFEST = "manifest.json"
@@ -195,6 +194,7 @@ def atomic_folder(final: str, needed: Optional[int] = None) -> Iterator[str]:
         raise UserError(f"output {final} already exists; choose a new directory (outputs are never overwritten)")
     parent = os.path.dirname(os.path.abspath(final)) or "."
     outcome = f"nothing was written to {final} (the partial output was removed)"
+    from .space import check_space, writing  # torch: imported where a folder is written, not where one is read
     check_space(final, needed or 0, "the output", outcome)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(final)}.tmp.{os.getpid()}")

@@ -275,6 +275,10 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="start from the model weights of the checkpoint in DIR (any tp/pp; e.g. an import-hf output) "
                         "when --load holds no checkpoint yet: iteration 0, fresh optimizer; once --load has one "
                         "(restarts, resumed runs) that is loaded instead")
+    g.add_argument("--use-checkpoint-args", action="store_true",
+                   help="take the model's architecture (layers, widths, heads, positions, norms, MLP, tied or untied "
+                        "head, ...) from the checkpoint of --load, or of --pretrained-checkpoint while --load holds "
+                        "none; a model flag also given must agree with it (Megatron-LM's option)")
     g.add_argument("--finetune", action="store_true",
                    help="load only the model weights from --load (any tp/pp/dp): iteration 0, fresh optimizer and "
                         "LR schedule, 0 consumed samples")
@@ -315,6 +319,10 @@ def parse_args(argv: Optional[Sequence[str]] = None, extra_args_provider: Option
     """
     args = build_parser(extra_args_provider, prog).parse_args(argv)
     args.deepspeed_config = args.deepspeed_config or args.deepscale_config
+    if args.use_checkpoint_args:
+        from megatron.config.checkpoint_args import apply_checkpoint_args, given_options
+        given = given_options(build_parser(extra_args_provider, prog), argv)
+        apply_checkpoint_args(args, given, (defaults or {}).get("model_type"))
     for key, value in (defaults or {}).items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
