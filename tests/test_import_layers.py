@@ -136,10 +136,11 @@ def _sources(*tops: str) -> List[str]:
 
 
 def test_arguments_are_written_only_by_their_resolution():
-    """The parser (megatron.config) fills its aliases and resolution derives every value; nothing writes to the resolved
-    arguments afterwards (the vocabulary is settled by `resolution.with_vocabulary`, which copies)."""
+    """The parser (megatron.config) fills its aliases and --use-checkpoint-args the checkpoint's model fields
+    (checkpoint_args.py), resolution derives every value; nothing writes to the resolved arguments afterwards (the
+    vocabulary is settled by `resolution.with_vocabulary`, which copies)."""
     owners = {os.path.join(ROOT, "megatron", "config", f)
-              for f in ("arguments.py", "resolution.py", "architecture.py", "ds_config.py")}
+              for f in ("arguments.py", "checkpoint_args.py", "resolution.py", "architecture.py", "ds_config.py")}
     assert _assignments_to("args", [p for p in _sources("megatron", "tools") if p not in owners]) == []
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from megatron.checkpointing import files
+from megatron.checkpointing import space
 from megatron.checkpointing.space import DiskFullError
 from tests.checkpoint.synthetic import resolved_args, write_synthetic
 from tests.faults.tmpfs import small_tmpfs
@@ -28,7 +28,7 @@ def ckpt(tmp_path_factory) -> str:
 def test_a_full_file_system_is_one_line_and_leaves_nothing(ckpt, tmp_path, monkeypatch, tool, when):
     with small_tmpfs(str(tmp_path / "small"), 160 << 10) as small:
         if when == "while writing":
-            monkeypatch.setattr(files, "check_space", lambda *args: None)
+            monkeypatch.setattr(space, "check_space", lambda *args: None)
         out = os.path.join(small, "out")
         with pytest.raises(DiskFullError) as err:
             run(TOOLS[tool](ckpt, out))

@@ -1,5 +1,6 @@
-"""examples/ds_pretrain_gpt2.sh end to end, shortened: default corpus -> tokenizer -> .bin/.idx -> 8 CPU
-processes (tp=2, pp=2, dp=2) for 20 iterations -> a checkpoint that `latest` names -> two greedy samples.
+"""examples/ds_pretrain_gpt2.sh end to end, shortened, started from a folder outside the repository: default corpus
+-> tokenizer -> .bin/.idx -> 8 CPU processes (tp=2, pp=2, dp=2) for 20 iterations -> a checkpoint that `latest`
+names, in runs/gpt2 of that folder -> two samples (top-k 40, seeded).
 A SIGTERM to the script mid-run: a checkpoint at that iteration, exit 0, an exact resume. Also shellcheck."""
 import os
 import random
@@ -35,13 +36,16 @@ def _losses(log: str) -> dict:
 
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
-    """The default job, shortened to 20 iterations, logging every iteration: (work dir, log)."""
-    work = tmp_path_factory.mktemp("default_job")
-    proc = subprocess.run(["bash", "examples/ds_pretrain_gpt2.sh"], cwd=ROOT, env=_env(work), capture_output=True,
-                          text=True, timeout=400)
+    """The default job, shortened to 20 iterations, logging every iteration, started from a folder outside the
+    repository without WORK_DIR: (work dir, log); the work dir is runs/gpt2 of that folder."""
+    folder = tmp_path_factory.mktemp("default_job")
+    env = _env(folder)
+    del env["WORK_DIR"]
+    proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "ds_pretrain_gpt2.sh")], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=400)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    return work, log
+    return folder / "runs" / "gpt2", log
 
 
 @pytest.mark.long
@@ -51,7 +55,8 @@ def test_short_default_gpt2_run(default_run):
     assert "(tp, pp, dp) = (2, 2, 2)" in log
     assert read_latest(str(work / "checkpoints")) == "iter_0000020"
     assert "valid loss at iteration 8" in log and "test loss at the end of training" in log
-    # the job ends with two greedy samples from the saved (tp, pp, dp) = (2, 2, 2) checkpoint, read at tp = 1
+    # the job ends with two samples (top-k, seeded) from the saved (tp, pp, dp) = (2, 2, 2) checkpoint, at tp = 1
+    assert f"samples from the checkpoint in {work / 'checkpoints'} (top-k 40, temperature 0.8, seed 1234):" in log
     assert re.search(r"== 1/2 \(\d+ tokens, \w+\) ==\nReturn the", log) and "== 2/2 (" in log, log[-2000:]
 
 
