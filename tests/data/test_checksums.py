@@ -1,5 +1,6 @@
-"""The checksum sidecar `<prefix>.crc.json` (megatron/data/checksums.py): written by checksum_data.py; the .idx
-checked at open, each .bin chunk at its first read (DataLoader workers too); the pair's reads unchanged. Expected checksums are computed here with zlib on the files'
+"""The checksum sidecar `<prefix>.crc.json` (megatron/data/checksums.py): written by preprocess_data.py,
+merge_datasets.py and checksum_data.py; the .idx checked at open, each .bin chunk at its first read (DataLoader
+workers too); the pair's bytes and reads unchanged. Expected checksums are computed here with zlib on the files'
 bytes, and expected pairs with the independent MMIDIDX writer of test_indexed_dataset."""
 import json
 import os
@@ -18,7 +19,10 @@ from megatron.data.gpt_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.samplers import build_pretraining_data_loader
 from megatron.errors import report_user_error, worker_message
+from megatron.tokenizer import build_tokenizer
+from tests.data.corpus import make_bpe, make_corpus, make_texts
 from tests.data.test_indexed_dataset import random_docs, ref_read, ref_write
+from tools import merge_datasets
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHUNK = 256  # bytes: the test pairs (~2 KB of .bin) span several chunks
@@ -224,6 +228,19 @@ def test_each_prefix_of_a_blend_is_checked_against_its_own_sidecar(tmp_path):
         _gpt_splits(["0.5", first, "0.5", second])
 
 
+def test_merge_checks_its_inputs_and_writes_a_sidecar_for_the_merged_pair(tmp_path):
+    parts = [make_pair(str(tmp_path / f"p{i}"), seed=i) for i in range(2)]
+    merged = merge_datasets.merge_datasets(parts, str(tmp_path / "m"))
+    assert merged.sidecar == checksums.compute(str(tmp_path / "m")) and verify_pair(str(tmp_path / "m"))
+    assert merged.sidecar.chunk_bytes == checksums.CHUNK_BYTES
+    good = open(parts[1] + ".bin", "rb").read()
+    flip(parts[1] + ".bin", 3 * CHUNK)
+    with pytest.raises(DataChecksumError) as info:
+        merge_datasets.merge_datasets(parts, str(tmp_path / "m2"))
+    assert str(info.value) == chunk_message(parts[1], good, open(parts[1] + ".bin", "rb").read(), 3)
+    assert not [name for name in os.listdir(tmp_path) if name.startswith("m2")]
+
+
 def _run(*argv) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
 
@@ -252,3 +269,26 @@ def test_the_cli_adds_a_sidecar_and_verifies_a_pair(tmp_path):
     assert _one_error(_run("tools/checksum_data.py", "--verify", "--data-path", prefix)) == \
         chunk_message(prefix, good, open(prefix + ".bin", "rb").read(), chunks - 2)
 
+
+def test_preprocess_writes_the_pair_as_before_and_the_preflight_refuses_a_flipped_idx_byte(tmp_path):
+    """The user's commands: tools/preprocess_data.py, then the pre-launch check the example scripts run."""
+    vocab, merges = make_bpe(str(tmp_path), vocab_size=500)
+    corpus, prefix = make_corpus(str(tmp_path), n_docs=300), str(tmp_path / "d_text_document")
+    tok = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab, "--merge-file", merges]
+    proc = _run("tools/preprocess_data.py", "--input", corpus, "--output-prefix", str(tmp_path / "d"),
+                "--append-eod", *tok)
+    assert proc.returncode == 0, proc.stderr
+    tokenizer = build_tokenizer("GPT2BPETokenizer", vocab, merges)
+    ref_write(str(tmp_path / "ref"), [[tokenizer.tokenize(t) + [tokenizer.eod]] for t in make_texts()], np.uint16)
+    for ext in (".bin", ".idx"):  # Megatron-LM's bytes, the sidecar beside them
+        assert open(prefix + ext, "rb").read() == open(str(tmp_path / "ref") + ext, "rb").read()
+    assert checksums.read(prefix) == checksums.compute(prefix)
+    preflight = ["-m", "megatron.config.preflight", "gpt", "--world-size", "1", "--num-layers", "1", "--hidden-size",
+                 "8", "--num-attention-heads", "2", "--seq-length", "8", "--micro-batch-size", "1", "--train-iters",
+                 "1", "--data-path", prefix, *tok]
+    assert _run(*preflight).returncode == 0
+    good = open(prefix + ".idx", "rb").read()
+    flip(prefix + ".idx", len(good) - 16)  # in doc_idx[]: named as damage, not as a corrupt index
+    assert _one_error(_run(*preflight)) == (
+        f"{prefix}.idx: bytes 0..{len(good) - 1} fail their CRC-32 ({prefix}.crc.json says {crc(good)}, read "
+        f"{crc(open(prefix + '.idx', 'rb').read())}): {FIX}")
