@@ -137,9 +137,10 @@ def read(prefix: str) -> Optional[Sidecar]:
     try:
         return _parse(json.loads(raw.decode("utf-8")))
     except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise DataChecksumError(f"{path}: not a readable checksum sidecar ({str(err).splitlines()[0]}): it is "
-                                f"damaged; write it again from a good copy of the pair (python tools/checksum_data.py "
-                                f"--overwrite --data-path {prefix}), or delete it to read the pair unverified") from None
+        reason = str(err).splitlines()[0]
+        raise DataChecksumError(f"{path}: not a readable checksum sidecar ({reason}): it is damaged; write it again "
+                                f"from a good copy of the pair (python tools/checksum_data.py --overwrite --data-path "
+                                f"{prefix}), or delete it to read the pair unverified") from None
 
 
 def check_sizes(prefix: str, sidecar: Sidecar) -> None:
@@ -185,17 +186,23 @@ class ChunkChecks:
 
     def __init__(self, prefix: str, sidecar: Sidecar, data):
         self.prefix, self.sidecar, self._data = prefix, sidecar, data
+        self._chunk_bytes = sidecar.chunk_bytes
         self._checked = bytearray(len(sidecar.bin_crc32))
         self.remaining = len(self._checked)
 
-    def touch(self, start: int, stop: int) -> None:
-        """Bytes [start, stop) of the .bin are about to be read: check the chunks they overlap not checked yet."""
-        if stop <= start:
-            return
-        size = self.sidecar.chunk_bytes
-        for chunk in range(start // size, (stop - 1) // size + 1):
-            if not self._checked[chunk]:
-                self._check(chunk)
+    def touch(self, start: int, stop: int) -> int:
+        """Bytes [start, stop) of the .bin are about to be read: check the chunks they overlap not checked yet.
+        Returns how many chunks remain unchecked."""
+        if stop > start:
+            first, last = start // self._chunk_bytes, (stop - 1) // self._chunk_bytes
+            if first == last:  # the common case, kept cheap: it runs on every read
+                if not self._checked[first]:
+                    self._check(first)
+            else:
+                for chunk in range(first, last + 1):
+                    if not self._checked[chunk]:
+                        self._check(chunk)
+        return self.remaining
 
     def touch_all(self) -> None:
         self.touch(0, self.sidecar.bin_bytes)

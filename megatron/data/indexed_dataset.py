@@ -247,10 +247,8 @@ class MMapIndexedDataset:
     def check_bytes(self, start: int = 0, stop: Optional[int] = None) -> None:
         """Check the chunks of .bin bytes [start, stop) (the whole .bin by default) that this process has not
         checked yet against the sidecar; a no-op without one. Every read calls it for the bytes it returns."""
-        if self._unchecked is None:
-            return
-        self._unchecked.touch(start, self._index.data_bytes if stop is None else stop)
-        if not self._unchecked.remaining:
+        if self._unchecked is not None and not self._unchecked.touch(start, self._index.data_bytes if stop is None
+                                                                     else stop):
             self._unchecked = None
 
     @property
@@ -279,8 +277,9 @@ class MMapIndexedDataset:
                 return []
             sizes = self.sizes[start:stop]
             count, pointer = int(sizes.sum(dtype=np.int64)), int(self._index.pointers[start])
-            if self._unchecked is not None:
-                self.check_bytes(pointer, pointer + count * self.dtype.itemsize)
+            stop_byte = pointer + count * self.dtype.itemsize
+            if self._unchecked is not None and not self._unchecked.touch(pointer, stop_byte):
+                self._unchecked = None
             tokens = np.frombuffer(self._bin, dtype=self.dtype, count=count, offset=pointer)
             return np.split(tokens, np.cumsum(sizes[:-1], dtype=np.int64))
         return self.get(idx)
@@ -297,8 +296,8 @@ class MMapIndexedDataset:
         if offset < 0 or length < 0 or offset + length > size:
             raise IndexError(f"tokens [{offset}, {offset + length}) out of range for item {idx} of size {size}")
         pointer = int(self._index.pointers[idx]) + offset * self.dtype.itemsize
-        if self._unchecked is not None:
-            self.check_bytes(pointer, pointer + length * self.dtype.itemsize)
+        if self._unchecked is not None and not self._unchecked.touch(pointer, pointer + length * self.dtype.itemsize):
+            self._unchecked = None  # every chunk checked: reads cost nothing more
         return np.frombuffer(self._bin, dtype=self.dtype, count=length, offset=pointer)
 
     @property
