@@ -32,6 +32,7 @@ import numpy as np
 
 from megatron.data import checksums
 from megatron.data.indexed_dataset import MMapIndexedDataset, write_index
+from token_id_check import best_of  # bench/ is on the path when a script runs
 
 VOCAB = 50257
 BLOCK_TOKENS = 1 << 25  # items are generated and written 64 MiB at a time
@@ -59,15 +60,6 @@ def plain_read(path: str) -> None:
     data = np.memmap(path, mode="r", dtype=np.uint8)
     for start in range(0, len(data), 1 << 26):
         int(data[start:start + (1 << 26)].sum(dtype=np.uint64))
-
-
-def best_of(rounds: int, fn) -> float:
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def timed_open(prefix: str) -> tuple:
