@@ -246,10 +246,11 @@ class MMapIndexedDataset:
 
     def check_bytes(self, start: int = 0, stop: Optional[int] = None) -> None:
         """Check the chunks of .bin bytes [start, stop) (the whole .bin by default) that this process has not
-        checked yet against the sidecar; a no-op without one. Every read calls it for the bytes it returns."""
-        if self._unchecked is not None and not self._unchecked.touch(start, self._index.data_bytes if stop is None
-                                                                     else stop):
-            self._unchecked = None
+        checked yet against the sidecar; a no-op without one. Every read does this for the bytes it returns."""
+        if self._unchecked is None:
+            return
+        if not self._unchecked.touch(start, self._index.data_bytes if stop is None else stop):
+            self._unchecked = None  # every chunk checked
 
     @property
     def dtype(self) -> np.dtype:
