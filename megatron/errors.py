@@ -24,6 +24,7 @@ instead of printing a traceback (gloo's "Connection closed by peer" and the like
 from __future__ import annotations
 
 import os
+import re
 import sys
 import tempfile
 from typing import Callable, Optional
@@ -50,6 +51,20 @@ def flag_name(dest: str) -> str:
 def one_line(message: str) -> str:
     """The message on one line (a multi-line message from a library is joined with ' | ')."""
     return " | ".join(part.strip() for part in str(message).strip().splitlines() if part.strip())
+
+
+_WORKER = re.compile(r"Caught (\w+) in DataLoader worker process \d+\.\nOriginal Traceback")
+
+
+def worker_message(message: str) -> str:
+    """The user's message of an error raised in a DataLoader worker. torch re-raises it in the main process as
+    the same class with the message 'Caught <Class> in DataLoader worker process N.' + the worker's traceback,
+    whose last '<module>.<Class>: ' line holds the original message; any other message is returned as it is."""
+    match = _WORKER.match(message)
+    if match is None:
+        return message
+    original = re.findall(rf"^(?:[\w.]+\.)?{match[1]}: (.*)$", message, re.M)
+    return original[-1] if original else message
 
 
 def _marker_path() -> Optional[str]:
@@ -82,7 +97,7 @@ def _claim(path: str, message: str) -> bool:
 def report_user_error(err: BaseException) -> None:
     """Print `error: <message>` to stderr unless another process of this launch reported first (or the
     example script will print it from MEGATRON_ERROR_FILE)."""
-    message = one_line(str(err))
+    message = one_line(worker_message(str(err)))
     path = _marker_path()
     first = path is None or _claim(path, message)
     if first and not os.environ.get(ERROR_FILE_ENV):

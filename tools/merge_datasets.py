@@ -2,8 +2,9 @@
 
 doc_idx is merged correctly (``offset + other.doc_idx[1:]``), unlike old Megatron's ``merge_file_``.
 ``--input`` takes dataset prefixes, or one directory whose ``*.idx``/``*.bin`` pairs are merged in
-sorted name order. All inputs must share one dtype. The output is written under temporary names and
-renamed at the end.
+sorted name order. All inputs must share one dtype. An input with a checksum sidecar is checked against it
+in full before it is copied; the output gets a sidecar of its own (megatron/data/checksums.py). The output is
+written under temporary names and renamed at the end.
 
 Example::
 
@@ -17,6 +18,7 @@ from typing import List, Optional
 
 
 from megatron.config.arguments import ArgumentParser
+from megatron.data import checksums
 from megatron.data.indexed_dataset import (MMapIndexedDataset, MMapIndexedDatasetBuilder,
                                            data_file_path, index_file_path)
 from megatron.errors import UserError, exit_on_user_error
@@ -52,17 +54,21 @@ def merge_datasets(prefixes: List[str], output_prefix: str) -> MMapIndexedDatase
         if dataset.dtype != datasets[0].dtype:
             raise MergeError(f"dtype mismatch: {prefixes[0]} is {datasets[0].dtype} but {prefix} is "
                              f"{dataset.dtype}; preprocess all inputs with the same tokenizer")
+    for dataset in datasets:
+        dataset.check_bytes()  # the merged sidecar must not vouch for a damaged input
     temp = f"{output_prefix}.tmp{os.getpid()}"
+    paths = [(temp + suffix, output_prefix + suffix) for suffix in (".bin", ".idx", checksums.SUFFIX)]
     builder = MMapIndexedDatasetBuilder(data_file_path(temp), dtype=datasets[0].dtype)
     try:
         for prefix in prefixes:
             builder.merge_file_(prefix)
         builder.finalize(index_file_path(temp))
-        os.replace(data_file_path(temp), data_file_path(output_prefix))
-        os.replace(index_file_path(temp), index_file_path(output_prefix))
+        checksums.write(temp)
+        for path, final in paths:
+            os.replace(path, final)
     except BaseException:
         builder.abort()
-        for path in (data_file_path(temp), index_file_path(temp)):
+        for path, _ in paths:
             if os.path.exists(path):
                 os.remove(path)
         raise

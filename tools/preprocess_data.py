@@ -15,7 +15,9 @@ Compressed and Parquet inputs are streamed and give the same .bin/.idx as the pl
 Each document becomes one item (plus ``eod`` with ``--append-eod``); documents with no tokens are skipped
 and counted. The input is streamed: at most ``workers * chunksize * 4`` documents are in flight, so memory
 stays bounded for inputs larger than RAM. Outputs are written under temporary names in the output
-directory and renamed at the end; on any error the temporaries are removed and nothing is left behind.
+directory and renamed at the end; on any error the temporaries are removed and nothing is left behind. Beside
+each pair goes its checksum sidecar ``{output_prefix}_{key}_document.crc.json`` (megatron/data/checksums.py),
+which training checks the pair against as it reads it; the .bin and .idx are the same with or without it.
 
 Example::
 
@@ -37,11 +39,12 @@ from typing import Dict, Iterable, Iterator, List, Optional
 import numpy as np
 
 from megatron.config.arguments import ArgumentParser
-from megatron.data import indexed_dataset
+from megatron.data import checksums, indexed_dataset
 from megatron.data.corpus import TEXT_FORMATS, BadRecord, Corpus, InputError, Record, open_corpus, record_bytes
 from megatron.errors import exit_on_user_error
 from megatron.tokenizer import TOKENIZER_TYPES, build_tokenizer
 
+SUFFIXES = (".bin", ".idx", checksums.SUFFIX)  # the pair and its checksum sidecar
 CHUNKSIZE = 25  # documents per task sent to a worker (Megatron's imap chunksize)
 MAX_REPORTED_BAD_LINES = 5
 
@@ -181,14 +184,15 @@ class Outputs:
     def commit(self) -> None:
         for key, builder in self.builders.items():
             builder.finalize(self.temp[key] + ".idx")
+            checksums.write(self.temp[key])
         for key, temp in self.temp.items():
-            os.replace(temp + ".bin", self.final[key] + ".bin")
-            os.replace(temp + ".idx", self.final[key] + ".idx")
+            for suffix in SUFFIXES:
+                os.replace(temp + suffix, self.final[key] + suffix)
 
     def discard(self) -> None:
         for key, builder in self.builders.items():
             builder.abort()
-            for suffix in (".bin", ".idx"):
+            for suffix in SUFFIXES:
                 if os.path.exists(self.temp[key] + suffix):
                     os.remove(self.temp[key] + suffix)
 

@@ -9,8 +9,9 @@ DeepSpeed, so a mistake is reported in about a second instead of after N process
 example scripts run it before every launch (`CHECK_ARGS=0` skips it).
 
 `check_inputs` also runs at the start of every pretraining process (`deep=False`: files exist); the
-preflight also opens each dataset's index (`deep=True`: header, sizes and .bin length) and builds the
-tokenizer from its files (vocab.json and merges.txt, the SentencePiece model, tokenizer.json).
+preflight also opens each dataset's index (`deep=True`: header, sizes, .bin length, and the .idx against the
+pair's checksum sidecar where it has one: `megatron.data.checksums`) and builds the tokenizer from its files
+(vocab.json and merges.txt, the SentencePiece model, tokenizer.json).
 """
 from __future__ import annotations
 

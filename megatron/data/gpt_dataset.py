@@ -14,7 +14,8 @@ doc_idx order; consecutive samples share one token (the last input's label is th
 
 The three arrays are cached as `{prefix}_{name}_indexmap_{N}ns_{L}sl_{seed}s_{doc,sample,shuffle}_idx.npy`,
 built by global rank 0 and loaded by every rank with mmap_mode='r'. Given a `TokenLimit`, the datasets
-check the token ids of each prefix first, the same way (`megatron.data.token_ids`: cached range).
+check the token ids of each prefix first, the same way (`megatron.data.token_ids`: cached range). Each prefix is
+read against its own checksum sidecar (`megatron.data.checksums`); rank 0 names the prefixes without one.
 """
 from __future__ import annotations
 
@@ -26,9 +27,10 @@ import numpy as np
 import torch
 
 from megatron.data.blendable_dataset import BlendableDataset, parse_blend
+from megatron.data.checksums import unverified_note
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.token_ids import TokenLimit, cached_token_id_range, check_token_ids
-from megatron.logging_utils import print_line
+from megatron.logging_utils import print_line, print_rank_0
 
 SPLIT_NAMES = ("train", "valid", "test")
 LAST_EPOCH_FRACTION = 0.80  # the last epoch is shuffled apart when it supplies < 80% of an epoch's samples
@@ -237,10 +239,10 @@ def build_split_datasets(data_prefix: Sequence[str], splits_string: str, num_sam
     if len(num_samples) != 3:
         raise ValueError(f"need train/valid/test sample counts, got {list(num_samples)}")
     if len(data_prefix) == 1:
-        indexed_dataset = _open_prefix(data_prefix[0], skip_warmup, token_limit)
+        indexed_dataset = _open_prefixes(data_prefix, skip_warmup, token_limit)[0]
         return _build_one_prefix(data_prefix[0], indexed_dataset, splits_string, num_samples, make_dataset)
     prefixes, weights, per_prefix_samples = parse_blend(data_prefix, num_samples)
-    indexed = [_open_prefix(p, skip_warmup, token_limit) for p in prefixes]  # every prefix checked before any index
+    indexed = _open_prefixes(prefixes, skip_warmup, token_limit)  # every prefix checked before any index
     per_prefix = [_build_one_prefix(p, ds, splits_string, n, make_dataset)
                   for p, ds, n in zip(prefixes, indexed, per_prefix_samples)]
     blends = []
@@ -260,11 +262,19 @@ def check_prefix_token_ids(prefix: str, indexed_dataset: MMapIndexedDataset, tok
     check_token_ids(prefix, indexed_dataset, token_limit)
 
 
-def _open_prefix(prefix: str, skip_warmup: bool, token_limit: Optional[TokenLimit]) -> MMapIndexedDataset:
-    indexed_dataset = MMapIndexedDataset(prefix, skip_warmup=skip_warmup)
-    if token_limit is not None:
-        check_prefix_token_ids(prefix, indexed_dataset, token_limit)
-    return indexed_dataset
+def _open_prefixes(prefixes: Sequence[str], skip_warmup: bool,
+                   token_limit: Optional[TokenLimit]) -> List[MMapIndexedDataset]:
+    """Each prefix opened (its .idx checked against its own checksum sidecar) and its token ids checked; one line
+    on rank 0 names the prefixes without a sidecar."""
+    datasets = []
+    for prefix in prefixes:
+        datasets.append(MMapIndexedDataset(prefix, skip_warmup=skip_warmup))
+        if token_limit is not None:
+            check_prefix_token_ids(prefix, datasets[-1], token_limit)
+    unverified = [prefix for prefix, dataset in zip(prefixes, datasets) if dataset.sidecar is None]
+    if unverified:
+        print_rank_0(unverified_note(unverified))
+    return datasets
 
 
 def _build_one_prefix(prefix: str, indexed_dataset: MMapIndexedDataset, splits_string: str,

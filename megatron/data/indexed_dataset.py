@@ -25,7 +25,10 @@ the ``.bin`` length is what the index implies. With ``vocab_size`` it also check
 ``[0, vocab_size)``: one numpy max/min pass over the whole ``.bin`` at open time (the cost of a warm-up read).
 ``token_id_range`` is that pass, in chunks of 2^26 tokens; ``first_token_outside`` finds the document of
 the first id outside a range (token position -> item by the running sum of ``sizes``, item -> document by
-``doc_idx``)."""
+``doc_idx``).
+
+A pair may have a checksum sidecar ``<prefix>.crc.json`` (``megatron.data.checksums``): the reader then checks the
+``.idx`` against it at open, and each chunk of the ``.bin`` the first time a read touches it (``check_bytes``)."""
 import os
 import shutil
 import struct
@@ -34,6 +37,7 @@ from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from megatron.data import checksums
 from megatron.errors import UserError
 
 MAGIC = b"MMIDIDX\x00\x00"
@@ -151,6 +155,16 @@ class _Index:
         return int(self.sizes.sum(dtype=np.int64)) * self.dtype.itemsize
 
 
+def read_pair_index(prefix: str) -> _Index:
+    """The pair's index, parsed and validated, after checking the .bin has the length it implies."""
+    index = _Index(index_file_path(prefix))
+    bin_path, bin_bytes = data_file_path(prefix), os.path.getsize(data_file_path(prefix))
+    if bin_bytes != index.data_bytes:
+        raise IndexedDatasetError(f"{bin_path}: {bin_bytes} bytes but {index_file_path(prefix)} implies "
+                                  f"{index.data_bytes}")
+    return index
+
+
 def _warmup(path: str) -> None:
     """Read a file through once so the OS page cache holds it (Megatron's mmap warm-up)."""
     with open(path, "rb") as f:
@@ -180,13 +194,13 @@ class MMapIndexedDataset:
         if not skip_warmup:
             _warmup(idx_path)
             _warmup(bin_path)
-        self._index = _Index(idx_path)
-        bin_bytes = os.path.getsize(bin_path)
-        if bin_bytes != self._index.data_bytes:
-            raise IndexedDatasetError(f"{bin_path}: {bin_bytes} bytes but {idx_path} implies "
-                                      f"{self._index.data_bytes}")
+        self._sidecar = checksums.open_checks(path_prefix)  # before parsing: a damaged .idx is named as damaged
+        self._index = read_pair_index(path_prefix)
         # np.memmap cannot map an empty file; an empty dataset reads from an empty buffer.
-        self._bin = np.memmap(bin_path, mode="r", order="C") if bin_bytes else np.zeros(0, np.uint8)
+        self._bin = np.memmap(bin_path, mode="r", order="C") if self._index.data_bytes else np.zeros(0, np.uint8)
+        self._unchecked = None  # the chunks of the .bin not checked yet against the sidecar; None: none left
+        if self._sidecar is not None and self._sidecar.bin_crc32:
+            self._unchecked = checksums.ChunkChecks(path_prefix, self._sidecar, self._bin)
         if vocab_size is not None:
             self._check_token_ids(bin_path, vocab_size)
 
@@ -217,11 +231,26 @@ class MMapIndexedDataset:
             outside = (chunk < 0) | (chunk >= limit)
             if outside.any():
                 position = start + int(np.argmax(outside))
+                itemsize = self.dtype.itemsize
+                self.check_bytes(position * itemsize, (position + 1) * itemsize)  # damage is named as such
                 item_ends = np.cumsum(self.sizes, dtype=np.int64)  # an empty item ends where it starts
                 item = int(np.searchsorted(item_ends, position, side="right"))
                 document = int(np.searchsorted(self.doc_idx, item, side="right")) - 1
                 return document, int(chunk[position - start])
         return None
+
+    @property
+    def sidecar(self) -> Optional[checksums.Sidecar]:
+        """The pair's checksum sidecar (its reads are checked against it); None without one."""
+        return self._sidecar
+
+    def check_bytes(self, start: int = 0, stop: Optional[int] = None) -> None:
+        """Check the chunks of .bin bytes [start, stop) (the whole .bin by default) that this process has not
+        checked yet against the sidecar; a no-op without one. Every read does this for the bytes it returns."""
+        if self._unchecked is None:
+            return
+        if not self._unchecked.touch(start, self._index.data_bytes if stop is None else stop):
+            self._unchecked = None  # every chunk checked
 
     @property
     def dtype(self) -> np.dtype:
@@ -248,8 +277,11 @@ class MMapIndexedDataset:
             if start >= stop:
                 return []
             sizes = self.sizes[start:stop]
-            tokens = np.frombuffer(self._bin, dtype=self.dtype, count=int(sizes.sum(dtype=np.int64)),
-                                   offset=int(self._index.pointers[start]))
+            count, pointer = int(sizes.sum(dtype=np.int64)), int(self._index.pointers[start])
+            stop_byte = pointer + count * self.dtype.itemsize
+            if self._unchecked is not None and not self._unchecked.touch(pointer, stop_byte):
+                self._unchecked = None
+            tokens = np.frombuffer(self._bin, dtype=self.dtype, count=count, offset=pointer)
             return np.split(tokens, np.cumsum(sizes[:-1], dtype=np.int64))
         return self.get(idx)
 
@@ -265,6 +297,8 @@ class MMapIndexedDataset:
         if offset < 0 or length < 0 or offset + length > size:
             raise IndexError(f"tokens [{offset}, {offset + length}) out of range for item {idx} of size {size}")
         pointer = int(self._index.pointers[idx]) + offset * self.dtype.itemsize
+        if self._unchecked is not None and not self._unchecked.touch(pointer, pointer + length * self.dtype.itemsize):
+            self._unchecked = None  # every chunk checked: reads cost nothing more
         return np.frombuffer(self._bin, dtype=self.dtype, count=length, offset=pointer)
 
     @property
@@ -321,14 +355,10 @@ class MMapIndexedDatasetBuilder:
     def merge_file_(self, another_prefix: str) -> None:
         """Append the dataset at ``another_prefix`` (items, documents and tokens) to this one."""
         self._check_document_boundary("merge_file_()")
-        other = _Index(index_file_path(another_prefix))
+        other = read_pair_index(another_prefix)
         if other.dtype != self._dtype:
             raise ValueError(f"cannot merge {another_prefix} ({other.dtype}) into {self._bin_path} ({self._dtype}): "
                              f"dtypes differ")
-        bin_bytes = os.path.getsize(data_file_path(another_prefix))
-        if bin_bytes != other.data_bytes:
-            raise IndexedDatasetError(f"{data_file_path(another_prefix)}: {bin_bytes} bytes but its index implies "
-                                      f"{other.data_bytes}")
         offset = len(self._sizes)
         self._sizes.extend(other.sizes.astype(np.int32).tolist())
         self._doc_idx.extend((offset + other.doc_idx[1:]).tolist())

@@ -206,7 +206,8 @@ def test_bad_files_exit_2_from_the_tools(tmp_path, hf_dir, case):
         proc = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 2 and proc.stderr.startswith("error: "), proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and str(folder) in proc.stderr, proc.stderr
-    assert sorted(os.listdir(tmp_path)) == ["bad", "corpus.jsonl", "d_text_document.bin", "d_text_document.idx"]
+    assert sorted(os.listdir(tmp_path)) == ["bad", "corpus.jsonl", "d_text_document.bin", "d_text_document.crc.json",
+                                       "d_text_document.idx"]
 
 
 def test_missing_tokenizer_model(tmp_path):

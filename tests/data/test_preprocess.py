@@ -51,7 +51,8 @@ def test_jsonl_matches_direct_tokenization(tmp_path, bpe_files, workers):
     assert read_docs(str(tmp_path / "out_text_document")) == expected
     assert MMapIndexedDataset(str(tmp_path / "out_text_document")).dtype == np.uint16
     assert (stats.docs, stats.tokens, stats.empty, stats.bad) == (300, sum(map(len, expected)), 0, 0)
-    assert sorted(os.listdir(tmp_path)) == ["corpus.jsonl", "out_text_document.bin", "out_text_document.idx"]
+    assert sorted(os.listdir(tmp_path)) == ["corpus.jsonl", "out_text_document.bin", "out_text_document.crc.json",
+                                       "out_text_document.idx"]
 
 
 def test_multiple_keys_and_empty_documents(tmp_path, bpe_files):
