@@ -33,21 +33,17 @@ import torch
 VOCAB, HIDDEN, HEADS, LAYERS, POSITIONS, SEQ = 96, 32, 4, 3, 64, 16
 # Megatron-LM's arguments of each model: GPT-2's layer with Megatron-LM's defaults (the fused bias-GELU, tied
 # head) and a Llama-style layer (RMSNorm, SwiGLU, grouped-query attention, rotary, untied head, no biases)
+_SHARED = dict(num_layers=LAYERS, hidden_size=HIDDEN, num_attention_heads=HEADS, kv_channels=HIDDEN // HEADS,
+               max_position_embeddings=POSITIONS, seq_length=SEQ, norm_epsilon=1e-5, openai_gelu=False,
+               bias_gelu_fusion=True, bias_swiglu_fusion=True, rotary_base=10000, rotary_percent=1.0,
+               padded_vocab_size=VOCAB, vocab_size=VOCAB, make_vocab_size_divisible_by=32)
 MODELS = {
-    "gpt2": dict(num_layers=LAYERS, hidden_size=HIDDEN, ffn_hidden_size=4 * HIDDEN, num_attention_heads=HEADS,
-                 kv_channels=HIDDEN // HEADS, group_query_attention=False, num_query_groups=1,
-                 max_position_embeddings=POSITIONS, seq_length=SEQ, position_embedding_type="learned_absolute",
-                 normalization="LayerNorm", norm_epsilon=1e-5, swiglu=False, add_bias_linear=True,
-                 add_qkv_bias=True, untie_embeddings_and_output_weights=False, openai_gelu=False,
-                 bias_gelu_fusion=True, bias_swiglu_fusion=True, rotary_base=10000, rotary_percent=1.0,
-                 padded_vocab_size=VOCAB, vocab_size=VOCAB, make_vocab_size_divisible_by=32),
-    "llama": dict(num_layers=LAYERS, hidden_size=HIDDEN, ffn_hidden_size=48, num_attention_heads=HEADS,
-                  kv_channels=HIDDEN // HEADS, group_query_attention=True, num_query_groups=2,
-                  max_position_embeddings=POSITIONS, seq_length=SEQ, position_embedding_type="rope",
-                  normalization="RMSNorm", norm_epsilon=1e-5, swiglu=True, add_bias_linear=False,
-                  add_qkv_bias=False, untie_embeddings_and_output_weights=True, openai_gelu=False,
-                  bias_gelu_fusion=True, bias_swiglu_fusion=True, rotary_base=10000, rotary_percent=1.0,
-                  padded_vocab_size=VOCAB, vocab_size=VOCAB, make_vocab_size_divisible_by=32),
+    "gpt2": dict(_SHARED, ffn_hidden_size=4 * HIDDEN, group_query_attention=False, num_query_groups=1,
+                 position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
+                 add_bias_linear=True, add_qkv_bias=True, untie_embeddings_and_output_weights=False),
+    "llama": dict(_SHARED, ffn_hidden_size=48, group_query_attention=True, num_query_groups=2,
+                  position_embedding_type="rope", normalization="RMSNorm", swiglu=True, add_bias_linear=False,
+                  add_qkv_bias=False, untie_embeddings_and_output_weights=True),
 }
 ITERATION = 7
 
