@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
-from tests.faults.results import changes, describe, same
+from tests.faults.results import MISSING, changes, describe, same
 
 Change = Tuple[Tuple, Any, Any]
 
@@ -40,8 +40,10 @@ def follow_tokenizer(pristine_reading: Any, reading: Any, pristine_result: dict,
 def follow_values(pristine_reading: Any, reading: Any, pristine_result: Any, result: Any) -> List[Change]:
     """The changes of `result` that are not a value of the file going from its old to its new value."""
     edits = [(old, new) for _, old, new in changes(pristine_reading, reading)]
+    emptied = ({}, [], MISSING)  # an object left empty (or made) by a removed (added) key: structure, not a value
     return [(path, old, new) for path, old, new in changes(pristine_result, result)
-            if not any(same(old, o) and same(new, n) for o, n in edits)]
+            if not any(same(old, o) and same(new, n) for o, n in edits)
+            and not (old in emptied and new in emptied)]
 
 
 def names_file(target: str, message: str) -> bool:
