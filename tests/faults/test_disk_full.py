@@ -1,5 +1,5 @@
-"""A checkpoint saved into a file system that is too small (a tmpfs mounted here as root; skipped where mounting
-is refused), through examples/ds_pretrain_gpt2.sh at (1, 2, 2), saving every 4 iterations: the run stops with one
+"""A checkpoint saved into a file system that is too small (a tmpfs mounted here as root; skipped where the tests
+do not run as root, failed where root cannot mount: tests/faults/tmpfs.py), through examples/ds_pretrain_gpt2.sh at (1, 2, 2), saving every 4 iterations: the run stops with one
 line naming the path and the bytes needed, exit 2; nothing half-written is published (`latest` still names
 iteration 4), and that checkpoint, copied where there is room, resumes with the uninterrupted run's losses.
 
