@@ -57,7 +57,8 @@ def write_manifest(folder: str, files: Optional[Dict[str, Dict[str, Any]]] = Non
     files = entries(folder, saved_files(folder)) if files is None else files
     tmp = os.path.join(folder, f".{MANIFEST}.tmp.{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump({"format": MANIFEST_FORMATS[-1], "checksum": "crc32", "files": dict(sorted(files.items()))}, f, indent=1)
+        json.dump({"format": MANIFEST_FORMATS[-1], "checksum": "crc32", "files": dict(sorted(files.items()))}, f,
+                  indent=1)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(folder, MANIFEST))

@@ -75,7 +75,8 @@ def _pt(kind: str, top: str, target: str, rng: random.Random) -> List[Mutation]:
     size = _size(top, target)
     return (flips(kind, target, size, 2, rng, 0, 1024, " (zip records)") +
             flips(kind, target, size, 2, rng, size - 1024, size, " (zip directory)") +
-            flips(kind, target, size, 3, rng, 1024, size - 1024, " (tensor data)") + truncations(kind, target, size, 2, rng))
+            flips(kind, target, size, 3, rng, 1024, size - 1024, " (tensor data)") +
+            truncations(kind, target, size, 2, rng))
 
 
 def _safetensors(kind: str, top: str, target: str, rng: random.Random) -> List[Mutation]:
