@@ -16,7 +16,9 @@ run gave, and what the file's owner reads in it (tests/faults/owners.py). The ru
 
 The two `follow` rules:
     follow_tokenizer  the result's tokenizer part equals what the owner's tokenizer gives (vocabulary size,
-                      special ids, the ids of the fixed texts) and every other part equals the pristine run's
+                      special ids, the ids of the fixed texts, SentencePiece's pieces) and every other part
+                      equals the pristine run's, but for the configuration's vocabulary sizes, which follow the
+                      owner's (vocab_size; padded_vocab_size, padded as Megatron pads)
     follow_values     every leaf of the result that changed went from a value the file held to the value it
                       holds now, at a key the owner's diff of the file shows changed (json: a value edited, a
                       key added or removed); a change the file does not show is unexplained
@@ -33,8 +35,17 @@ Change = Tuple[Tuple, Any, Any]
 
 
 def follow_tokenizer(pristine_reading: Any, reading: Any, pristine_result: dict, result: dict) -> List[Change]:
-    """The changes of `result` that the owner's tokenizer reading (results.tokenizer_result's form) does not give."""
-    return changes(dict(pristine_result, tokenizer=reading), result)
+    """The changes of `result` that the owner's tokenizer reading (results.tokenizer_result's form) does not give:
+    its tokenizer part must be the reading, and the rest the pristine run's but for the vocabulary sizes the run
+    derives from the tokenizer (`vocab_size` = the reading's, `padded_vocab_size` = that padded as Megatron pads,
+    to a multiple of make_vocab_size_divisible_by x tp)."""
+    from megatron.model.config import padded_vocab_size
+    config = result.get("config", {})
+    vocab = reading["vocab_size"]
+    derived = {"vocab_size": vocab, "padded_vocab_size": padded_vocab_size(
+        vocab, config.get("record", {}).get("make_vocab_size_divisible_by", 1), config.get("layout", {}).get("tp", 1))}
+    return [(path, old, new) for path, old, new in changes(dict(pristine_result, tokenizer=reading), result)
+            if not (path[0] == "config" and path[-1] in derived and same(new, derived[path[-1]]))]
 
 
 def follow_values(pristine_reading: Any, reading: Any, pristine_result: Any, result: Any) -> List[Change]:

@@ -58,6 +58,23 @@ def test_follow_tokenizer_compares_with_the_owners_tokenizer_and_nothing_else():
     assert follow_tokenizer(None, owner_reads, pristine, config_too) == [(("config", "lr"), 1e-3, 2e-3)]
 
 
+def test_follow_tokenizer_lets_the_vocabulary_sizes_follow_the_owners():
+    """A SentencePiece model that lost a piece: the run's vocab_size follows the owner's, padded as Megatron pads
+    (to a multiple of 8 x tp here); any other number is unexplained."""
+    config = {"record": {"make_vocab_size_divisible_by": 8, "vocab_size": 608, "padded_vocab_size": 608},
+              "layout": {"tp": 1}}
+    pristine = {"tokenizer": {"vocab_size": 608}, "config": config}
+    fewer = {"vocab_size": 607}
+    follows = {"tokenizer": fewer, "config": dict(config, record=dict(config["record"], vocab_size=607))}
+    assert follow_tokenizer(None, fewer, pristine, follows) == []
+    much_fewer = {"vocab_size": 600}
+    padded = {"tokenizer": much_fewer, "config": dict(config, record=dict(config["record"], vocab_size=600,
+                                                                          padded_vocab_size=600))}
+    assert follow_tokenizer(None, much_fewer, pristine, padded) == []
+    wrong = {"tokenizer": fewer, "config": dict(config, record=dict(config["record"], vocab_size=606))}
+    assert follow_tokenizer(None, fewer, pristine, wrong) == [(("config", "record", "vocab_size"), 608, 606)]
+
+
 def test_normalization_replaces_the_case_folder_only(tmp_path):
     folder = str(tmp_path / "case")
     result = {"vocab_file": f"{folder}/out/vocab.json", "save": "out", "other": "/elsewhere/file", "lr": 0.001}
