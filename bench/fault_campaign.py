@@ -5,8 +5,9 @@ export-hf and import-hf) and judged by tests/faults/judge.py. Prints the table o
 (docs/long-runs.md, Faults) and every case that ended badly (a traceback, a hang, a silent acceptance, a refusal
 that does not name the file); --show-accepted also lists the unchanged and as-written cases with what changed.
 
-    python bench/fault_campaign.py                  # every case (about 630), seed 0; about 2 minutes on 2 cores
-    python bench/fault_campaign.py --per-group 6    # 6 seeded cases of each (file kind, command): make test's subset
+    python bench/fault_campaign.py                  # every case (631), seed 0; under a minute on 2 cores
+    python bench/fault_campaign.py --per-group 6    # 6 seeded cases of each (file kind, command): make test's
+                                                    # subset, without its named edits
 """
 from __future__ import annotations
 

@@ -115,11 +115,13 @@ def _torch_files(top: str) -> List[str]:
 
 # ---- owners' readings ------------------------------------------------------------------------------------------
 
-def _json(target: str) -> Callable:
-    return lambda folder, texts: owners.read_json(os.path.join(folder, target))
+def _read(reader: Callable[[str], Any], target: str) -> Callable:
+    """The owner's `reader` on the case folder's file `target`."""
+    return lambda folder, texts: reader(os.path.join(folder, target))
 
 
-def _in_tag_json(name: str) -> Callable:
+def _read_in_tag(name: str) -> Callable:
+    """json on the checkpoint folder's file `name` (the folder `latest` names)."""
     return lambda folder, texts: owners.read_json(os.path.join(folder, _in_tag(name)(folder)[0]))
 
 
@@ -147,24 +149,24 @@ KINDS: List[FileKind] = [
     FileKind("DeepSpeed JSON", _fixed("ds.json"), (READS,),
              text_mutations(26, ("reduce_bucket_size renamed reduce_buciet_size",
                                  ("replace", b'"reduce_bucket_size"', b'"reduce_buciet_size"'))),
-             owner=lambda folder, texts: owners.read_deepspeed_json(os.path.join(folder, "ds.json")),
+             owner=_read(owners.read_deepspeed_json, "ds.json"),
              follow=follow_values, run_as="gpt-ds"),
     FileKind("latest", _fixed("ckpt/latest"), CHECKPOINT_COMMANDS,
              text_mutations(8, ("names iter_0000003", ("write", 0, b"iter_0000003"))),
-             owner=lambda folder, texts: owners.read_text(os.path.join(folder, "ckpt", "latest"))),
+             owner=_read(owners.read_text, "ckpt/latest")),
     FileKind("megatron_args.json", _in_tag("megatron_args.json"), CHECKPOINT_COMMANDS, text_mutations(20),
-             owner=_in_tag_json("megatron_args.json"), follow=follow_values),
+             owner=_read_in_tag("megatron_args.json"), follow=follow_values),
     FileKind("manifest.json", _in_tag("manifest.json"), CHECKPOINT_COMMANDS,
              text_mutations(20, ("settings_crc32 renamed settings_grc32", ("replace", b'"settings_crc32"',
                                                                              b'"settings_grc32"'))),
-             owner=_in_tag_json("manifest.json")),
+             owner=_read_in_tag("manifest.json")),
     FileKind("checkpoint .pt", _torch_files, CHECKPOINT_COMMANDS, _pt),
     FileKind("safetensors header", _fixed("export/model.safetensors"), (IMPORT,), _safetensors,
-             owner=lambda folder, texts: owners.read_safetensors(os.path.join(folder, "export", "model.safetensors"))),
+             owner=_read(owners.read_safetensors, "export/model.safetensors")),
     FileKind("HF config.json", _fixed("export/config.json"), (IMPORT,),
              text_mutations(24, ("eos_token_id 0 -> 4", ("replace", b'"eos_token_id": 0', b'"eos_token_id": 4')),
                             ("layer_norm_epsilon 1e-05 -> 1e-04", ("replace", b"1e-05", b"1e-04"))),
-             owner=_json("export/config.json"), follow=follow_values),
+             owner=_read(owners.read_json, "export/config.json"), follow=follow_values),
 ]
 BY_NAME = {k.name: k for k in KINDS}
 
