@@ -72,14 +72,15 @@ def write_data(out_dir: str, tokens: int) -> dict:
     from megatron.tokenizer.bpe_python import bytes_to_unicode
     symbols = list(bytes_to_unicode().values())
     vocab = {s: i for i, s in enumerate(symbols)}
-    vocab.update({f"filler{i}": i for i in range(len(symbols), VOCAB - 1)})
+    vocab.update({f"filler{i}": i for i in range(len(symbols), VOCAB - 2)})
+    vocab["\u0120t"] = VOCAB - 2  # "Ġt": the result of the one merge (a merges file without merges is refused)
     vocab["<|endoftext|>"] = VOCAB - 1
     paths = dict(vocab=os.path.join(out_dir, "vocab.json"), merges=os.path.join(out_dir, "merges.txt"),
                  data_prefix=os.path.join(out_dir, "random_text_document"))
     with open(paths["vocab"], "w", encoding="utf-8") as f:
         json.dump(vocab, f)
     with open(paths["merges"], "w", encoding="utf-8") as f:
-        f.write("#version: 0.2\n")
+        f.write("#version: 0.2\n\u0120 t\n")
     rng = np.random.default_rng(0)
     builder = MMapIndexedDatasetBuilder(data_file_path(paths["data_prefix"]), dtype=best_fitting_dtype(VOCAB))
     written = 0

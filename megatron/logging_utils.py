@@ -5,10 +5,13 @@ The log line (one per --log-interval iterations, printed by the last rank, which
     iteration 20/200 | consumed samples 160 | lr 3.0e-04 | loss 5.1234 | grad norm 1.234 | loss scale 65536
     | skipped 0 | 123.4 ms/iter | 8291 tokens/s | 0.012 TFLOP/s/device | peak mem 1.23 GB
 
-Averages are over the iterations of the interval (ms/iter, tokens/s, TFLOP/s, loss, grad norm).
+Averages are over the iterations of the interval (ms/iter, tokens/s, TFLOP/s, loss, grad norm). The line prints
+the loss with 6 decimals; with MEGATRON_LOSS_RECORD set, the same rank also appends `iteration loss.hex()` to that
+file (`record_loss`): the exact value, for tests that compare runs bit for bit.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, TextIO
@@ -41,6 +44,31 @@ def print_rank_0(message: str) -> None:
 def print_rank_last(message: str) -> None:
     if _is_last_rank():
         print_line(message)
+
+
+LOSS_RECORD = "MEGATRON_LOSS_RECORD"
+
+
+def record_loss(iteration: int, loss: float) -> None:
+    """Append `iteration loss.hex()` to the file MEGATRON_LOSS_RECORD names (last rank; nothing when unset)."""
+    path = os.environ.get(LOSS_RECORD)
+    if path and _is_last_rank():
+        with open(path, "a") as f:
+            f.write(f"{iteration} {float(loss).hex()}\n")
+
+
+def recorded_losses(path: str) -> Dict[int, float]:
+    """{iteration: loss} of a MEGATRON_LOSS_RECORD file; an iteration recorded twice (a restart) must have the
+    same loss."""
+    out: Dict[int, float] = {}
+    with open(path) as f:
+        for line in f:
+            iteration, value = line.split()
+            loss = float.fromhex(value)
+            if out.setdefault(int(iteration), loss) != loss:
+                raise ValueError(f"{path}: iteration {iteration} recorded twice, differently ({out[int(iteration)]!r}, "
+                                 f"{loss!r})")
+    return out
 
 
 @dataclass

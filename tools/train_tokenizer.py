@@ -107,6 +107,11 @@ def _lines(texts: Iterator[str]) -> Iterator[str]:
                 yield line
 
 
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (taskset, a SLURM allocation, a container's cpuset), not the machine's."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def train_sentencepiece(texts: Iterator[str], vocab_size: int, output_dir: str) -> str:
     """T5-style unigram SentencePiece; returns the .model path."""
     import sentencepiece
@@ -119,7 +124,7 @@ def train_sentencepiece(texts: Iterator[str], vocab_size: int, output_dir: str) 
             sentence_iterator=_lines(guarded), model_prefix=prefix, vocab_size=vocab_size, model_type="unigram",
             pad_id=0, eos_id=1, unk_id=2, bos_id=-1, byte_fallback=True, normalization_rule_name="identity",
             remove_extra_whitespaces=False, hard_vocab_limit=False, character_coverage=0.9995,
-            minloglevel=2, num_threads=os.cpu_count() or 1)
+            minloglevel=2, num_threads=_usable_cpus())
     except RuntimeError as e:
         guarded.check()
         raise InputError(f"sentencepiece training failed: {str(e).splitlines()[0]}") from None

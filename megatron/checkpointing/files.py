@@ -122,20 +122,71 @@ def checkpoint_folder(load_dir: str, tag: Optional[str] = None) -> str:
 
 def read_manifest(folder: str) -> Optional[Dict[str, Dict[str, Any]]]:
     """manifest.json's name -> {bytes, crc32[, settings_crc32]}; None for a folder saved before manifests.
-    ValueError if it is not one (manifest.py's checks report it, naming the file)."""
+    ValueError if it is not one (ManifestError: valid JSON that is not a manifest of its format; manifest.py's
+    checks report it, naming the file)."""
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
         return None
     with open(path, "rb") as f:
-        content = json.loads(f.read().decode("utf-8"))  # UnicodeDecodeError is a ValueError
-    if not isinstance(content, dict) or content.get("format") != 1 or content.get("checksum") != "crc32":
-        raise ValueError("not a manifest of format 1 with CRC-32 checksums")
-    files = content.get("files")
-    entry_ok = (lambda e: isinstance(e, dict) and isinstance(e.get("bytes"), int) and isinstance(e.get("crc32"), str)
-                and re.fullmatch(r"[0-9a-f]{8}", e["crc32"]) is not None)
-    if not isinstance(files, dict) or not all(entry_ok(e) for e in files.values()):
-        raise ValueError("no 'files' entry of {name: {bytes, crc32}}")
-    return files
+        content = json.loads(f.read().decode("utf-8"), object_pairs_hook=_unique_keys)  # UnicodeDecodeError too
+    check_manifest(content)
+    return content["files"]
+
+
+class ManifestError(ValueError):
+    """manifest.json parses but is not a manifest of the format it names (a key missing, unknown or twice)."""
+
+
+# Each format's keys. Format 1 listed {bytes, crc32} per file; the entry of megatron_args.json later gained
+# settings_crc32 without a new format, so a format-1 manifest may lack it. Format 2 (written since) must have it:
+# a manifest whose format says it has a key and lacks it, or has a key no format has, turns a check off.
+MANIFEST_FORMATS = (1, 2)
+MANIFEST_KEYS = ("format", "checksum", "files")
+ENTRY_KEYS = ("bytes", "crc32")
+ARGS_ENTRY_KEYS = ("bytes", "crc32", "settings_crc32")
+
+
+def _unique_keys(pairs):
+    keys = [k for k, _ in pairs]
+    twice = next((k for k in keys if keys.count(k) > 1), None)
+    if twice is not None:
+        raise ManifestError(f"the key {twice!r} appears twice")
+    return dict(pairs)
+
+
+def _check_keys(obj: Any, required: Iterable[str], allowed: Iterable[str], where: str, fmt: int) -> None:
+    if not isinstance(obj, dict):
+        raise ManifestError(f"{where} is a JSON {type(obj).__name__}, not an object")
+    unknown = [k for k in obj if k not in allowed]
+    if unknown:
+        raise ManifestError(f"{where} has the unknown key {unknown[0]!r} (format {fmt}: {', '.join(allowed)})")
+    missing = [k for k in required if k not in obj]
+    if missing:
+        raise ManifestError(f"{where} lacks {missing[0]!r}, which format {fmt} has")
+
+
+def check_manifest(content: Any) -> None:
+    """ManifestError naming the first key that `content` lacks, has twice or should not have for its format,
+    or a value of the wrong type."""
+    fmt = content.get("format") if isinstance(content, dict) else None
+    if type(fmt) is not int or fmt not in MANIFEST_FORMATS:
+        raise ManifestError(f"format {fmt!r}: this version reads formats {' and '.join(map(str, MANIFEST_FORMATS))}")
+    _check_keys(content, MANIFEST_KEYS, MANIFEST_KEYS, "the manifest", fmt)
+    if content["checksum"] != "crc32":
+        raise ManifestError(f"checksum {content['checksum']!r}, expected 'crc32'")
+    files = content["files"]
+    if not isinstance(files, dict):
+        raise ManifestError(f"'files' is a JSON {type(files).__name__}, not an object")
+    if fmt >= 2 and ARGS_FILE not in files:
+        raise ManifestError(f"'files' has no entry for {ARGS_FILE}, which format {fmt} lists")
+    for name, entry in files.items():
+        allowed = ARGS_ENTRY_KEYS if name == ARGS_FILE else ENTRY_KEYS
+        _check_keys(entry, allowed if fmt >= 2 else ENTRY_KEYS, allowed, f"the entry of {name}", fmt)
+        if not isinstance(entry["bytes"], int) or isinstance(entry["bytes"], bool) or entry["bytes"] < 0:
+            raise ManifestError(f"the entry of {name} has bytes {entry['bytes']!r}, not a size")
+        for key in ("crc32", "settings_crc32"):
+            if key in entry and not (isinstance(entry[key], str) and re.fullmatch(r"[0-9a-f]{8}", entry[key])):
+                raise ManifestError(f"the entry of {name} has {key} {entry[key]!r}, not 8 hex digits")
 
 
 def settings_crc32(args: Dict[str, Any]) -> str:

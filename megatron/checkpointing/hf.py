@@ -75,9 +75,11 @@ def to_hf(weights: Dict[str, torch.Tensor], args: Dict, table: ModelTable) -> Di
 
 def from_hf(hf: Dict[str, torch.Tensor], args: Dict, table: ModelTable, where: str) -> Dict[str, torch.Tensor]:
     """HF state dict -> canonical full weights: every row of the HF table (sentinels in this project's order),
-    padded to args['padded_vocab_size'] with zeros."""
+    padded to args['padded_vocab_size'] with zeros; UserError naming config.json where a tensor's shape is not
+    the one the config's model has (a shape field missing from config.json falls back to its default)."""
     rows = hf_rows(args)
     order = sentinel_order(args, rows)
+    shapes = table.full_shapes()
     weights = {}
     for rule in rules_for(args):
         names = rule.hf
@@ -93,6 +95,12 @@ def from_hf(hf: Dict[str, torch.Tensor], args: Dict, table: ModelTable, where: s
                 raise UserError(f"{where}: {names[0]} has {full.size(0)} rows in {weight_files(where)} but config.json "
                                 f"has vocab_size {rows} (the HF weights do not match their config.json)")
             full = resize_rows(full if order is None else full[order], args["padded_vocab_size"])
+        vocab = int(table.by_name[rule.canonical].vocab)  # its rows were checked above
+        if tuple(full.shape)[vocab:] != shapes[rule.canonical][vocab:]:
+            raise UserError(f"{os.path.join(where, 'config.json')} does not match the weights: {names[0]} has shape "
+                            f"{tuple(hf[names[0]].shape)} in {weight_files(where)}, where the config's model has "
+                            f"{rule.canonical} {shapes[rule.canonical]} (a shape field such as the hidden size, the "
+                            f"positions or the heads is missing or changed)")
         weights[rule.canonical] = full.contiguous()
     return weights
 

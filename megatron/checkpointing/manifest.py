@@ -1,6 +1,7 @@
 """manifest.json: every file a save wrote, with its size and CRC-32, written last; the checks that use it.
 
-    <dir>/<tag>/manifest.json   {"format": 1, "checksum": "crc32", "files": {name: {"bytes": n, "crc32": "08x"}}}
+    <dir>/<tag>/manifest.json   {"format": 2, "checksum": "crc32", "files": {name: {"bytes": n, "crc32": "08x"}}}
+                                (megatron_args.json's entry also has "settings_crc32"; the formats: files.py)
 
 A save writes every file, then the manifest (`save_manifest`: each rank hashes a share of the files, rank 0
 writes it atomically), then `latest`; so a folder with a manifest is complete. Before a load reads any file,
@@ -19,8 +20,8 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .consolidated import has_engine_state, has_optimizer, layout_of
-from .files import (ARGS_FILE, CheckpointFileError, checkpoint_folder, layer_file, mp_rank_file, read_args,
-                    settings_crc32, zero_file)
+from .files import (ARGS_FILE, MANIFEST_FORMATS, CheckpointFileError, ManifestError, checkpoint_folder, layer_file,
+                    mp_rank_file, read_args, settings_crc32, zero_file)
 from .names import ModelTable, plain_pp1
 from .optim import optimizer_kind
 from .reading import MANIFEST, checksum_error, crc32, load_hint, newest_where, read_manifest, role
@@ -56,7 +57,8 @@ def write_manifest(folder: str, files: Optional[Dict[str, Dict[str, Any]]] = Non
     files = entries(folder, saved_files(folder)) if files is None else files
     tmp = os.path.join(folder, f".{MANIFEST}.tmp.{os.getpid()}")
     with open(tmp, "w") as f:
-        json.dump({"format": 1, "checksum": "crc32", "files": dict(sorted(files.items()))}, f, indent=1)
+        json.dump({"format": MANIFEST_FORMATS[-1], "checksum": "crc32", "files": dict(sorted(files.items()))}, f,
+                  indent=1)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, os.path.join(folder, MANIFEST))
@@ -126,11 +128,18 @@ def _zip_problem(path: str) -> Optional[str]:
 
 
 def first_problem(folder: str, saved: Dict[str, Any], parts: Sequence[str] = EVERY_PART) -> Optional[Problem]:
-    """The first file a load of `parts` would read that is missing, unreadable or of the wrong size."""
+    """The first file a load of `parts` would read that is missing, unreadable or of the wrong size, or that
+    the folder's manifest does not list (its entry lost: the file would be read unchecked)."""
     try:
         listed = read_manifest(folder)
+    except ManifestError as err:
+        return MANIFEST, f"not a valid manifest: {err}"
     except (ValueError, OSError) as err:  # json's and utf-8's errors are ValueErrors
         return MANIFEST, f"damaged ({type(err).__name__}: {str(err)[:120]})"
+    unlisted = [n for n in saved_files(folder) if listed is not None and n not in listed and n.endswith(".pt")
+                and part_of(n, saved) in parts]
+    if unlisted:
+        return MANIFEST, f"damaged: it does not list {unlisted[0]}, which the load reads (an entry lost)"
     sizes = {n: e["bytes"] for n, e in listed.items()} if listed is not None else \
         dict.fromkeys(expected_files(folder, saved))
     for name, size in sizes.items():

@@ -156,6 +156,14 @@ class ModelTable:
         self.by_location = {(p.layer, p.local): p for p in self.params}
         self.specs = self._specs()
 
+    def full_shapes(self) -> Dict[str, Tuple[int, ...]]:
+        """Every parameter's full (tp = 1) shape, from the spec's plain model built under torch's FakeTensorMode
+        (no memory, no initialization: a 7B model in half a second)."""
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        with FakeTensorMode():
+            model = spec_for(self.kind).plain(self.config)
+            return {name: tuple(p.shape) for name, p in model.named_parameters()}
+
     def _specs(self) -> list:
         if self.kind == "gpt":
             from megatron.model.gpt2_pipe import gpt2_layer_specs

@@ -51,6 +51,21 @@ KNOWN_KEYS = sorted({path[0] for _, path in SHARED} | {
     "torch_autocast", "memory_breakdown", "dump_state", "elasticity", "aio", "compile", "dataloader_drop_last",
     "disable_allgather", "timers", "monitor_config"})
 FORBIDDEN_SECTIONS = ("optimizer", "scheduler")
+# the keys of DeepSpeed 0.19's `zero_optimization` (DeepSpeedZeroConfig's fields and aliases): DeepSpeed refuses any
+# other key there (its pydantic model forbids extras), so this project does too (tests/config checks the list)
+ZERO_KEYS = frozenset("""
+allgather_bucket_size allgather_partitions allgather_sequential compute_grad_norm contiguous_gradients cpu_offload
+cpu_offload_param cpu_offload_use_pin_memory elastic_checkpoint enable_sanity_checks gather_16bit_weights_on_model_save
+ignore_unused_parameters leaf_module legacy_stage1 load_from_fp32_weights log_trace_cache_warnings max_live_parameters
+max_reuse_distance memory_efficient_linear model_persistence_threshold module_granularity_threshold offload_optimizer
+offload_param overlap_comm override_module_apply param_persistence_threshold parameter_alignment
+pipeline_loading_checkpoint prefetch_bucket_size reduce_bucket_size reduce_scatter round_robin_gradients
+save_muon_momentum_buffer_in_memory stage stage3_allgather_sequential stage3_gather_16bit_weights_on_model_save
+stage3_gather_fp16_weights_on_model_save stage3_max_live_parameters stage3_max_reuse_distance
+stage3_model_persistence_threshold stage3_module_granularity_threshold stage3_param_persistence_threshold
+stage3_prefetch_bucket_size stage3_use_all_reduce_for_fetch_params sub_group_size use_all_reduce_for_fetch_params
+use_multi_rank_bucket_allreduce zenflow zero_hpz_partition_size zero_quantized_gradients
+zero_quantized_nontrainable_weights zero_quantized_weights""".split())
 
 
 class ConfigConflictError(UserError):
@@ -79,6 +94,7 @@ def load_json(path: Optional[str]) -> Dict[str, Any]:
         if near:
             raise ConfigConflictError(f"--deepspeed_config {path}: unknown key {key!r}, did you mean {near[0]!r}? "
                                       f"(DeepSpeed ignores keys it does not know; the file is mistyped or damaged)")
+    _check_zero_section(cfg.get("zero_optimization", {}), path)
     if "bfloat16" in cfg:  # DeepSpeed's older spelling
         cfg.setdefault("bf16", cfg.pop("bfloat16"))
     for section in FORBIDDEN_SECTIONS:
@@ -86,6 +102,20 @@ def load_json(path: Optional[str]) -> Dict[str, Any]:
             raise ConfigConflictError(f"{path}: remove the '{section}' section; the optimizer and learning-rate "
                                       f"schedule are built from --lr, --min-lr, --lr-decay-style, --weight-decay, ...")
     return cfg
+
+
+def _check_zero_section(zero: Any, path: str) -> None:
+    """`zero_optimization` is an object of the keys DeepSpeed's ZeRO config has (ZERO_KEYS)."""
+    if not isinstance(zero, dict):
+        raise ConfigConflictError(f"--deepspeed_config {path}: zero_optimization is a JSON {type(zero).__name__}, "
+                                  f"expected an object such as {{\"stage\": 1}}")
+    for key in zero:
+        if key not in ZERO_KEYS:
+            near = difflib.get_close_matches(key, ZERO_KEYS, n=1, cutoff=0.8)
+            hint = f", did you mean {near[0]!r}?" if near else ""
+            raise ConfigConflictError(f"--deepspeed_config {path}: unknown key {key!r} in zero_optimization{hint} "
+                                      f"(DeepSpeed refuses keys its ZeRO config does not have; the file is mistyped "
+                                      f"or damaged)")
 
 
 def _lookup(cfg: Dict[str, Any], path: Tuple[str, ...]) -> Any:

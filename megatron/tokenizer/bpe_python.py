@@ -63,7 +63,8 @@ def check_ids(vocab: Dict[str, int], path: str) -> None:
 
 
 def load_merges(path: str) -> List[Tuple[str, str]]:
-    """Merges in rank order; a first line starting with ``#version`` is a header."""
+    """Merges in rank order; a first line starting with ``#version`` is a header. ValueError naming the file
+    when a line is not two symbols, or when there is no merge at all."""
     merges = []
     try:
         with open(path, encoding="utf-8") as f:
@@ -79,6 +80,9 @@ def load_merges(path: str) -> List[Tuple[str, str]]:
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start} of a chunk); the file is "
                          f"damaged") from None
+    if not merges:  # every text would encode byte by byte: no tokenizer anyone trained
+        raise ValueError(f"{path}: no merges (the file is empty or holds only its '#version' header); a GPT-2 BPE "
+                         f"merges.txt lists one merge per line, as tools/train_tokenizer.py --type bpe writes it")
     return merges
 
 

@@ -25,7 +25,7 @@ from megatron.training.exit_conditions import ExitConditions
 from megatron.training.evaluation import evaluate_and_print
 from megatron.training.flops import flops_per_iteration, tokens_per_sample
 from megatron.logging_utils import (IntervalStats, TensorBoard, format_log_line, interval_metrics, print_line,
-                                    print_rank_0, print_rank_last)
+                                    print_rank_0, print_rank_last, record_loss)
 from megatron.model.rng import start_iteration
 from tds import device as tds_device
 
@@ -68,6 +68,7 @@ def _log_interval(engine, cfg: RunConfig, state: TrainState, stats: IntervalStat
     scale = _loss_scale(engine, cfg.precision.fp16)
     print_rank_last(format_log_line(state.iteration, cfg.batch.train_iters, state.consumed_train_samples, lr, metrics,
                                     scale, engine.skipped_steps, tds_device.max_memory_allocated()))
+    record_loss(state.iteration, metrics["loss"])
     extra = dict(lr=lr, consumed_samples=state.consumed_train_samples)
     if scale is not None:
         extra["loss_scale"] = scale

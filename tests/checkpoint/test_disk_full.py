@@ -1,5 +1,5 @@
-"""The tools' outputs on a file system that is too small (a tmpfs mounted here as root; skipped where mounting
-is refused): `reshape` and `export-hf` stop with one line naming the output, the bytes it needs and those free,
+"""The tools' outputs on a file system that is too small (a tmpfs mounted here as root; skipped where the tests
+do not run as root, failed where root cannot mount: tests/faults/tmpfs.py): `reshape` and `export-hf` stop with one line naming the output, the bytes it needs and those free,
 and leave nothing behind; the check before writing, and a file system that fills while they write (another
 writer took the space after the check: the check is skipped here). The training saves: tests/faults."""
 import os

@@ -314,3 +314,23 @@ def test_unsupported_hf_options_are_named(tmp_path):
         run(["import-hf", "--input", hf_dir, "--save", str(tmp_path / "x"), "--tensor-model-parallel-size", "1",
              "--pipe-parallel-size", "1"])
     assert not os.path.exists(tmp_path / "x")
+
+
+@pytest.mark.parametrize("key, words", [("n_positions", "transformer.wpe.weight has shape (64, 32)"),
+                                        ("n_embd", "transformer.wte.weight has shape")])
+def test_a_shape_field_missing_from_config_json_is_named(tmp_path, key, words):
+    """config.json without a shape field (renamed, as a flipped bit renames it: n_positions -> n|positions):
+    import-hf would take transformers' default (1024 positions, hidden 768) for weights of another shape; it
+    refuses, naming config.json and the tensor, as transformers' from_pretrained refuses the size mismatch."""
+    hf_dir = _hf_gpt2(tmp_path)
+    path = os.path.join(hf_dir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config[key.replace("_", "|")] = config.pop(key)
+    with open(path, "w") as f:
+        json.dump(config, f)
+    with pytest.raises(UserError) as err:
+        run(["import-hf", "--input", hf_dir, "--save", str(tmp_path / "x"), "--tensor-model-parallel-size", "1",
+             "--pipe-parallel-size", "1"])
+    assert str(err.value).startswith(f"{path} does not match the weights: ") and words in str(err.value), err.value
+    assert not os.path.exists(tmp_path / "x")

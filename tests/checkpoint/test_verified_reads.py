@@ -2,6 +2,7 @@
 reading.py): one flipped byte of tensor data (same size, loads without an error) is refused by the tools and the
 weights-only load, in one line naming the file, what it holds and the newest checkpoint that verifies.
 (--load through the example script: tests/training/test_damaged_checkpoint.py.)"""
+import json
 import os
 import shutil
 
@@ -106,6 +107,81 @@ def test_megatron_args_edits_of_paths_pass_and_others_are_refused(two_checkpoint
     write_args(folder, {k: v for k, v in args.items() if k != "pipe_parallel_size"})
     with pytest.raises(UserError, match=r"megatron_args.json has no 'pipe_parallel_size'"):
         run(["inspect", two_checkpoints])
+
+
+def _edit_manifest(folder: str, edit) -> None:
+    path = os.path.join(folder, "manifest.json")
+    with open(path) as f:
+        manifest = json.load(f)
+    edit(manifest)
+    with open(path, "w") as f:
+        json.dump(manifest, f, indent=1)
+
+
+def _rename(entry: dict, old: str, new: str) -> None:
+    entry[new] = entry.pop(old)
+
+
+MANIFEST_EDITS = [  # (what, the edit of the manifest's JSON, the line's words); each would turn a check off
+    ("settings key renamed", lambda m: _rename(m["files"]["megatron_args.json"], "settings_crc32", "settings_grc32"),
+     "the entry of megatron_args.json has the unknown key 'settings_grc32' (format 2: bytes, crc32, settings_crc32)"),
+    ("settings key dropped", lambda m: m["files"]["megatron_args.json"].pop("settings_crc32"),
+     "the entry of megatron_args.json lacks 'settings_crc32', which format 2 has"),
+    ("CRC key renamed", lambda m: _rename(m["files"][LAYER], "crc32", "crc33"),
+     f"the entry of {LAYER} has the unknown key 'crc33' (format 2: bytes, crc32)"),
+    ("args entry dropped", lambda m: m["files"].pop("megatron_args.json"),
+     "'files' has no entry for megatron_args.json, which format 2 lists"),
+    ("layer entry dropped", lambda m: m["files"].pop(LAYER),
+     f"damaged: it does not list {LAYER}, which the load reads (an entry lost)"),
+    ("format 3", lambda m: m.update(format=3), "format 3: this version reads formats 1 and 2"),
+    ("top-level key renamed", lambda m: _rename(m, "checksum", "checksun"),
+     "the manifest has the unknown key 'checksun' (format 2: format, checksum, files)"),
+]
+
+
+@pytest.mark.parametrize("edit", MANIFEST_EDITS, ids=[e[0] for e in MANIFEST_EDITS])
+def test_a_manifest_edit_that_turns_a_check_off_is_refused(two_checkpoints, tmp_path, edit):
+    """A key missing, unknown or renamed in a manifest whose format says what it has: one line naming the
+    manifest and the key, from every reader."""
+    folder = os.path.join(two_checkpoints, "iter_0000010")
+    _edit_manifest(folder, edit[1])
+    for argv in (["inspect", two_checkpoints], ["export-hf", "--load", two_checkpoints, "--output", str(tmp_path / "hf")]):
+        with pytest.raises(UserError) as err:
+            run(argv)
+        line = str(err.value)
+        assert line.startswith(f"checkpoint file {folder}/manifest.json (") and edit[2] in line, line
+        assert "\n" not in line
+
+
+def test_a_manifest_entry_twice_is_refused(two_checkpoints):
+    path = os.path.join(two_checkpoints, "iter_0000010", "manifest.json")
+    with open(path) as f:
+        text = f.read()
+    first = text.index(f'"{LAYER}"')
+    with open(path, "w") as f:  # the entry of layer 1 renamed to the name of another listed file
+        f.write(text[:first] + '"mp_rank_00_model_states.pt"' + text[first + len(LAYER) + 2:])
+    with pytest.raises(UserError, match=r"manifest.json \(.*\) is not a valid manifest: the key "
+                                        r"'mp_rank_00_model_states.pt' appears twice"):
+        run(["inspect", two_checkpoints])
+
+
+def test_a_format_1_manifest_without_the_settings_key_is_accepted(two_checkpoints):
+    """Saved before megatron_args.json's entry gained settings_crc32: format 1 without it loads (its settings
+    are then not checked); format 1 with it is checked."""
+    from megatron.checkpointing.files import read_args, write_args
+    folder = os.path.join(two_checkpoints, "iter_0000010")
+    _edit_manifest(folder, lambda m: (m.update(format=1), m["files"]["megatron_args.json"].pop("settings_crc32")))
+    run(["inspect", two_checkpoints, "--verify"])
+    args = read_args(folder)
+    write_args(folder, {**args, "hidden_size": 33})
+    read_args(folder)  # nothing to check it against
+    write_args(folder, args)
+    from megatron.checkpointing.manifest import write_manifest
+    write_manifest(folder)
+    _edit_manifest(folder, lambda m: m.update(format=1))
+    write_args(folder, {**args, "hidden_size": 33})
+    with pytest.raises(UserError, match="changed after the save in more than its file paths"):
+        read_args(folder)
 
 
 @pytest.mark.parametrize("content", [b"", b"\n", b"iter_00\xb00010", b"../iter_0000010", b".."])

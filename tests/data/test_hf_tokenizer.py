@@ -154,6 +154,13 @@ def _template_without_its_token(path):
     return json.dumps(tokenizer)
 
 
+def _id_hole(path):
+    tokenizer = json.load(open(os.path.join(path, "tokenizer.json"), encoding="utf-8"))
+    vocab = tokenizer["model"]["vocab"]
+    vocab[next(iter(vocab))] = len(vocab) + 5  # ids no longer 0..N-1: a hole, and one past the table
+    return json.dumps(tokenizer)
+
+
 BAD_FILES = [  # (file name, its content (or a function of make_hf_bpe's folder), config, the message's words)
     ("tokenizer.json", "{not json", None, "not a tokenizer.json: not JSON (line 1 column 2"),
     ("tokenizer.json", b"\xff\xfe", None, "not UTF-8 text"),
@@ -162,6 +169,7 @@ BAD_FILES = [  # (file name, its content (or a function of make_hf_bpe's folder)
     ("tokenizer.json", '{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}}', None,
      "not a tokenizer the tokenizers library can load: Token `b` out of vocabulary"),
     ("tokenizer.json", _template_without_its_token, None, "template writes '<s>', which its special_tokens"),
+    ("tokenizer.json", _id_hole, None, "tokens and added tokens are not 0..N-1 once each"),
     ("tokenizer.json", lambda d: open(os.path.join(d, "tokenizer.json")).read(), "{oops", "not JSON"),
     ("tokenizer.json", lambda d: open(os.path.join(d, "tokenizer.json")).read(), '{"eos_token": "<nope>"}',
      "eos_token '<nope>' is not in the tokenizer's vocabulary"),
@@ -189,7 +197,7 @@ def test_bad_files_are_one_line_naming_the_file(tmp_path, hf_dir, case):
     assert case[3] in message and str(folder) in message and "\n" not in message, message
 
 
-@pytest.mark.parametrize("case", [BAD_FILES[0], BAD_FILES[5], BAD_FILES[8]], ids=["not-json", "panic", "no-file"])
+@pytest.mark.parametrize("case", [BAD_FILES[0], BAD_FILES[5], BAD_FILES[9]], ids=["not-json", "panic", "no-file"])
 def test_bad_files_exit_2_from_the_tools(tmp_path, hf_dir, case):
     """Subprocesses: preprocess_data.py and the training preflight print one `error:` line, exit 2."""
     folder = _bad_folder(tmp_path, hf_dir, case)

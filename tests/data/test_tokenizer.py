@@ -104,6 +104,18 @@ def test_bpe_rejects_bad_vocab(bpe_files, tmp_path):
     (tmp_path / "not_bytes.json").write_text(json.dumps(not_bytes))
     with pytest.raises(ValueError, match="not a byte-level BPE vocab"):
         GPT2BPETokenizer(str(tmp_path / "not_bytes.json"), bpe_files[1])
+    holes = dict(vocab, **{"<|endoftext|>": len(vocab) + 3})  # ids no longer 0..N-1
+    (tmp_path / "holes.json").write_text(json.dumps(holes))
+    with pytest.raises(ValueError, match=r"holes\.json: the ids of its \d+ tokens are not 0\.\.\d+ once each"):
+        GPT2BPETokenizer(str(tmp_path / "holes.json"), bpe_files[1])
+
+
+@pytest.mark.parametrize("content", ["", "#version: 0.2\n", "\n\n"])
+def test_bpe_refuses_a_merges_file_without_merges(bpe_files, tmp_path, content):
+    """Every text would be encoded byte by byte: a file no user means."""
+    (tmp_path / "merges.txt").write_text(content)
+    with pytest.raises(ValueError, match=r"merges\.txt: no merges \(the file is empty or holds only its"):
+        GPT2BPETokenizer(bpe_files[0], str(tmp_path / "merges.txt"))
 
 
 def test_spm_ids_sentinels_and_round_trip(spm_model):

@@ -1,19 +1,24 @@
-"""The mutation campaign: every kind of file the project reads, mutated one file per case (tests/faults/mutations.py)
-and driven through the user's command (tests/faults/drivers.py); each case must end in one of
+"""The mutation campaign: every kind of file the project reads (tests/faults/kinds.py), mutated one file per case
+(tests/faults/mutations.py) and driven through the user's command (tests/faults/drivers.py); each case ends in
+one of the statuses tests/faults/judge.py decides:
 
-    refused      exit 2 with one `error:` line naming the mutated file (a UserError naming it)
-    unchanged    a correct run: what it read equals what the unmutated run reads (the mutation did not matter)
-    as written   a correct run of a file that says something else and has no integrity record to tell an edit
-                 from damage (a DeepSpeed JSON value, a tokenizer piece, `latest` naming another intact
-                 checkpoint, an HF config value): the run follows the file, as it must for an edit
+    refused      the command refused in one line naming the mutated file
+    unchanged    the whole result equals the pristine run's, under the normalization rule of results.py (the
+                 absolute path of the case folder becomes "<case>"; nothing else is removed)
+    as written   the result changed exactly as the file's owner reads the change (a DeepSpeed JSON value, a
+                 merge rule, a SentencePiece score, an HF config value, a file path in megatron_args.json)
 
-and never in traceback (any other exception), hang (no result within drivers.CASE_TIMEOUT_S), silent (a changed
-read accepted where the file has integrity records or internal consistency to check: data, checkpoints,
-GPT-2 BPE files, safetensors) or unnamed (refused without naming the file).
+and never in traceback, hang, silent (a change accepted where it must be refused, or other than the file says)
+or unnamed (refused without naming the file).
 
-    inputs = build_inputs(root)     pristine corpus, tokenizers, DeepSpeed JSON, a trained checkpoint, its HF export
-    all_cases(inputs, seed)         every case (about 600); `subset(cases, n, seed)` n per (kind, command)
-    run(inputs, cases) -> [Result]  ; table(results) -> rows per kind
+    inputs = build_inputs(root)      pristine corpus, tokenizers, DeepSpeed JSON, a trained checkpoint, its HF
+                                     export; every path inside them relative, so the cases (their offsets) and
+                                     the table are the same from any folder
+    all_cases(inputs, seed)          every case (about 630); `subset(cases, n, seed)` n per (kind, command)
+    run(inputs, cases, work) -> [Result]             each case in this process (--load: one spawned process)
+    through_commands(inputs, results, work) -> [str]  cases again through the user's command line in a
+                                     subprocess: exit 2 and one `error:` line, or the in-process status
+    table(results) -> rows per kind
 """
 from __future__ import annotations
 
@@ -24,151 +29,98 @@ import shutil
 import subprocess
 import sys
 from collections import Counter, defaultdict
-from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from tests.faults import drivers
-from tests.faults.mutations import Mutation, apply, bin_mutations, flips, idx_mutations, truncations
+from tests.faults import drivers, owners
+from tests.faults.judge import OwnerView, judge, names_file, same_outcome
+from tests.faults.kinds import BY_NAME, KINDS, LOAD, READS, FileKind, mutations_of, says
+from tests.faults.mutations import Mutation, apply
+from tests.faults.results import TEXT, normalized
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = drivers.ROOT
 STATUSES = ("refused", "unchanged", "as written", "traceback", "hang", "silent", "unnamed")
 BAD = ("traceback", "hang", "silent", "unnamed")
-# kinds whose content the run cannot check against anything: a changed read is the file as written
-AS_WRITTEN = {"DeepSpeed JSON", "latest", "spiece.model", "tokenizer.json", "HF config.json"}
-MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--micro-batch-size", "2",
-         "--global-batch-size", "4", "--train-iters", "4", "--lr", "1e-3", "--num-workers", "0", "--eval-iters", "0",
-         "--make-vocab-size-divisible-by", "8", "--seed", "1234"]
-GPT = ["--seq-length", "32", "--max-position-embeddings", "32"]
-T5 = ["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--max-position-embeddings", "32",
-      "--ffn-hidden-size", "64", "--kv-channels", "8", "--vocab-extra-ids", "8"]
 
 
 @dataclass
 class Inputs:
     root: str  # root/pristine/{data,bpe,spm,hf,ds.json,ckpt,export}
+    _texts: Dict[str, List[str]] = field(default_factory=dict)
+    _readings: Dict[str, Any] = field(default_factory=dict)
 
     def path(self, *parts: str) -> str:
         return os.path.join(self.root, "pristine", *parts)
 
+    def texts(self, tokenizer: str) -> List[str]:
+        """The texts a tokenizer's result holds the ids of: the fixed TEXT, then the text of every id of the
+        pristine vocabulary (decoded by its owner), so that every piece and merge is used."""
+        if tokenizer not in self._texts:
+            owner = {"bpe": lambda: owners.bpe_tokenizer(self.path()), "hf": lambda: owners.hf_tokenizer(self.path()),
+                     "spm": lambda: owners.spm_tokenizer(self.path(), 0)}[tokenizer]()
+            self._texts[tokenizer] = [TEXT] + owner.vocabulary_texts()
+        return self._texts[tokenizer]
 
-@dataclass(frozen=True)
-class Case:
-    mutation: Mutation
-    command: str  # "preflight + reads", "--load", "reshape", "export-hf", "import-hf"
-
-    @property
-    def name(self) -> str:
-        return f"[{self.command}] {self.mutation.name}"
-
-
-@dataclass
-class Result:
-    case: Case
-    status: str
-    detail: str
+    def reading(self, kind: FileKind) -> Any:
+        """The owner's reading of the kind's pristine file."""
+        if kind.name not in self._readings:
+            self._readings[kind.name] = kind.owner(self.path(), self.texts(kind.tokenizer))
+        return self._readings[kind.name]
 
 
-def _run(cmd: List[str]) -> None:
-    subprocess.run(cmd, cwd=ROOT, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+def _tool(folder: str, *argv: str) -> None:
+    """A tool of tools/ run in `folder` on one CPU (SentencePiece records its thread count in the model)."""
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", argv[0]), *argv[1:]], cwd=folder, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
 
 
 def build_inputs(root: str) -> Inputs:
-    """The pristine files, made with the project's own tools (a few seconds, plus a 2-iteration training)."""
+    """The pristine files, made with the project's own tools from inside the pristine folder, so that no file
+    holds an absolute path (a few seconds, plus a 2-iteration training)."""
     from tests.dist import run_distributed
     from tests.training.conftest import build_data
-    inputs, py = Inputs(root), sys.executable
-    data = build_data(inputs.path("data"))
-    os.rename(os.path.join(inputs.path("data"), "tok"), inputs.path("bpe"))
-    _run([py, "tools/train_tokenizer.py", "--input", os.path.join(inputs.path("data"), "corpus.jsonl"), "--type",
-          "sentencepiece", "--vocab-size", "600", "--output-dir", inputs.path("spm")])
-    _run([py, "tools/train_tokenizer.py", "--input", os.path.join(inputs.path("data"), "corpus.jsonl"), "--type",
-          "hf-bpe", "--vocab-size", "512", "--output-dir", inputs.path("hf")])
+    inputs = Inputs(root)
+    top = inputs.path()
+    build_data(inputs.path("data"))
+    os.rename(inputs.path("data", "tok"), inputs.path("bpe"))
+    for kind, vocab, out in (("sentencepiece", "600", "spm"), ("hf-bpe", "512", "hf")):
+        _tool(top, "train_tokenizer.py", "--input", "data/corpus.jsonl", "--type", kind, "--vocab-size", vocab,
+              "--output-dir", out)
     with open(os.path.join(ROOT, "examples", "ds_config_gpt2.json")) as f:
         ds = json.load(f)
     ds.update(train_micro_batch_size_per_gpu=2, gradient_accumulation_steps=2, gradient_clipping=1.0)
     with open(inputs.path("ds.json"), "w") as f:
         json.dump(ds, f, indent=2)
-    argv = gpt_argv(inputs.path(), extra=["--save", inputs.path("ckpt"), "--save-interval", "1", "--train-iters", "2",
-                                          "--zero-stage", "1", "--log-interval", "1"])
-    run_distributed(drivers.train_checkpoint, 1, argv, 1, timeout=300)
-    drivers.tool(["export-hf", "--load", inputs.path("ckpt"), "--output", inputs.path("export")])
-    assert data["data_prefix"].startswith(inputs.path("data"))
+    argv = drivers.gpt_argv(extra=["--save", "ckpt", "--save-interval", "1", "--train-iters", "2", "--zero-stage", "1",
+                                   "--log-interval", "1"])
+    run_distributed(drivers.train_checkpoint, 1, argv, 1, top, timeout=300)
+    with drivers.working_directory(top):
+        drivers.tool(["export-hf", "--load", "ckpt", "--output", "export"])
     return inputs
 
 
-def gpt_argv(folder: str, tokenizer: str = "bpe", extra: Sequence[str] = ()) -> List[str]:
-    """pretrain_gpt2.py's arguments on the case folder's files."""
-    tok = {"bpe": ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", os.path.join(folder, "bpe", "vocab.json"),
-                   "--merge-file", os.path.join(folder, "bpe", "merges.txt")],
-           "hf": ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
-                  os.path.join(folder, "hf", "tokenizer.json")]}[tokenizer]
-    return MODEL + GPT + tok + ["--data-path", os.path.join(folder, "data", "docs_text_document"), *extra]
+# ---- the cases -------------------------------------------------------------------------------------------------
 
+@dataclass(frozen=True)
+class Case:
+    mutation: Mutation
+    command: str  # kinds.READS, LOAD, RESHAPE, EXPORT, IMPORT
 
-def t5_argv(folder: str) -> List[str]:
-    return MODEL + T5 + ["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model",
-                         os.path.join(folder, "spm", "spm.model"), "--data-path",
-                         os.path.join(folder, "data", "docs_text_document")]
+    @property
+    def name(self) -> str:
+        return f"[{self.command}] {self.mutation.name}"
 
-
-# ---- the cases ---------------------------------------------------------------------------------------------------
-
-def _size(inputs: Inputs, target: str) -> int:
-    return os.path.getsize(inputs.path(target))
-
-
-def _text(inputs: Inputs, kind: str, target: str, rng: random.Random, n_flips: int) -> List[Mutation]:
-    size = _size(inputs, target)
-    return flips(kind, target, size, n_flips, rng) + truncations(kind, target, size, 4, rng)
-
-
-def _checkpoint_files(inputs: Inputs) -> List[str]:
-    tag = open(inputs.path("ckpt", "latest")).read().strip()
-    return sorted(os.path.join("ckpt", tag, n) for n in os.listdir(inputs.path("ckpt", tag)) if n.endswith(".pt"))
-
-
-def _pt(inputs: Inputs, target: str, rng: random.Random) -> List[Mutation]:
-    """A torch zip: flips in its records (the first and last kB: headers, the pickle, the central directory) and
-    in its tensor data, and cuts."""
-    size, kind = _size(inputs, target), "checkpoint .pt"
-    return (flips(kind, target, size, 2, rng, 0, 1024, " (zip records)") +
-            flips(kind, target, size, 2, rng, size - 1024, size, " (zip directory)") +
-            flips(kind, target, size, 3, rng, 1024, size - 1024, " (tensor data)") + truncations(kind, target, size, 2, rng))
-
-
-def _safetensors(inputs: Inputs, rng: random.Random) -> List[Mutation]:
-    target = os.path.join("export", "model.safetensors")
-    with open(inputs.path(target), "rb") as f:
-        header = 8 + int.from_bytes(f.read(8), "little")
-    size = _size(inputs, target)
-    return (flips("safetensors header", target, size, 40, rng, 0, header, " (header)") +
-            [Mutation("safetensors header", target, f"cut to {n} bytes", ("truncate", n)) for n in (0, 7, header // 2)])
+    @property
+    def kind(self) -> FileKind:
+        return BY_NAME[self.mutation.kind]
 
 
 def all_cases(inputs: Inputs, seed: int = 0) -> List[Case]:
+    """Every kind's seeded mutations, each through every command that reads the kind."""
     rng = random.Random(seed)
-    prefix = os.path.join("data", "docs_text_document")
-    from megatron.data.indexed_dataset import MMapIndexedDataset
-    data = MMapIndexedDataset(inputs.path(prefix))
-    reads = "preflight + reads"
-    cases = [Case(m, reads) for m in idx_mutations(prefix + ".idx", len(data), len(data.doc_idx) - 1,
-                                                   _size(inputs, prefix + ".idx"), rng)]
-    cases += [Case(m, reads) for m in bin_mutations(prefix + ".bin", _size(inputs, prefix + ".bin"), rng)]
-    for kind, target in (("vocab.json", "bpe/vocab.json"), ("merges.txt", "bpe/merges.txt"),
-                         ("spiece.model", "spm/spm.model"), ("tokenizer.json", "hf/tokenizer.json"),
-                         ("DeepSpeed JSON", "ds.json")):
-        cases += [Case(m, reads) for m in _text(inputs, kind, target, rng, 36 if kind != "DeepSpeed JSON" else 26)]
-    tag = open(inputs.path("ckpt", "latest")).read().strip()
-    ckpt = _text(inputs, "latest", "ckpt/latest", rng, 8)
-    ckpt += [Mutation("latest", "ckpt/latest", "names iter_0000003", ("write", 0, b"iter_0000003"))]
-    ckpt += _text(inputs, "megatron_args.json", f"ckpt/{tag}/megatron_args.json", rng, 20)
-    ckpt += _text(inputs, "manifest.json", f"ckpt/{tag}/manifest.json", rng, 20)
-    for target in _checkpoint_files(inputs):
-        ckpt += _pt(inputs, target, rng)
-    cases += [Case(m, command) for m in ckpt for command in ("--load", "reshape", "export-hf")]
-    hf = _safetensors(inputs, rng) + _text(inputs, "HF config.json", "export/config.json", rng, 24)
-    cases += [Case(m, "import-hf") for m in hf]
-    return cases
+    return [Case(m, command) for kind in KINDS for m in mutations_of(kind, inputs.path(), rng)
+            for command in kind.commands]
 
 
 def subset(cases: Sequence[Case], per_group: int, seed: int) -> List[Case]:
@@ -180,113 +132,175 @@ def subset(cases: Sequence[Case], per_group: int, seed: int) -> List[Case]:
     return [c for key in sorted(groups) for c in rng.sample(groups[key], min(per_group, len(groups[key])))]
 
 
-# ---- running them -----------------------------------------------------------------------------------------------
+# ---- running them in this process ------------------------------------------------------------------------------
 
-def _case_folder(inputs: Inputs, work: str, case: Case) -> str:
-    """A copy of the pristine files the case needs, with its mutation applied."""
-    shutil.rmtree(work, ignore_errors=True)
+@dataclass
+class Result:
+    case: Case
+    status: str
+    detail: str
+    step: str = ""  # the step that refused (drivers.steps), for the comparison with the user's command
+
+
+def case_folder(inputs: Inputs, folder: str, case: Case, mutated: bool = True) -> str:
+    """A copy of the pristine files the case's command reads, with its mutation applied (unless not `mutated`)."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.makedirs(folder)
     top = case.mutation.target.split(os.sep)[0]
-    needed = {"ckpt": ["ckpt"], "export": ["export"]}.get(top, ["data", "bpe", "spm", "hf", "ds.json"])
+    needed = {"ckpt": ["ckpt", "bpe"], "export": ["export"]}.get(top, ["data", "bpe", "spm", "hf", "ds.json"])
     for name in needed:
         src = inputs.path(name)
-        (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(work, name))
-    apply(case.mutation, work)
-    return work
+        (shutil.copytree if os.path.isdir(src) else shutil.copy)(src, os.path.join(folder, name))
+    if mutated:
+        apply(case.mutation, folder)
+    return folder
 
 
-def _command(case: Case, folder: str) -> Callable[[], object]:
-    """The user's command on `folder`, returning what it read."""
-    kind, target = case.mutation.kind, case.mutation.target
-    if case.command == "preflight + reads":
-        if kind == "spiece.model":
-            return lambda: drivers.preflight_and_reads(t5_argv(folder), "t5")
-        extra = ["--deepspeed", "--deepspeed_config", os.path.join(folder, "ds.json")] if kind == "DeepSpeed JSON" else []
-        tokenizer = "hf" if kind == "tokenizer.json" else "bpe"
-        return lambda: drivers.preflight_and_reads(gpt_argv(folder, tokenizer, extra), "gpt")
-    out = os.path.join(folder, "out")
-    if case.command == "reshape":
-        return lambda: (drivers.tool(["reshape", "--load", os.path.join(folder, "ckpt"), "--save", out,
-                                      "--tensor-model-parallel-size", "2", "--pipe-parallel-size", "1"]),
-                        drivers.checkpoint_fingerprint(out))[1]
-    if case.command == "export-hf":
-        return lambda: (drivers.tool(["export-hf", "--load", os.path.join(folder, "ckpt"), "--output", out]),
-                        drivers.hf_fingerprint(out))[1]
-    if case.command == "import-hf":
-        return lambda: (drivers.tool(["import-hf", "--input", os.path.join(folder, "export"), "--save", out,
-                                      "--tensor-model-parallel-size", "1", "--pipe-parallel-size", "1"]),
-                        drivers.checkpoint_fingerprint(out))[1]
-    raise ValueError(case.command)
-
-
-def names_file(case: Case, message: str) -> bool:
-    """The line names the mutated file (its path, or its name where the line names the folder's file)."""
-    base = os.path.basename(case.mutation.target)
-    return base in message or (base == "latest" and "'latest'" in message)
-
-
-def classify(case: Case, status: str, value, reference) -> Result:
-    if status == "ok":
-        if value == reference:
-            return Result(case, "unchanged", "")
-        changed = sorted(k for k in value if value[k] != reference.get(k)) if isinstance(value, dict) else []
-        return Result(case, "as written" if case.mutation.kind in AS_WRITTEN else "silent",
-                      f"a changed read ({', '.join(map(str, changed))})")
-    if status == "UserError":
-        return Result(case, "refused" if names_file(case, value) else "unnamed", value)
-    return Result(case, "hang" if status == "Hang" else "traceback", f"{status}: {value}")
-
-
-def _in_process(case: Case, folder: str):
+def _in_process(case: Case, folder: str, texts: Sequence[str]) -> Tuple[str, Any, str]:
+    """(status, result or line, step) of the case's command in `folder`."""
     from megatron.errors import UserError, one_line
+    step = ""
     try:
-        with drivers.time_limit():
-            return "ok", _command(case, folder)()
+        with drivers.working_directory(folder), drivers.time_limit():
+            value = None
+            for step, function in drivers.steps(case.command, case.kind.run_as, texts):
+                value = function()
+            return "ok", value, ""
     except UserError as err:
-        return "UserError", one_line(str(err))
+        return "UserError", normalized(one_line(str(err)), folder), step
     except drivers.Hang as err:
-        return "Hang", str(err)
+        return "Hang", str(err), step
     except Exception as err:  # noqa: BLE001 - a traceback, counted
-        return type(err).__name__, " | ".join(str(err).splitlines())[:300]
+        return type(err).__name__, " | ".join(str(err).splitlines())[:300], step
+
+
+def _owner_view(inputs: Inputs, kind: FileKind, folder: str) -> OwnerView:
+    if kind.owner is None:
+        return OwnerView()
+    try:
+        return OwnerView(inputs.reading(kind), kind.owner(folder, inputs.texts(kind.tokenizer)))
+    except owners.OwnerRefuses as err:
+        return OwnerView(inputs.reading(kind), refuses=str(err))
+
+
+def _judged(inputs: Inputs, case: Case, folder: str, outcome: Tuple[str, Any, str], pristine: Any) -> Result:
+    status, value, step = outcome
+    kind = case.kind
+    owner = _owner_view(inputs, kind, folder) if status == "ok" else OwnerView()
+    verdict, detail = judge(case.mutation.target, status, value, pristine, kind.follow, owner)
+    if verdict in ("as written", "unchanged") and kind.owner is not None:  # the change in the owner's terms
+        detail = f"the file says {says(kind, inputs.path(), folder, inputs.texts(kind.tokenizer)) or 'the same'}"
+    return Result(case, verdict, detail, step)
+
+
+def _pristine_result(inputs: Inputs, case: Case, folder: str) -> Any:
+    """The command's result on the unmutated files, run twice (the normalization rule claims no output holds
+    a time or anything else that differs between two runs)."""
+    texts = inputs.texts(case.kind.tokenizer)
+    values = []
+    for _ in range(2):
+        status, value, _ = _in_process(case, case_folder(inputs, folder, case, mutated=False), texts)
+        assert status == "ok", (case.command, status, value)
+        values.append(value)
+    assert values[0] == values[1], f"{case.command}: two pristine runs differ"
+    return values[0]
 
 
 def run(inputs: Inputs, cases: Sequence[Case], work: str, progress: Optional[Callable[[str], None]] = None) \
         -> List[Result]:
-    """Every case: in this process, except --load's, which run together in one spawned process."""
-    references: Dict[tuple, object] = {}
-    results: List[Result] = []
-    loads = [c for c in cases if c.command == "--load"]
-    for i, case in enumerate(c for c in cases if c.command != "--load"):
-        key = (case.command, case.mutation.kind if case.command == "preflight + reads" else "")
+    """Every case, results in the order of `cases`: in this process in the folder work/case (its pristine run
+    there too), except --load's, which run together in one spawned process."""
+    references: Dict[tuple, Any] = {}
+    results: Dict[int, Result] = {}
+    folder = os.path.join(work, "case")
+    for i, case in enumerate(cases):
+        if case.command == LOAD:
+            continue
+        key = (case.command, case.kind.run_as if case.command == READS else "")
         if key not in references:
-            pristine = _case_folder(inputs, os.path.join(work, "pristine"),
-                                    Case(Mutation(case.mutation.kind, case.mutation.target, "none", ("append", b"")),
-                                         case.command))
-            status, value = _in_process(case, pristine)
-            assert status == "ok", (case.command, status, value)
-            references[key] = value
-        folder = _case_folder(inputs, os.path.join(work, "case"), case)
-        results.append(classify(case, *_in_process(case, folder), references[key]))
-        if progress and i % 50 == 0:
-            progress(f"{i} cases")
+            references[key] = _pristine_result(inputs, case, folder)
+        case_folder(inputs, folder, case)
+        outcome = _in_process(case, folder, inputs.texts(case.kind.tokenizer))
+        results[i] = _judged(inputs, case, folder, outcome, references[key])
+        if progress and len(results) % 50 == 0:
+            progress(f"{len(results)} cases")
+    loads = {str(i): case_folder(inputs, os.path.join(work, f"load{i}"), case) for i, case in enumerate(cases)
+             if case.command == LOAD}
     if loads:
-        folders = []
-        for i, case in enumerate(loads):
-            folders.append((str(i), os.path.join(_case_folder(inputs, os.path.join(work, f"load{i}"), case), "ckpt")))
-        argv = gpt_argv(inputs.path(), extra=["--zero-stage", "1"])
-        out = drivers.run_load_cases(argv, inputs.path("ckpt"), folders)
-        reference = out["pristine"][1]
-        results += [classify(case, *out[str(i)], reference) for i, case in enumerate(loads)]
-    return results
+        out = drivers.run_load_cases(inputs.path(), list(loads.items()))
+        assert out["pristine"] == out["pristine again"], "two pristine loads differ"
+        for i, folder in loads.items():
+            status, value = out[i]
+            value = normalized(value, folder) if status == "UserError" else value
+            results[int(i)] = _judged(inputs, cases[int(i)], folder, (status, value, ""), out["pristine"][1])
+    return [results[i] for i in range(len(cases))]
+
+
+# ---- through the user's command --------------------------------------------------------------------------------
+
+def _through_command(inputs: Inputs, case: Case, folder: str, pristine: Any) -> Tuple[str, str]:
+    """(status, line) of the case through the user's command line in a subprocess: refused / unnamed needs exit 2
+    and exactly one stderr line, `error: <line>`; exit 0 is judged as in this process ("accepted" for the
+    preflight, which gives no result)."""
+    argv, step = drivers.through_command(case.command, case.kind.run_as)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    try:
+        proc = subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=drivers.CASE_TIMEOUT_S, env=env)
+    except subprocess.TimeoutExpired:
+        return "hang", f"no exit after {drivers.CASE_TIMEOUT_S} s"
+    lines = proc.stderr.splitlines()
+    if proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "):
+        line = normalized(lines[0][len("error: "):], folder)
+        return ("refused" if names_file(case.mutation.target, line) else "unnamed"), line
+    if proc.returncode != 0:
+        return "traceback", f"exit {proc.returncode}: {' | '.join(lines[-3:])[:300]}"
+    if step == "preflight":
+        return "accepted", ""
+    from tests.faults.results import folder_result
+    result = folder_result(os.path.join(folder, drivers.OUT))
+    return _judged(inputs, case, folder, ("ok", result, ""), pristine).status, ""
+
+
+def expected_through_command(result: Result) -> Tuple[str, str]:
+    """What the user's command must give for a case whose in-process result is `result`: the same status and
+    line; for the reads, whose command line is the preflight: refused where the preflight step refused,
+    accepted otherwise."""
+    if result.case.command == READS and not (result.status in ("refused", "unnamed") and result.step == "preflight"):
+        return "accepted", ""
+    return result.status, result.detail
+
+
+def through_commands(inputs: Inputs, results: Sequence[Result], work: str, workers: int = 2) -> List[str]:
+    """Each result's case again through the user's command in a subprocess, `workers` at a time (in work/sub<i>;
+    the pristine runs in this process); the cases where it differs from `expected_through_command`."""
+    from concurrent.futures import ThreadPoolExecutor
+    from queue import Queue
+    references = {r.case.command: _pristine_result(inputs, r.case, os.path.join(work, "pristine"))
+                  for r in results if r.case.command != READS}
+    folders: Queue = Queue()
+    for i in range(workers):
+        folders.put(os.path.join(work, f"sub{i}"))
+
+    def one(r: Result) -> Optional[str]:
+        folder = folders.get()
+        try:
+            case_folder(inputs, folder, r.case)
+            problem = same_outcome(expected_through_command(r),
+                                   _through_command(inputs, r.case, folder, references.get(r.case.command)))
+        finally:
+            folders.put(folder)
+        return f"{r.case.name}: {problem}" if problem else None
+    with ThreadPoolExecutor(workers) as pool:
+        return [p for p in pool.map(one, results) if p]
 
 
 def table(results: Sequence[Result]) -> List[List[str]]:
-    """One row per file kind: cases, then the count of each status."""
-    rows, by_kind = [], defaultdict(Counter)
+    """One row per file kind (in kinds.KINDS' order): cases, then the count of each status."""
+    by_kind: Dict[str, Counter] = defaultdict(Counter)
     for r in results:
         by_kind[r.case.mutation.kind][r.status] += 1
-    for kind in sorted(by_kind, key=lambda k: min(i for i, r in enumerate(results) if r.case.mutation.kind == k)):
-        counts = by_kind[kind]
-        rows.append([kind, str(sum(counts.values()))] + [str(counts[s]) for s in STATUSES])
+    rows = [[k.name, str(sum(by_kind[k.name].values()))] + [str(by_kind[k.name][s]) for s in STATUSES]
+            for k in KINDS if k.name in by_kind]
     total = Counter(r.status for r in results)
     rows.append(["all", str(len(results))] + [str(total[s]) for s in STATUSES])
     return rows

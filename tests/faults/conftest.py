@@ -2,7 +2,7 @@
 uninterrupted run of tests/faults/script.py's layout that every interrupted run is compared with."""
 import pytest
 
-from tests.faults.script import ITERS, losses, run_script, script_env
+from tests.faults.script import ITERS, run_script, script_env
 from tests.training.conftest import build_data, own_copy
 
 
@@ -23,6 +23,6 @@ def reference(faults_data, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("faults_reference")
     run = run_script(script_env(own_copy(faults_data, root), str(root / "work")))
     assert run.rc == 0, run.log[-4000:]
-    logged = losses(run.log)
+    logged = run.losses
     assert sorted(logged) == list(range(1, ITERS + 1)), run.log[-4000:]
     return logged

@@ -1,34 +1,55 @@
-"""How a mutated file reaches the project: each driver runs the user's command on a case folder, in this process
-(or, for --load, in one spawned gloo process that keeps its engine across cases), and returns what it read, as a
-fingerprint to compare with the unmutated run's. A UserError propagates (the command's `error:` line, exit 2);
-any other exception is a traceback.
+"""How a mutated file reaches the project: each command runs in its case folder (the working directory), on
+relative paths, and returns its result (tests/faults/results.py) to compare with the pristine run's. A UserError
+propagates (the command's `error:` line, exit 2); any other exception is a traceback.
 
-    preflight_and_reads(inputs, folder, kind)   python -m megatron.config.preflight (the example scripts' check
-                        before the launch), then what a training process reads before its first step: the
-                        tokenizer, the RunConfig (the DeepSpeed JSON merged), the dataset and its token-id check
-    tool(argv)          tools/convert_checkpoint.py (reshape, export-hf, import-hf)
-    load_cases(...)     pretrain's `--load` (megatron.checkpointing.load_checkpoint) into a built engine
+    steps(command, run_as, texts)    the command in this process, as (step, function) pairs:
+        preflight + reads   python -m megatron.config.preflight (the example scripts' check before the launch),
+                            then what a training process reads before its first step: the tokenizer, the
+                            RunConfig (the DeepSpeed JSON merged), the dataset and its token-id check
+        reshape, export-hf, import-hf   tools/convert_checkpoint.py; the result is every file it wrote
+    through_command(command, run_as) the same command line for a subprocess (preflight + reads: the preflight)
+    run_load_cases(...)              pretrain's `--load` (megatron.checkpointing.load_checkpoint) into one built
+                                     engine, in one spawned gloo process
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import signal
+import sys
 import zlib
-from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 
 import numpy as np
 import torch
 
+from tests.faults.results import config_result, digest, folder_result, tokenizer_result
+
 CASE_TIMEOUT_S = 60
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DATA = os.path.join("data", "docs_text_document")
+OUT = "out"  # where a tool writes, inside the case folder
+MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--micro-batch-size", "2",
+         "--global-batch-size", "4", "--train-iters", "4", "--lr", "1e-3", "--num-workers", "0", "--eval-iters", "0",
+         "--make-vocab-size-divisible-by", "8", "--seed", "1234"]
+GPT = ["--seq-length", "32", "--max-position-embeddings", "32"]
+T5 = ["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--max-position-embeddings", "32",
+      "--ffn-hidden-size", "64", "--kv-channels", "8", "--vocab-extra-ids", "8"]
+BPE = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", "bpe/vocab.json", "--merge-file", "bpe/merges.txt"]
+TOOLS = {"reshape": ["reshape", "--load", "ckpt", "--save", OUT, "--tensor-model-parallel-size", "2",
+                     "--pipe-parallel-size", "1"],
+         "export-hf": ["export-hf", "--load", "ckpt", "--output", OUT],
+         "import-hf": ["import-hf", "--input", "export", "--save", OUT, "--tensor-model-parallel-size", "1",
+                       "--pipe-parallel-size", "1"]}
 
 
 class Hang(Exception):
     """A case ran over CASE_TIMEOUT_S."""
 
 
-@contextmanager
+@contextlib.contextmanager
 def time_limit(seconds: int = CASE_TIMEOUT_S) -> Iterator[None]:
     """SIGALRM raises Hang in the main thread after `seconds`."""
     def expired(signum, frame):
@@ -42,66 +63,61 @@ def time_limit(seconds: int = CASE_TIMEOUT_S) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def digest(obj: Any) -> Any:
-    """A comparable summary of tensors, arrays and containers (CRC-32 of every tensor's bytes, with dtype and
-    shape)."""
-    if torch.is_tensor(obj):
-        t = obj.detach().cpu().contiguous()
-        data = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
-        return ("tensor", str(t.dtype), tuple(t.shape), zlib.crc32(data))
-    if isinstance(obj, np.ndarray):
-        return ("array", str(obj.dtype), obj.shape, zlib.crc32(np.ascontiguousarray(obj).tobytes()))
-    if isinstance(obj, dict):
-        return {k: digest(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [digest(v) for v in obj]
-    if isinstance(obj, (int, float, str, bool, type(None))):
-        return obj
-    return repr(obj)
+@contextlib.contextmanager
+def working_directory(folder: str) -> Iterator[None]:
+    previous = os.getcwd()
+    os.chdir(folder)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
 
 
-# ---- preflight and the reads of a training process ------------------------------------------------------------
-
-def tokenizer_fingerprint(tokenizer) -> dict:
-    """Every id a training run takes from the tokenizer (it never encodes text: the data is tokenized)."""
-    out = dict(vocab_size=tokenizer.vocab_size)
-    for name in ("eod", "eos", "pad", "cls", "sep", "mask", "bos", "unk", "sentinel_ids"):
-        try:
-            out[name] = getattr(tokenizer, name)
-        except (AttributeError, NotImplementedError):
-            out[name] = None
-    return out
+def gpt_argv(tokenizer: str = "bpe", extra: Sequence[str] = ()) -> List[str]:
+    """pretrain_gpt2.py's arguments on the case folder's files (relative to it)."""
+    tok = {"bpe": BPE, "hf": ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "hf/tokenizer.json"]}
+    return MODEL + GPT + tok[tokenizer] + ["--data-path", DATA, *extra]
 
 
-def preflight_and_reads(argv: Sequence[str], model: str) -> dict:
-    """The example scripts' preflight, then a training process's reads before its first step."""
-    from megatron.config import preflight
+def reads_argv(run_as: str) -> Tuple[str, List[str]]:
+    """(model, arguments) of the reads: GPT-2 on the BPE files (with the DeepSpeed JSON: gpt-ds), on tokenizer.json
+    (gpt-hf), or T5 on the SentencePiece model."""
+    if run_as == "t5":
+        return "t5", MODEL + T5 + ["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", "spm/spm.model",
+                                   "--data-path", DATA]
+    extra = ["--deepspeed", "--deepspeed_config", "ds.json"] if run_as == "gpt-ds" else []
+    return "gpt", gpt_argv("hf" if run_as == "gpt-hf" else "bpe", extra)
+
+
+# ---- the commands in this process ------------------------------------------------------------------------------
+
+def preflight(model: str, argv: Sequence[str]) -> None:
+    from megatron.config import preflight as check
+    check.main([model, "--world-size", "1", *argv])
+
+
+def reads(model: str, argv: Sequence[str], texts: Sequence[str]) -> dict:
+    """What a training process reads before its first step: its tokenizer (ids of `texts`), its RunConfig, its
+    data."""
+    from megatron.config import preflight as check
     from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
-    from megatron.config.run_config import settle
-    from megatron.config.resolution import with_vocabulary
     from megatron.data.indexed_dataset import MMapIndexedDataset
     from megatron.data.token_ids import check_token_ids, text_limit, vocabulary_limit
     from megatron.model.specs import spec_for
-    from megatron.training.pretrain import build_tokenizer_from_args
-    preflight.main([model, "--world-size", "1", *argv])
+    from megatron.training.pretrain import settle_config
     args = parse_args(list(argv), defaults=ENTRY_DEFAULTS[model], world_size=1)
-    preflight.check_inputs(args)  # what every training process checks at its start
-    tokenizer = build_tokenizer_from_args(args)
-    cfg = settle(with_vocabulary(args, tokenizer.vocab_size), spec_for(model))
+    check.check_inputs(args)  # what every training process checks at its start
+    cfg, tokenizer = settle_config(args, spec_for(model))
     prefix = args.data_path[0]
     data = MMapIndexedDataset(prefix)
     check_token_ids(prefix, data, vocabulary_limit(tokenizer) if model == "gpt" else text_limit(tokenizer))
     tokens = zlib.crc32(b"".join(np.asarray(data[i]).tobytes() for i in range(len(data))))
-    return dict(tokenizer=tokenizer_fingerprint(tokenizer), ds_config=digest(cfg.deepspeed_dict()),
-                data=(digest(data.sizes), digest(data.doc_idx), tokens, str(data.dtype)))
+    return dict(tokenizer=tokenizer_result(tokenizer, texts), config=config_result(cfg),
+                data=dict(sizes=digest(data.sizes), doc_idx=digest(data.doc_idx), tokens=tokens, dtype=str(data.dtype)))
 
-
-# ---- the tools --------------------------------------------------------------------------------------------------
 
 def tool(argv: Sequence[str]) -> None:
-    """The command line in this process (its report lines are not wanted here)."""
-    import contextlib
-    import io
+    """tools/convert_checkpoint.py's command line in this process (its report lines are not wanted here)."""
     from megatron.checkpointing.cli import run
     from megatron.checkpointing.files import show_progress
     try:
@@ -111,18 +127,21 @@ def tool(argv: Sequence[str]) -> None:
         show_progress(False)
 
 
-def checkpoint_fingerprint(save_dir: str) -> dict:
-    """A checkpoint's full weights, optimizer state and engine state, whatever its layout."""
-    from megatron.checkpointing.consolidated import read_consolidated
-    from megatron.checkpointing.files import checkpoint_folder
-    ck = read_consolidated(checkpoint_folder(save_dir), with_optimizer=True)
-    return dict(weights=digest(ck.weights), optim=digest(ck.optim), step=digest(ck.step),
-                engine=digest({k: v for k, v in ck.engine.items() if k not in ("ds_version",)}))
+def steps(command: str, run_as: str, texts: Sequence[str]) -> List[Tuple[str, Callable[[], Any]]]:
+    """The command in this process, run in the case folder: (step, function) pairs; the last one's value is the
+    result."""
+    if command == "preflight + reads":
+        model, argv = reads_argv(run_as)
+        return [("preflight", lambda: preflight(model, argv)), ("reads", lambda: reads(model, argv, texts))]
+    return [(command, lambda: (tool(TOOLS[command]), folder_result(OUT))[1])]
 
 
-def hf_fingerprint(folder: str) -> dict:
-    from safetensors.torch import load_file
-    return digest(load_file(os.path.join(folder, "model.safetensors")))
+def through_command(command: str, run_as: str) -> Tuple[List[str], str]:
+    """(argv, step) of the user's command in a subprocess, and which of `steps` it covers."""
+    if command == "preflight + reads":
+        model, argv = reads_argv(run_as)
+        return [sys.executable, "-m", "megatron.config.preflight", model, "--world-size", "1", *argv], "preflight"
+    return [sys.executable, os.path.join(ROOT, "tools", "convert_checkpoint.py"), *TOOLS[command]], command
 
 
 # ---- --load, in a spawned process that keeps its engine ---------------------------------------------------------
@@ -135,26 +154,26 @@ def _engine_state(engine) -> dict:
 
 
 def load_cases(argv: Sequence[str], world_size: int, pristine: str, folders: List[Tuple[str, str]]) -> List[tuple]:
-    """Rank function (tests.dist.run_distributed, world size 1): build the engine of `argv` once, load the
-    pristine checkpoint, then each (case id, --load folder): (case id, "ok", fingerprint) | (case id,
-    "UserError", message) | (case id, "Hang" | exception class, message)."""
+    """Rank function (tests.dist.run_distributed, world size 1): build the engine of `argv` once in the pristine
+    folder, load its checkpoint twice (the results must agree), then in each (case id, case folder): (case id, "ok",
+    result) | (case id, "UserError", line) | (case id, "Hang" | exception class, message)."""
     from megatron.checkpointing import load_checkpoint
     from megatron.config.arguments import parse_args
     from megatron.errors import UserError, one_line
     from megatron.training.pretrain import initialize_and_build
     from pretrain_gpt2 import DEFAULTS, SPEC
-    args = parse_args(list(argv) + ["--load", pristine], defaults=DEFAULTS, world_size=world_size)
+    os.chdir(pristine)
+    args = parse_args(list(argv) + ["--load", "ckpt"], defaults=DEFAULTS, world_size=world_size)
     engine, _, cfg, _ = initialize_and_build(args, SPEC)
 
     def load(folder: str) -> dict:
-        import contextlib
-        import io
-        run = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, load=folder))
+        os.chdir(folder)
+        run = dataclasses.replace(cfg, checkpoint=dataclasses.replace(cfg.checkpoint, load="ckpt"))
         with contextlib.redirect_stdout(io.StringIO()):
             iteration, consumed = load_checkpoint(engine, run)
         return dict(iteration=iteration, consumed=consumed, state=_engine_state(engine))
     reference = load(pristine)
-    out = [("pristine", "ok", reference)]
+    out = [("pristine", "ok", reference), ("pristine again", "ok", load(pristine))]
     for case, folder in folders:
         try:
             with time_limit():
@@ -169,29 +188,16 @@ def load_cases(argv: Sequence[str], world_size: int, pristine: str, folders: Lis
     return out
 
 
-def run_load_cases(argv: Sequence[str], pristine: str, folders: List[Tuple[str, str]]) -> Dict[str, tuple]:
+def run_load_cases(pristine: str, folders: List[Tuple[str, str]]) -> Dict[str, tuple]:
     from tests.dist import run_distributed
-    results = run_distributed(load_cases, 1, list(argv), 1, pristine, folders,
+    results = run_distributed(load_cases, 1, gpt_argv(extra=["--zero-stage", "1"]), 1, pristine, folders,
                               timeout=120 + CASE_TIMEOUT_S * max(1, len(folders)) // 4)[0]
     return {case: (status, value) for case, status, value in results}
 
 
-def train_checkpoint(argv: Sequence[str], world_size: int) -> List[float]:
-    """Rank function: train and save the campaign's checkpoint (pretrain, as pretrain_gpt2.py does)."""
+def train_checkpoint(argv: Sequence[str], world_size: int, folder: str) -> List[float]:
+    """Rank function: in `folder`, train and save the campaign's checkpoint (pretrain, as pretrain_gpt2.py does)."""
     from tests.training.runner import train_losses
     from pretrain_gpt2 import DEFAULTS, SPEC
+    os.chdir(folder)
     return train_losses(argv, world_size, SPEC, DEFAULTS)
-
-
-def ds_engine_case(argv: Sequence[str], world_size: int) -> Optional[str]:
-    """Rank function: build the engine of `argv` (a DeepSpeed JSON the preflight accepted); None, or the
-    UserError's line; another exception propagates (a traceback)."""
-    from megatron.config.arguments import parse_args
-    from megatron.errors import UserError, one_line
-    from megatron.training.pretrain import initialize_and_build
-    from pretrain_gpt2 import DEFAULTS, SPEC
-    try:
-        initialize_and_build(parse_args(list(argv), defaults=DEFAULTS, world_size=world_size), SPEC)
-    except UserError as err:
-        return one_line(str(err))
-    return None

@@ -6,6 +6,7 @@ damage them (a flipped bit, a file cut short, a header field out of range).
         ("truncate", size)      the file cut to `size` bytes: an interrupted copy, a full disk
         ("append", data)        bytes added at the end
         ("write", offset, data) bytes overwritten in place (a header field set to another value)
+        ("replace", old, new)   the first occurrence of bytes `old` replaced by `new` (a hand edit of a value)
     apply(mutation, folder)
     flips / truncations(kind, target, size, n, rng)   n random ones over the whole file or a byte range
     idx_mutations(target, header)                     the .idx header fields and arrays, one at a time
@@ -52,6 +53,14 @@ def apply(mutation: Mutation, folder: str) -> None:
         with open(path, "r+b") as f:
             f.seek(offset)
             f.write(data)
+    elif kind == "replace":
+        _, old, new = mutation.op
+        with open(path, "rb") as f:
+            content = f.read()
+        if old not in content:
+            raise ValueError(f"{path} holds no {old!r} to replace")
+        with open(path, "wb") as f:
+            f.write(content.replace(old, new, 1))
     else:
         raise ValueError(f"unknown mutation {mutation.op!r}")
 

@@ -2,8 +2,9 @@
 injected faults (tests/faults/plan.py), and actions taken when a line of the log appears (a signal to the whole
 process group, to one rank, to the script).
 
-    run_script(env, when={r"^iteration 5/": action}, ...) -> Run(rc, log)
-    losses(log) -> {iteration: loss as logged}
+    run_script(env, when={r"^iteration 5/": action}, ...) -> Run(rc, log, losses)
+    Run.losses: {iteration: loss}, exact (the log line prints 6 decimals; the ranks record each logged loss in
+    full in MEGATRON_LOSS_RECORD's file, an iteration logged twice must record the same loss)
 """
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
+
+from megatron.logging_utils import LOSS_RECORD, recorded_losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 INJECT = os.path.join(ROOT, "tests", "faults", "inject")
@@ -30,6 +34,7 @@ LAYOUT = dict(NPROC="4", TP="1", PP="2", NUM_LAYERS="2", HIDDEN="32", HEADS="4",
 class Run:
     rc: int
     log: str
+    losses: Dict[int, float]
 
 
 def script_env(data: dict, work_dir: str, faults: Optional[dict] = None, **extra: str) -> Dict[str, str]:
@@ -50,8 +55,10 @@ def run_script(env: Dict[str, str], when: Optional[Dict[str, Callable[[subproces
                args: List[str] = (), timeout: float = 400, script: str = "ds_pretrain_gpt2.sh") -> Run:
     """Run the script in a session of its own (its process group is the job); each pattern of `when` fires its
     action once, on the first log line it matches."""
-    proc = subprocess.Popen(["bash", f"examples/{script}", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    fd, record = tempfile.mkstemp(prefix="losses_", suffix=".txt")
+    os.close(fd)
+    proc = subprocess.Popen(["bash", f"examples/{script}", *args], cwd=ROOT, env=dict(env, **{LOSS_RECORD: record}),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     pending, lines = dict(when or {}), []
     deadline = time.monotonic() + timeout
     try:
@@ -62,10 +69,11 @@ def run_script(env: Dict[str, str], when: Optional[Dict[str, Callable[[subproces
                     pending.pop(pattern)(proc)
             if time.monotonic() > deadline:
                 raise AssertionError(f"the script ran over {timeout} s:\n{''.join(lines)[-4000:]}")
-        return Run(proc.wait(timeout=60), "".join(lines))
+        return Run(proc.wait(timeout=60), "".join(lines), recorded_losses(record))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        os.remove(record)
 
 
 def to_group(sig: int) -> Callable[[subprocess.Popen], None]:
@@ -95,14 +103,6 @@ def to_rank(sig: int, rank: int) -> Callable[[subprocess.Popen], None]:
         assert len(pids) > rank, pids
         os.kill(pids[rank], sig)
     return act
-
-
-def losses(log: str, iters: int = ITERS) -> Dict[int, str]:
-    """{iteration: loss as logged}; an iteration logged twice (a restart) must log the same loss."""
-    out: Dict[int, str] = {}
-    for i, loss in re.findall(rf"^ *iteration (\d+)/{iters} \|.*?\| loss ([0-9.]+)", log, re.M):
-        assert out.setdefault(int(i), loss) == loss, f"iteration {i} logged twice, differently:\n{log[-3000:]}"
-    return out
 
 
 def logged_in_order(log: str, iters: int = ITERS) -> List[int]:

@@ -1,7 +1,12 @@
-"""The mutation campaign (tests/faults/campaign.py, bench/fault_campaign.py for every case): a seeded subset of
-6 cases per (file kind, command), 126 cases, each ends refused with one line naming the file, or in a correct run
-(unchanged, or a file without integrity records run as written); none in a traceback, a hang, a silently
-accepted change or a refusal that does not name the file. FAULTS_SEED picks another subset.
+"""The mutation campaign (tests/faults/campaign.py; every case: bench/fault_campaign.py) in `make test`:
+
+- a seeded subset, 6 cases per (file kind, command) (126 cases), and the named edits the campaign found, in this
+  process: each ends refused in one line naming the file, unchanged or as written (tests/faults/judge.py decides),
+  none in a traceback, a hang, a silent acceptance or a refusal that does not name the file;
+- the inputs built again in a folder whose absolute path is longer: the same bytes, so the same cases; there,
+  24 of the subset's cases through the user's command lines in subprocesses (the example scripts' preflight,
+  tools/convert_checkpoint.py): exit 2 and exactly one stderr line `error: <the in-process line>`, or the
+  in-process status. FAULTS_SEED picks another subset.
 
 In `long`: seeded mutations through the example script itself (its preflight, and a launch whose --load reads
 a damaged checkpoint): one `error:` line naming the file, exit 2."""
@@ -10,14 +15,25 @@ from __future__ import annotations
 import os
 import random
 import shutil
+from collections import Counter, defaultdict
 
 import pytest
 
-from tests.faults.campaign import BAD, STATUSES, all_cases, build_inputs, run, subset, table
+from tests.faults.campaign import BAD, all_cases, build_inputs, run, subset, through_commands
+from tests.faults.kinds import KINDS, READS
 from tests.faults.mutations import apply, flips
 from tests.faults.script import ROOT, run_script, script_env
 
 SEED = int(os.environ.get("FAULTS_SEED", "0"))
+READ_KINDS = {k.name for k in KINDS if READS in k.commands}
+# (kind, named edit, command) -> the status it must end in: the edits the campaign's figures turned on
+NAMED = {("merges.txt", "cut to 0 of", READS): "refused",  # no merges: every text byte by byte
+         ("merges.txt", "cut to its #version header line", READS): "refused",
+         ("manifest.json", "settings_crc32 renamed settings_grc32", "reshape"): "refused",  # the settings check off
+         ("manifest.json", "settings_crc32 renamed settings_grc32", "export-hf"): "refused",
+         ("DeepSpeed JSON", "reduce_bucket_size renamed reduce_buciet_size", READS): "refused",  # DeepSpeed refuses
+         ("HF config.json", "eos_token_id 0 -> 4", "import-hf"): "as written",
+         ("HF config.json", "layer_norm_epsilon 1e-05 -> 1e-04", "import-hf"): "as written"}
 
 
 @pytest.fixture(scope="module")
@@ -25,17 +41,62 @@ def inputs(tmp_path_factory):
     return build_inputs(str(tmp_path_factory.mktemp("campaign")))
 
 
-def test_every_case_is_refused_by_name_or_runs_correctly(inputs, tmp_path):
-    cases = subset(all_cases(inputs, SEED), 6, SEED)
-    assert len(cases) >= 100 and len({c.command for c in cases}) == 5
-    results = run(inputs, cases, str(tmp_path / "work"))
+@pytest.fixture(scope="module")
+def cases(inputs):
+    every = all_cases(inputs, SEED)
+    named = [c for c in every for kind, what, command in NAMED
+             if (c.mutation.kind, c.command) == (kind, command) and c.mutation.what.startswith(what)]
+    assert len(named) == len(NAMED), [c.name for c in named]
+    return subset(every, 6, SEED), named
+
+
+@pytest.fixture(scope="module")
+def results(inputs, cases, tmp_path_factory):
+    return run(inputs, cases[0] + cases[1], str(tmp_path_factory.mktemp("work")))
+
+
+def test_every_case_is_refused_by_name_or_runs_correctly(cases, results):
+    picked, named = cases
+    assert {(c.mutation.kind, c.command) for c in picked} == {(k.name, c) for k in KINDS for c in k.commands}
     bad = [f"{r.status}: {r.case.name}: {r.detail}" for r in results if r.status in BAD]
     assert not bad, f"seed {SEED}:\n" + "\n".join(bad)
-    total = dict(zip(STATUSES, map(int, table(results)[-1][2:])))
-    assert total["refused"] > len(cases) // 2 and sum(total.values()) == len(cases), total
-    for r in results:
-        if r.status == "refused":
-            assert "\n" not in r.detail
+    counts = Counter(r.status for r in results[:len(picked)])
+    assert counts["refused"] > len(picked) // 2, counts
+    for r in results[len(picked):]:
+        expected = next(s for (kind, what, command), s in NAMED.items()
+                        if r.case.mutation.what.startswith(what) and r.case.command == command)
+        assert r.status == expected, (r.case.name, r.status, r.detail)
+
+
+def _same_files(a: str, b: str) -> list:
+    """The files whose bytes differ between two trees (the data's token-id cache records an inode and a time)."""
+    differ = []
+    for parent, _, names in os.walk(a):
+        for name in names:
+            path = os.path.join(parent, name)
+            other = os.path.join(b, os.path.relpath(path, a))
+            if not name.endswith("_token_ids.json") and open(path, "rb").read() != open(other, "rb").read():
+                differ.append(os.path.relpath(path, a))
+    return differ
+
+
+def test_through_the_commands_from_another_folder(inputs, cases, results, tmp_path_factory):
+    """The inputs hold no absolute path, so a folder of another length gives the same files and cases; the
+    user's commands there agree with this process, two subprocesses at a time: 3 cases of each kind the preflight
+    reads (0.3 s each) and 1 of each tools/convert_checkpoint.py command (4 s each, most of it importing torch;
+    --load: the long test through the example script)."""
+    other = build_inputs(str(tmp_path_factory.mktemp("campaign_from_a_folder_whose_path_is_longer_" + "x" * 40)))
+    assert _same_files(inputs.path(), other.path()) == []
+    assert all_cases(other, SEED) == all_cases(inputs, SEED)
+    groups = defaultdict(list)  # read kinds by kind, the others by command
+    for r in results[:len(cases[0])]:
+        if r.case.command != "--load":
+            groups[r.case.mutation.kind if r.case.command == READS else r.case.command].append(r)
+    rng = random.Random(SEED)
+    chosen = [r for key in sorted(groups) for r in rng.sample(groups[key], 3 if key in READ_KINDS else 1)]
+    assert len(chosen) == 24
+    problems = through_commands(other, chosen, str(tmp_path_factory.mktemp("through")))
+    assert not problems, "\n".join(problems)
 
 
 def _line(run) -> str:

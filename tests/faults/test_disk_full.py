@@ -1,7 +1,8 @@
-"""A checkpoint saved into a file system that is too small (a tmpfs mounted here as root; skipped where mounting
-is refused), through examples/ds_pretrain_gpt2.sh at (1, 2, 2), saving every 4 iterations: the run stops with one
-line naming the path and the bytes needed, exit 2; nothing half-written is published (`latest` still names
-iteration 4), and that checkpoint, copied where there is room, resumes with the uninterrupted run's losses.
+"""A checkpoint saved into a file system that is too small (a tmpfs mounted here as root; skipped where the tests
+do not run as root, failed where root cannot mount: tests/faults/tmpfs.py), through examples/ds_pretrain_gpt2.sh
+at (1, 2, 2), saving every 4 iterations: the run stops with one line naming the path and the bytes needed, exit 2;
+nothing half-written is published (`latest` still names iteration 4), and that checkpoint, copied where there is
+room, resumes with the uninterrupted run's losses (exactly: tests/faults/script.py's Run.losses).
 
 - the second save does not fit: refused before anything of it is written (the previous checkpoint's size);
 - another writer fills the file system during the second save (tests/faults/plan.py's fill_disk);
@@ -17,7 +18,7 @@ import pytest
 
 from megatron.checkpointing import read_latest
 from megatron.checkpointing.files import folder_bytes
-from tests.faults.script import ITERS, losses, run_script, script_env
+from tests.faults.script import ITERS, run_script, script_env
 from tests.faults.tmpfs import small_tmpfs
 
 pytestmark = pytest.mark.long
@@ -47,4 +48,4 @@ def test_a_full_disk_stops_the_run_and_the_previous_checkpoint_resumes(data, ref
     again = run_script(script_env(data, work, SAVE=roomy))
     assert again.rc == 0, again.log[-4000:]
     assert f"loaded checkpoint {roomy}/iter_0000004: iteration 4," in again.log, again.log[-3000:]
-    assert losses(again.log) == {i: reference[i] for i in range(5, ITERS + 1)}
+    assert again.losses == {i: reference[i] for i in range(5, ITERS + 1)}

@@ -18,7 +18,7 @@ import signal
 import pytest
 
 from megatron.checkpointing import read_latest
-from tests.faults.script import (ITERS, losses, reports, run_script, script_env, stopped_at, to_group, to_rank)
+from tests.faults.script import (ITERS, reports, run_script, script_env, stopped_at, to_group, to_rank)
 
 pytestmark = pytest.mark.long
 
@@ -28,8 +28,8 @@ def _resume_matches(data, work, reference, stop: int) -> None:
     again = run_script(script_env(data, work))
     assert again.rc == 0, again.log[-4000:]
     assert f"loaded checkpoint {work}/checkpoints/iter_{stop:07d}: iteration {stop}," in again.log, again.log[-3000:]
-    assert sorted(losses(again.log)) == list(range(stop + 1, ITERS + 1)), again.log[-3000:]
-    assert losses(again.log) == {i: reference[i] for i in range(stop + 1, ITERS + 1)}
+    assert sorted(again.losses) == list(range(stop + 1, ITERS + 1)), again.log[-3000:]
+    assert again.losses == {i: reference[i] for i in range(stop + 1, ITERS + 1)}
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
@@ -43,7 +43,7 @@ def test_signal_to_the_whole_job_saves_exits_0_and_resumes_exactly(data, referen
     assert at <= stop <= at + 2 and read_latest(f"{work}/checkpoints") == f"iter_{stop:07d}", (at, run.log[-3000:])
     assert f"received {name}: passing it to the training processes (4)" in run.log, run.log[-3000:]
     assert "Traceback" not in run.log, run.log[-4000:]
-    assert losses(run.log) == {i: reference[i] for i in range(1, stop + 1)}
+    assert run.losses == {i: reference[i] for i in range(1, stop + 1)}
     _resume_matches(data, work, reference, stop)
 
 

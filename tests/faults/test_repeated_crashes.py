@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.faults.script import ITERS, logged_in_order, losses, run_script, script_env
+from tests.faults.script import ITERS, logged_in_order, run_script, script_env
 
 pytestmark = pytest.mark.long
 
@@ -41,4 +41,4 @@ def test_five_kills_in_one_run_complete_with_the_uninterrupted_losses(data, refe
     assert len(re.findall(r"^(loaded checkpoint |no checkpoint under --load )", run.log, re.M)) == 6, why
     order = logged_in_order(run.log)
     assert order[-1] == ITERS and len(order) > ITERS, why  # restored iterations were trained and logged again
-    assert losses(run.log) == reference, why  # every logged loss, repeats included (losses() checks those)
+    assert run.losses == reference, why  # every logged loss, repeats included (recorded_losses checks those)

@@ -10,7 +10,7 @@
   gloo: GPT-2 and T5 at (2, 2, 1) equal the single process too.
 - A sequence length that tp does not divide is a one-line error naming both numbers.
 - slow: tp in {2, 4} x pp in {1, 2} (every schedule at pp = 2: 1f1b, gpipe, interleaved with 2 chunks, zb-h1)
-  x dp in {1, 2}, ZeRO-1 at dp = 2, 20 steps, GPT-2 and T5, every dropout on.
+  x dp in {1, 2}, ZeRO-1 at dp = 2, MATRIX_STEPS (6) steps of 4 micro-batches, GPT-2 and T5, every dropout on.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from tests.dist import run_distributed
 from tests.model import common
 
 STEPS = 3
+MATRIX_STEPS = 6  # the slow matrix (20 before it ran in CI: the matrix took 11 minutes on 2 cores)
 TOL = 1e-5
 ALL_DROPOUT = dict(hidden_dropout=0.1, attention_dropout=0.1)
 
@@ -114,16 +115,15 @@ SCHEDULES_PP2 = ["1f1b", "gpipe", "interleaved", "zb-h1"]
 
 
 def _matrix_jobs(tp: int, pp: int, dp: int) -> list:
-    """Both models at one layout, every schedule at pp = 2, 6 steps (20 before it ran in CI: the matrix took 11
-    minutes on 2 cores); ZeRO-1 with data parallelism."""
+    """Both models at one layout, every schedule at pp = 2, MATRIX_STEPS steps; ZeRO-1 with data parallelism."""
     jobs = []
     for kind in ("gpt2", "t5"):
         for schedule in (SCHEDULES_PP2 if pp == 2 else ["1f1b"]):
             v = 2 if schedule == "interleaved" else 1
             # dropout on at every dp: replica r draws the single process's masks of the micro-batches it holds (rng)
             kw = dict(ALL_DROPOUT)
-            jobs.append(dict(kind=kind, tp=tp, pp=pp, dp=dp, config_kw=kw, steps=6, gas=4, schedule=schedule,
-                             virtual_stages=v, zero=1 if dp > 1 else 0, sequence_parallel=True))
+            jobs.append(dict(kind=kind, tp=tp, pp=pp, dp=dp, config_kw=kw, steps=MATRIX_STEPS, gas=4,
+                             schedule=schedule, virtual_stages=v, zero=1 if dp > 1 else 0, sequence_parallel=True))
     return jobs
 
 

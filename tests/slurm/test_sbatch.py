@@ -5,9 +5,9 @@
   the batch shell of gpt2_torchrun.sbatch (which forwards it to the training workers, not to torchrun), in the
   middle of the run: the ranks save at the interrupted iteration and exit 0, the job requeues itself
   (`scontrol requeue`), and the requeued job resumes from that checkpoint and finishes with the losses of the
-  uninterrupted run at every iteration and the same final weights, bit for bit.
+  uninterrupted run at every iteration (as logged, 6 decimals) and the same final weights, bit for bit.
 - The time limit without `--signal`, in both styles: SLURM's own SIGTERM to every process of the job; the ranks
-  save in KillWait's 30 s, and the next job resumes bit for bit.
+  save in KillWait's 30 s, and the next job resumes (its final weights bit for bit).
 
 SLURM holds a requeued job for AuthInfo's cred_expire before it may start again (120 s by default); the test
 cluster sets 10 s, so the requeued job starts on its own (releasing it earlier with `scontrol update

@@ -1,6 +1,7 @@
 """`srun -n 4 python pretrain_gpt2.py ...`: one SLURM task per rank, no torchrun. The ranks, world size and master
 address come from SLURM's variables (megatron.config.launcher_env), and the run at (tp, pp, dp) = (2, 2, 1)
-equals the same run under torchrun bit for bit: the loss of every iteration and the saved weights."""
+equals the same run under torchrun: the loss of every iteration as logged (6 decimals) and the saved weights bit
+for bit."""
 import os
 import subprocess
 import sys

@@ -242,6 +242,31 @@ def test_deepspeed_config_file_errors(tmp_path):
         str(err.value).endswith(f"(set by zero_optimization.stage = 3 in {stage})"), str(err.value)
 
 
+@pytest.mark.parametrize("zero, words", [
+    ({"stage": 1, "reduce_buciet_size": 5}, "unknown key 'reduce_buciet_size' in zero_optimization, did you mean "
+                                            "'reduce_bucket_size'?"),
+    ({"s|age": 1}, "unknown key 's|age' in zero_optimization, did you mean 'stage'?"),
+    ({"stage": 1, "my_setting": 2}, "unknown key 'my_setting' in zero_optimization (DeepSpeed refuses keys"),
+    (1, "zero_optimization is a JSON int, expected an object"),
+])
+def test_deepspeed_config_zero_keys(tmp_path, zero, words):
+    """A key DeepSpeed's ZeRO config does not have is refused naming the file, as DeepSpeed refuses it."""
+    path = tmp_path / "zero.json"
+    path.write_text(json.dumps({"zero_optimization": zero}))
+    with pytest.raises(UserError) as err:
+        parse("--deepspeed_config", str(path))
+    assert f"--deepspeed_config {path}: " in str(err.value) and words in str(err.value), str(err.value)
+
+
+def test_zero_keys_are_deepspeeds():
+    """ds_config.ZERO_KEYS (the preflight imports no DeepSpeed) is the installed DeepSpeed's ZeRO config's fields
+    and aliases."""
+    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+    from megatron.config.ds_config import ZERO_KEYS
+    fields = DeepSpeedZeroConfig.model_fields
+    assert ZERO_KEYS == set(fields) | {f.alias for f in fields.values() if f.alias}
+
+
 def test_pipe_spec_classes_and_counts_match_the_models():
     """The class names and spec counts the resolution checks --partition-method against are the models'."""
     from megatron.config.resolution import PIPE_SPEC_CLASSES, num_pipe_specs

