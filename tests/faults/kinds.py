@@ -4,7 +4,7 @@ how they are mutated, who owns the format (owners.py) and how a command must fol
     FileKind(name, targets, commands, mutate, owner, follow, says, run_as)
     KINDS       every kind, in the table's order (the seeded cases are drawn in this order)
 
-Adding a kind (a sidecar beside the data, another tokenizer file) is one FileKind here, and its pristine file in
+Adding a kind (another tokenizer file, say) is one FileKind here, and its pristine file in
 campaign.build_inputs. `follow=None` means the file has integrity records or a format to check and nothing a user
 edits: any change to the command's result must be refused. A kind the project follows as written (an edit) names
 its owner's reader and the follow rule that says how the result must change.
@@ -138,6 +138,9 @@ BPE = dict(owner=lambda folder, texts: owners.bpe_tokenizer(folder).result(texts
 KINDS: List[FileKind] = [
     FileKind(".idx", _fixed(DATA + ".idx"), (READS,), _idx),
     FileKind(".bin", _fixed(DATA + ".bin"), (READS,), _bin),
+    FileKind(".crc.json", _fixed(DATA + ".crc.json"), (READS,),
+             text_mutations(20, ("version 1 -> 2", ("replace", b'"version":1', b'"version":2')),
+                            ("bin_crc32 renamed bin_grc32", ("replace", b'"bin_crc32"', b'"bin_grc32"')))),
     FileKind("vocab.json", _fixed("bpe/vocab.json"), (READS,), text_mutations(36), **BPE),
     FileKind("merges.txt", _fixed("bpe/merges.txt"), (READS,), _merges, **BPE),
     FileKind("spiece.model", _fixed("spm/spm.model"), (READS,), text_mutations(36),

@@ -107,6 +107,8 @@ def idx_mutations(target: str, n_items: int, n_docs: int, size: int, rng: random
 
 
 def bin_mutations(target: str, size: int, rng: random.Random) -> List[Mutation]:
-    """A .bin cut short or grown (its length no longer what the .idx implies)."""
+    """A .bin cut short or grown (its length no longer what the .idx implies), and tokens flipped in place (the
+    length kept: only the pair's checksum sidecar tells)."""
     return truncations(".bin", target, size, 5, rng) + \
-        [Mutation(".bin", target, f"{n} bytes appended", ("append", b"\1" * n)) for n in (1, 2, 64)]
+        [Mutation(".bin", target, f"{n} bytes appended", ("append", b"\1" * n)) for n in (1, 2, 64)] + \
+        flips(".bin", target, size, 6, rng, where=" (a token)")

@@ -4,7 +4,7 @@
   process: each ends refused in one line naming the file, unchanged or as written (tests/faults/judge.py decides),
   none in a traceback, a hang, a silent acceptance or a refusal that does not name the file;
 - the inputs built again in a folder whose absolute path is longer: the same bytes, so the same cases; there,
-  24 of the subset's cases through the user's command lines in subprocesses (the example scripts' preflight,
+  27 of the subset's cases through the user's command lines in subprocesses (the example scripts' preflight,
   tools/convert_checkpoint.py): exit 2 and exactly one stderr line `error: <the in-process line>`, or the
   in-process status. FAULTS_SEED picks another subset.
 
@@ -94,7 +94,7 @@ def test_through_the_commands_from_another_folder(inputs, cases, results, tmp_pa
             groups[r.case.mutation.kind if r.case.command == READS else r.case.command].append(r)
     rng = random.Random(SEED)
     chosen = [r for key in sorted(groups) for r in rng.sample(groups[key], 3 if key in READ_KINDS else 1)]
-    assert len(chosen) == 24
+    assert len(chosen) == 3 * len(READ_KINDS) + len(set(groups) - set(READ_KINDS)) == 27
     problems = through_commands(other, chosen, str(tmp_path_factory.mktemp("through")))
     assert not problems, "\n".join(problems)
 

@@ -29,9 +29,9 @@ def build_data(out_dir: str, max_mb: float = 0.3, vocab_size: int = 512) -> dict
 
 
 def own_copy(data: dict, folder) -> dict:
-    """`data` with its .bin/.idx copied into `folder`: the index maps a run caches beside them are named without
-    the split, so runs with another split must not share them."""
-    for ext in (".bin", ".idx"):
+    """`data` with its .bin/.idx (and their checksum sidecar) copied into `folder`: the index maps a run caches
+    beside them are named without the split, so runs with another split must not share them."""
+    for ext in (".bin", ".idx", ".crc.json"):
         shutil.copy(data["data_prefix"] + ext, os.path.join(str(folder), "docs") + ext)
     return dict(data, data_prefix=os.path.join(str(folder), "docs"))
 
