@@ -18,8 +18,12 @@ manifest.json lists checked while reading).
 
 `tools/convert_checkpoint.py` is a thin command line over these modules.
 """
-from .async_save import wait_for_saves  # noqa: F401
-from .engine_io import (SHAPE_FIELDS, check_compatible, commit, load_checkpoint, load_model_weights,  # noqa: F401
-                        read_checkpoint_args, save_checkpoint)
-from .files import (ARGS_FILE, LATEST, CheckpointFileError, CheckpointMismatchError, checkpoint_tag,  # noqa: F401
-                    publish_latest, read_latest)
+from tds.lazy import lazy_exports
+
+# the names below import on first use (tds/lazy.py): config.json <-> arguments (hf_llama) import without torch
+__getattr__ = lazy_exports(__name__, {
+    "wait_for_saves": "megatron.checkpointing.async_save",
+    **dict.fromkeys(("SHAPE_FIELDS", "check_compatible", "commit", "load_checkpoint", "load_model_weights",
+                     "read_checkpoint_args", "save_checkpoint"), "megatron.checkpointing.engine_io"),
+    **dict.fromkeys(("ARGS_FILE", "LATEST", "CheckpointFileError", "CheckpointMismatchError", "checkpoint_tag",
+                     "publish_latest", "read_latest"), "megatron.checkpointing.files")})

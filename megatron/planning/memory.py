@@ -42,7 +42,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional, Sequence
 
-from megatron.mpu.cross_entropy import CHUNK_ELEMENTS
 from tds.pipe.instructions import Op, compute_order
 from tds.pipe.zero_buckets import DEFAULT_REDUCE_BUCKET, reduce_bucket_elements
 
@@ -147,6 +146,7 @@ def _logits_grad(m: ModelShape, lay: Layout, s_out: int) -> float:
     e, rows, vocab = ELEMENT_BYTES[lay.precision], lay.micro_batch * s_out, m.padded_vocab(lay.tp) // lay.tp
     if not lay.loss_fusion:
         return rows * vocab * (4 + (e if e < 4 else 0))
+    from megatron.mpu.cross_entropy import CHUNK_ELEMENTS  # here: the planner imports no torch for other layouts
     chunk_rows = min(rows, max(1, CHUNK_ELEMENTS // vocab)) if e < 4 else 0
     return rows * vocab * e + chunk_rows * vocab * 4
 

@@ -10,10 +10,15 @@ each three times and walked each stage's instruction list twice per layout), eac
 layouts that differ only in dp and ZeRO. bench/plan_speed.py prints the seconds.
 """
 import json
+import os
+import subprocess
+import sys
 
 from megatron.planning.shared import SharedTerms
 from tests.planning.golden_plan import GOLDEN, TOP, argv, ranking_rows
 from tools import plan_layout
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_the_command_ranks_as_recorded_and_shares_its_terms(monkeypatch, capsys):
@@ -38,3 +43,14 @@ def test_the_command_ranks_as_recorded_and_shares_its_terms(monkeypatch, capsys)
     assert terms.computed["orders"] == len(schedules)
     assert terms.computed["peak"] <= stages // 2  # 2,750 activation walks for 6,210 stages (before: 20,325)
 
+
+def test_the_planner_imports_neither_torch_nor_deepspeed():
+    """The tool starts in a fraction of a second: the planning code, the schedules it simulates
+    (tds.pipe.instructions, tds.pipe.schedule_sim) and the config.json reader import without torch."""
+    probe = ("import sys, io, contextlib; from tools.plan_layout import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()):\n"
+             "    main(['--hf-config', sys.argv[1], '--global-batch-size', '64', '--bf16', '--gpus-per-node', '4'])\n"
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'deepspeed'}))")
+    out = subprocess.run([sys.executable, "-c", probe, argv()[1]], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
