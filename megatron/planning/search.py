@@ -86,9 +86,10 @@ def rank_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: str = 
     """All candidates, fitting ones first by predicted step time, then the rest by peak memory. The layouts share
     what they have in common (`shared.SharedTerms`: schedule simulations, activation peaks, partitions): pass
     `shared` to see what was computed."""
-    shared = shared if shared is not None else SharedTerms()
-    with collector_paused():
-        cands = [evaluate(m, lay, c, shared) for lay in enumerate_layouts(m, c, global_batch, precision, **kwargs)]
+    with collector_paused():  # (the terms dropped inside: the collector does not walk them when it resumes)
+        terms = shared if shared is not None else SharedTerms()
+        cands = [evaluate(m, lay, c, terms) for lay in enumerate_layouts(m, c, global_batch, precision, **kwargs)]
+        del terms
     cands.sort(key=lambda x: (not x.fits, round(x.step.total, 4) if x.fits else x.peak, x.peak))
     return cands[:top] if top else cands
 
