@@ -10,6 +10,9 @@ the module-level `__getattr__`), except those that TDS replaces:
 On a machine with no accelerator device file, DeepSpeed's accelerator is named cpu (DS_ACCELERATOR) before DeepSpeed
 is imported, so it picks the CPU without warning that it may have missed a GPU (a user's DS_ACCELERATOR is kept;
 megatron/__init__.py does the same for the project's tools).
+
+DeepSpeed, torch and the engine load with the first name that needs them, not with `import tds` (`tds/lazy.py`):
+the schedules as data (`tds.pipe.instructions`, `tds.pipe.schedule_sim`) import without them.
 """
 from __future__ import annotations
 
@@ -17,39 +20,33 @@ import glob as _glob
 import os as _os
 from typing import Any
 
+from .lazy import lazy_exports
+
 if "DS_ACCELERATOR" not in _os.environ and not any(
         _glob.glob(p) for p in ("/dev/nvidia*", "/dev/kfd", "/dev/dri", "/dev/davinci*", "/dev/accel*", "/dev/hl*")):
     _os.environ["DS_ACCELERATOR"] = "cpu"
 
-import deepspeed as _ds  # noqa: E402  (after the accelerator's name)
-from deepspeed import (DeepSpeedConfig, DeepSpeedConfigError, DeepSpeedEngine, add_config_arguments,  # noqa: F401,E402
-                       checkpointing, comm, ops, runtime, utils, zero)
-from deepspeed.runtime.pipe.module import PipelineModule as _DSPipelineModule  # noqa: E402
-
-from . import pipe
-from .device import init_distributed
-from .safe_load import make_safe
-from .pipe import PipelineEngine, PipelineModule
-from .pipe.zero_buckets import sized_reduce_buckets
-
 REPLACED = ("initialize", "init_distributed", "pipe", "PipelineEngine", "PipelineModule")  # differ from deepspeed's
+_OWN = {"init_distributed": "tds.device", "make_safe": "tds.safe_load", "PipelineEngine": "tds.pipe",
+        "PipelineModule": "tds.pipe", "sized_reduce_buckets": "tds.pipe.zero_buckets"}
 
 
-def __getattr__(name: str):
+def _deepspeed_attribute(name: str) -> Any:
     """Any other attribute of `deepspeed` (init_inference, log_dist, DeepSpeedTransformerLayer, ...)."""
+    import deepspeed
     try:
-        return getattr(_ds, name)
+        return getattr(deepspeed, name)
     except AttributeError:
         raise AttributeError(f"module 'tds' (and 'deepspeed') has no attribute {name!r}") from None
 
 
-def __dir__() -> list:
-    return sorted(set(globals()) | set(dir(_ds)))
+__getattr__ = lazy_exports(__name__, _OWN, _deepspeed_attribute)
 
-__version__ = _ds.__version__
-__version_major__, __version_minor__, __version_patch__ = (_ds.__version_major__, _ds.__version_minor__,
-                                                           _ds.__version_patch__)
-__git_hash__, __git_branch__ = _ds.__git_hash__, _ds.__git_branch__
+
+def __dir__() -> list:
+    import deepspeed
+    return sorted(set(globals()) | set(_OWN) | {"pipe", "device", "safe_load"} | set(dir(deepspeed)))
+
 
 __all__ = ["initialize", "init_distributed", "add_config_arguments", "checkpointing", "pipe", "utils",
            "DeepSpeedEngine", "PipelineEngine", "PipelineModule", "DeepSpeedConfig", "zero", "comm"]
@@ -65,6 +62,14 @@ def initialize(args: Any = None, model=None, optimizer=None, model_parameters=No
     tensor ranks as DeepSpeed's grad-norm and overflow checks need); a user `mpu` is only checked against it
     (same tensor- and data-parallel sizes and ranks). ZeRO stages 2 and 3 are refused.
     """
+    import deepspeed as _ds
+    from deepspeed import DeepSpeedConfig
+    from deepspeed.runtime.pipe.module import PipelineModule as _DSPipelineModule
+
+    from .device import init_distributed
+    from .pipe import PipelineEngine, PipelineModule
+    from .pipe.zero_buckets import sized_reduce_buckets
+    from .safe_load import make_safe
     if model is None:
         raise ValueError("tds.initialize needs a model")
     if not isinstance(model, _DSPipelineModule):

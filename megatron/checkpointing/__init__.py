@@ -18,21 +18,12 @@ manifest.json lists checked while reading).
 
 `tools/convert_checkpoint.py` is a thin command line over these modules.
 """
-import importlib
-from typing import Any
+from tds.lazy import lazy_exports
 
-# name -> the module defining it, imported on first use (PEP 562), so that a torch-free module of this package
-# (files: `latest` and megatron_args.json) imports without torch and DeepSpeed (the preflight's
-# --use-checkpoint-args reads a checkpoint's arguments in about a second)
-_EXPORTS = {"wait_for_saves": "async_save"}
-_EXPORTS.update({name: "engine_io" for name in ("SHAPE_FIELDS", "check_compatible", "commit", "load_checkpoint",
-                                                "load_model_weights", "read_checkpoint_args", "save_checkpoint")})
-_EXPORTS.update({name: "files" for name in ("ARGS_FILE", "LATEST", "CheckpointFileError", "CheckpointMismatchError",
-                                            "checkpoint_tag", "publish_latest", "read_latest")})
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+# the names below import on first use (tds/lazy.py): config.json <-> arguments (hf_llama) import without torch
+__getattr__ = lazy_exports(__name__, {
+    "wait_for_saves": "megatron.checkpointing.async_save",
+    **dict.fromkeys(("SHAPE_FIELDS", "check_compatible", "commit", "load_checkpoint", "load_model_weights",
+                     "read_checkpoint_args", "save_checkpoint"), "megatron.checkpointing.engine_io"),
+    **dict.fromkeys(("ARGS_FILE", "LATEST", "CheckpointFileError", "CheckpointMismatchError", "checkpoint_tag",
+                     "publish_latest", "read_latest"), "megatron.checkpointing.files")})

@@ -19,10 +19,12 @@ rotary) are one line naming the field and what is supported.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from megatron.errors import UserError
-from .hf_names import Rule
+
+if TYPE_CHECKING:  # config.json <-> arguments import without torch (tools/plan_layout.py --hf-config)
+    from .hf_names import Rule
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 ROPE_TYPES = ("default", "llama3")
@@ -142,6 +144,7 @@ def llama_hf_config(args: Dict[str, Any], rows: int, ids: Dict[str, int]) -> Dic
 
 
 def llama_rules(args: Dict[str, Any]) -> List[Rule]:
+    from .hf_names import Rule
     heads = args["num_attention_heads"]
     groups = args.get("num_query_groups") if args.get("group_query_attention") else heads
     qkv = (heads, groups, groups)

@@ -9,7 +9,10 @@
 
 The pipeline modules import tds.pipe; import them from their modules (`megatron.model.gpt2_pipe`).
 """
-from .config import GPT2Config, T5Config, padded_vocab_size  # noqa: F401
-from .gpt2_model import GPT2Model  # noqa: F401
-from .language_model import LMLoss, masked_lm_loss  # noqa: F401
-from .t5_model import T5Model  # noqa: F401
+from tds.lazy import lazy_exports
+
+# the names below import on first use (tds/lazy.py): `flops` imports without torch (the layout planner)
+__getattr__ = lazy_exports(__name__, {
+    **dict.fromkeys(("GPT2Config", "T5Config", "padded_vocab_size"), "megatron.model.config"),
+    "GPT2Model": "megatron.model.gpt2_model", "LMLoss": "megatron.model.language_model",
+    "masked_lm_loss": "megatron.model.language_model", "T5Model": "megatron.model.t5_model"})

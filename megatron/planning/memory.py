@@ -24,7 +24,8 @@ Rotary positions: each layer's cos / sin tables (2 s r e_a, `rotary_tables`) are
 counted with the weights.
 
 Activations: `activations.spec_activation_bytes` per chunk and micro-batch, run through this stage's
-instruction list (`tds.pipe.instructions.train_schedule`): + at each FORWARD, - at each BACKWARD (ZB-H1:
+compute units (`tds.pipe.instructions.compute_order`, the order its `train_schedule` list runs them): + at each
+FORWARD, - at each BACKWARD (ZB-H1:
 most at B, the linears' inputs at W), so the peak is the schedule's own in-flight count weighted by what each
 chunk holds. Plus, while a micro-batch runs backward, its working set: the gradient of one layer's
 activations (~ one layer's saved bytes), with full recomputation one checkpointed chunk recomputed, with
@@ -38,18 +39,18 @@ the gradient reduction (weights, optimizer, gradients, reduce buffers) and the o
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from functools import lru_cache
-from typing import Dict, List
+from dataclasses import dataclass, field, fields
+from typing import Dict, List, Optional, Sequence
 
-from megatron.mpu.cross_entropy import CHUNK_ELEMENTS
-from tds.pipe.instructions import Instruction, Op, train_schedule
+from tds.pipe.instructions import Op, compute_order
 from tds.pipe.zero_buckets import DEFAULT_REDUCE_BUCKET, reduce_bucket_elements
 
 from .activations import ActivationOptions, layer_bytes, recomputed_core_bytes, spec_activation_bytes
 from .model_shape import ModelShape, layer_specs, partition, stage_chunks
+from .shared import SharedTerms
 
-__all__ = ["Layout", "StageMemory", "stage_memory", "predict_memory", "DEFAULT_REDUCE_BUCKET"]
+__all__ = ["Layout", "StageMemory", "stage_memory", "stage_parameters", "predict_memory", "compute_orders",
+           "DEFAULT_REDUCE_BUCKET"]
 
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
@@ -116,7 +117,8 @@ class StageMemory:
         return max(self.static + self.activations + self.working, self.static + self.buffers)
 
     def as_dict(self) -> dict:
-        return {**asdict(self), "peak": self.peak}
+        """The fields and the peak (`dataclasses.asdict` without its deep copies, which cost a ranking's output)."""
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "parts": dict(self.parts), "peak": self.peak}
 
 
 def _state_bytes(psi: int, lay: Layout) -> tuple[float, float, float, float]:
@@ -144,6 +146,7 @@ def _logits_grad(m: ModelShape, lay: Layout, s_out: int) -> float:
     e, rows, vocab = ELEMENT_BYTES[lay.precision], lay.micro_batch * s_out, m.padded_vocab(lay.tp) // lay.tp
     if not lay.loss_fusion:
         return rows * vocab * (4 + (e if e < 4 else 0))
+    from megatron.mpu.cross_entropy import CHUNK_ELEMENTS  # here: the planner imports no torch for other layouts
     chunk_rows = min(rows, max(1, CHUNK_ELEMENTS // vocab)) if e < 4 else 0
     return rows * vocab * e + chunk_rows * vocab * 4
 
@@ -164,8 +167,9 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
     o = _activation_options(lay)
     chosen = specs[chunk[0]:chunk[1]]
     layers = [s for s in chosen if s.kind in ("layer", "enc", "dec")]
-    others = sum(spec_activation_bytes(s, m, o) for s in chosen if s not in layers)
-    per_layer = [layer_bytes(s, m, o) for s in layers]
+    others = sum(spec_activation_bytes(s, m, o) for s in chosen if s.kind not in ("layer", "enc", "dec"))
+    saved = {s: layer_bytes(s, m, o) for s in set(layers)}  # a chunk's layers are mostly one spec
+    per_layer = [saved[s] for s in layers]
     e, b, h, t = o.element_bytes, lay.micro_batch, m.hidden, lay.tp
     s_out = m.decoder_seq if m.model_type == "t5" else m.seq
     tokens = m.seq + m.decoder_seq if m.model_type == "t5" else m.seq  # T5 sends enc_h and dec_h
@@ -219,30 +223,38 @@ def _zb_hold_in_backward(m: ModelShape, lay: Layout, per_layer: List[float]) -> 
     return later + first
 
 
-def _activation_peak(lay: Layout, chunks: List[tuple], stage: int) -> tuple[float, int, float]:
-    """(peak activation bytes, units in flight then, working set then) through the stage's instruction list:
-    a unit's activations from its F to its B; under ZB-H1 the W's share from B to W."""
-    ins = _instructions(lay.schedule, lay.pp, stage, lay.gas, lay.virtual_stages)
-    live, units, best = 0.0, 0, (0.0, 0, 0.0)
-    for x in ins:
-        held, working, hold = chunks[x.chunk]
-        if x.op == Op.FORWARD:
+def _activation_peak(order: Sequence[tuple], chunks: Sequence[tuple]) -> tuple[float, int, float]:
+    """(peak activation bytes, units in flight then, working set then) through the stage's compute units `order`
+    (`compute_orders`), `chunks` each chunk's `_chunk_bytes`: a unit's activations from its F to its B; under
+    ZB-H1 the W's share from B to W. The peak is the first moment with the largest activations + working set."""
+    forward, backward_input, weight = Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT  # (enum reads are slow)
+    live, units, best, most = 0.0, 0, (0.0, 0, 0.0), 0.0
+    for op, _, chunk in order:
+        held, working, hold = chunks[chunk]
+        if op is forward:
             live, units = live + held, units + 1
-            best = max(best, (live, units, 0.0), key=lambda r: r[0] + r[2])
-        elif x.op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-            best = max(best, (live, units, working), key=lambda r: r[0] + r[2])
-            live, units = live - held + (hold if x.op == Op.BACKWARD_INPUT else 0.0), units - 1
-        elif x.op == Op.BACKWARD_WEIGHT:
+            if live > most:
+                best, most = (live, units, 0.0), live
+        elif op is weight:
             live -= hold
+        else:  # a backward, or ZB-H1's B
+            if live + working > most:
+                best, most = (live, units, working), live + working
+            live, units = live - held + (hold if op is backward_input else 0.0), units - 1
     return best
 
 
-@lru_cache(maxsize=4096)
-def _instructions(schedule: str, pp: int, stage: int, gas: int, v: int) -> tuple:
-    """The stage's training instructions (pp = 1: forward and backward of each micro-batch in turn)."""
+def _compute_orders(schedule: str, pp: int, gas: int, v: int) -> list:
+    """Each stage's compute units (pp = 1: forward and backward of each micro-batch in turn)."""
     if pp == 1:
-        return tuple(Instruction(op, i) for i in range(gas) for op in (Op.FORWARD, Op.BACKWARD))
-    return tuple(train_schedule(schedule, pp, stage, gas, v))
+        return [[(op, i, 0) for i in range(gas) for op in (Op.FORWARD, Op.BACKWARD)]]
+    return [compute_order(schedule, pp, stage, gas, v) for stage in range(pp)]
+
+
+def compute_orders(lay: Layout, shared: SharedTerms) -> list:
+    """Each stage's compute units under the layout's schedule (`tds.pipe.instructions.compute_order`), shared."""
+    key = (lay.schedule, lay.pp, lay.gas, lay.virtual_stages)
+    return shared.get("orders", key, lambda: _compute_orders(*key))
 
 
 def stage_params(specs, chunks, tied: bool) -> int:
@@ -259,17 +271,35 @@ def rotary_tables(m: ModelShape, lay: Layout, layers: int) -> float:
     return layers * 2 * m.seq * m.rotary_dim * ELEMENT_BYTES[lay.precision]
 
 
-def stage_memory(m: ModelShape, lay: Layout, stage: int) -> StageMemory:
-    specs = layer_specs(m, lay.tp)
-    bounds = partition(specs, lay.pp * lay.virtual_stages, lay.partition_method)
-    chunks = stage_chunks(bounds, lay.pp, lay.virtual_stages, stage)
+def _specs_and_chunks(m: ModelShape, lay: Layout, stage: int, shared: SharedTerms) -> tuple[list, list]:
+    """(the model's layer specs at this tp, this stage's chunks as spec ranges)."""
+    specs = shared.get("specs", (m, lay.tp), lambda: layer_specs(m, lay.tp))
+    method = lay.partition_method
+    parts = lay.pp * lay.virtual_stages
+    bounds = shared.get("partition", (m, lay.tp, parts, tuple(method) if isinstance(method, list) else method),
+                        lambda: partition(specs, parts, method))
+    return specs, stage_chunks(bounds, lay.pp, lay.virtual_stages, stage)
+
+
+def stage_parameters(m: ModelShape, lay: Layout, shared: Optional[SharedTerms] = None) -> List[int]:
+    """Parameters on one rank of each stage (`StageMemory.params`), without the rest of the prediction."""
+    shared = shared or SharedTerms()
+    return [stage_params(*_specs_and_chunks(m, lay, s, shared), m.tied) for s in range(lay.pp)]
+
+
+def stage_memory(m: ModelShape, lay: Layout, stage: int, shared: Optional[SharedTerms] = None) -> StageMemory:
+    """One rank of pipeline stage `stage`; `shared`: the terms other layouts of a ranking computed already."""
+    shared = shared or SharedTerms()
+    specs, chunks = _specs_and_chunks(m, lay, stage, shared)
     psi = stage_params(specs, chunks, m.tied)
     weights, grads, opt, buffers = _state_bytes(psi, lay)
     weights += rotary_tables(m, lay, sum(specs[i].kind == "layer" for a, b in chunks for i in range(a, b)))
     n = len(chunks)
-    per_chunk = [_chunk_bytes(m, lay, specs, ch, last=(stage == lay.pp - 1 and c == n - 1))
-                 for c, ch in enumerate(chunks)]
-    act, units, work = _activation_peak(lay, per_chunk, stage)
+    per_chunk = tuple(_chunk_bytes(m, lay, specs, ch, last=(stage == lay.pp - 1 and c == n - 1))
+                      for c, ch in enumerate(chunks))
+    order = compute_orders(lay, shared)[stage]
+    schedule = (lay.schedule, lay.pp, stage, lay.gas, lay.virtual_stages)
+    act, units, work = shared.get("peak", (schedule, per_chunk), lambda: _activation_peak(order, per_chunk))
     if lay.ds_zero_stage >= 1:
         work += buffers / 2  # ZeRO-1: one of the two reduce buckets exists from the first backward on
     out = StageMemory(stage, psi, weights, grads, opt, act, units, work, buffers)
@@ -277,9 +307,10 @@ def stage_memory(m: ModelShape, lay: Layout, stage: int) -> StageMemory:
     return out
 
 
-def predict_memory(m: ModelShape, lay: Layout) -> List[StageMemory]:
+def predict_memory(m: ModelShape, lay: Layout, shared: Optional[SharedTerms] = None) -> List[StageMemory]:
     """Every pipeline stage's per-rank prediction (all tp and dp ranks of a stage hold the same)."""
-    return [stage_memory(m, lay, s) for s in range(lay.pp)]
+    shared = shared or SharedTerms()
+    return [stage_memory(m, lay, s, shared) for s in range(lay.pp)]
 
 
 def layout_from_args(args, attention: str = "fused") -> Layout:

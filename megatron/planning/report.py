@@ -1,6 +1,7 @@
 """Text and JSON forms of the planner's predictions (the tool's table, `--dry-run`'s lines)."""
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import List, Optional
 
 from .memory import StageMemory
@@ -49,10 +50,14 @@ def table(cands: List[Candidate]) -> str:
 
 
 def as_json(cands: List[Candidate]) -> list:
-    from dataclasses import asdict
-    return [dict(layout=asdict(c.layout), fits=c.fits, budget=c.budget, peak=c.peak,
+    return [dict(layout=_fields(c.layout), fits=c.fits, budget=c.budget, peak=c.peak,
                  stages=[s.as_dict() for s in c.stages],
-                 step=dict(asdict(c.step), total=c.step.total)) for c in cands]
+                 step=dict(_fields(c.step), total=c.step.total)) for c in cands]
+
+
+def _fields(record) -> dict:
+    """A dataclass's fields by name (`dataclasses.asdict` without its deep copies: these are written, not kept)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
 CPU_STEP = ("  step time: not predicted for CPU processes (the step-time model is a GPU's: GEMMs at a fraction of the "

@@ -7,11 +7,14 @@ most the layers. A layout fits when the worst stage's peak x (1 + allocator over
 """
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterable, List, Optional
+from typing import Iterable, Iterator, List, Optional
 
 from .memory import Layout, StageMemory, predict_memory
 from .model_shape import ModelShape
+from .shared import SharedTerms
 from .speed import Cluster, StepTime, predict_step
 
 __all__ = ["Candidate", "evaluate", "enumerate_layouts", "rank_layouts", "overflow_line"]
@@ -34,11 +37,13 @@ class Candidate:
         return self.worst.peak
 
 
-def evaluate(m: ModelShape, lay: Layout, c: Cluster) -> Candidate:
-    stages = predict_memory(m, lay)
+def evaluate(m: ModelShape, lay: Layout, c: Cluster, shared: Optional[SharedTerms] = None) -> Candidate:
+    """The layout's memory per stage and step time; `shared`: the terms other layouts of a ranking computed."""
+    shared = shared or SharedTerms()
+    stages = predict_memory(m, lay, shared)
     budget = c.memory_gb * 1e9 / (1 + c.allocator_overhead)
     peak = max(s.peak for s in stages)
-    return Candidate(lay, stages, predict_step(m, lay, c), peak <= budget, budget)
+    return Candidate(lay, stages, predict_step(m, lay, c, shared), peak <= budget, budget)
 
 
 def _divisors(n: int) -> List[int]:
@@ -77,11 +82,30 @@ def enumerate_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: s
 
 
 def rank_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: str = "bf16", top: Optional[int] = None,
-                 **kwargs) -> List[Candidate]:
-    """All candidates, fitting ones first by predicted step time, then the rest by peak memory."""
-    cands = [evaluate(m, lay, c) for lay in enumerate_layouts(m, c, global_batch, precision, **kwargs)]
+                 shared: Optional[SharedTerms] = None, **kwargs) -> List[Candidate]:
+    """All candidates, fitting ones first by predicted step time, then the rest by peak memory. The layouts share
+    what they have in common (`shared.SharedTerms`: schedule simulations, activation peaks, partitions): pass
+    `shared` to see what was computed."""
+    with collector_paused():  # (the terms dropped inside: the collector does not walk them when it resumes)
+        terms = shared if shared is not None else SharedTerms()
+        cands = [evaluate(m, lay, c, terms) for lay in enumerate_layouts(m, c, global_batch, precision, **kwargs)]
+        del terms
     cands.sort(key=lambda x: (not x.fits, round(x.step.total, 4) if x.fits else x.peak, x.peak))
     return cands[:top] if top else cands
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for a ranking, on again after it whatever happens: a ranking makes
+    no reference cycles (reference counts free what it drops), and the collector's passes over the hundreds of
+    thousands of tuples it keeps (compute orders, message programs) cost a fifth of its time."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def overflow_line(cand: Candidate, best: Optional[Candidate]) -> str:

@@ -24,14 +24,13 @@ Selective recomputation adds the attention core's forward FLOPs, full recomputat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from typing import Optional
 
-from tds.pipe.instructions import train_schedule
-from tds.pipe.schedule_sim import Costs, simulate_timed
-from tds.pipe.timeline import compute_window
+from tds.pipe.schedule_sim import Costs, compute_windows
 
-from .memory import ELEMENT_BYTES, Layout
+from .memory import ELEMENT_BYTES, Layout, compute_orders, stage_parameters
 from .model_shape import ModelShape
+from .shared import SharedTerms
 
 __all__ = ["Cluster", "StepTime", "predict_step", "model_flops", "bubble_fraction", "exposed_hops", "GPUS"]
 
@@ -88,31 +87,37 @@ def model_flops(m: ModelShape, lay: Layout) -> float:
     return gpt_flops_per_iteration(B, m.seq, d_kv=m.kv_width, gated=m.gated, **common)
 
 
-def _window(schedule: str, pp: int, gas: int, v: int, costs: Costs) -> float:
-    """First compute start .. last compute end of the simulated batch."""
-    return compute_window(simulate_timed([train_schedule(schedule, pp, s, gas, v) for s in range(pp)], costs))
-
-
-@lru_cache(maxsize=None)
-def _schedule_terms(schedule: str, pp: int, gas: int, v: int) -> tuple:
+def _schedule_terms(schedule: str, pp: int, gas: int, v: int, instructions: bool = True, orders=None) -> tuple:
     """(bubble fraction with F = B = W = 1 per chunk, hops on the critical path, send / receive instructions on
     it): the step grows by the last two per unit of hop time and of instruction time while those are small
-    against a chunk's F (the critical path keeps its shape), which the derivatives at 1e-3 measure."""
+    against a chunk's F (the critical path keeps its shape), which the derivatives at 1e-3 measure. The schedule
+    runs once per cost set (`compute_windows`: the windows `simulate_timed` gives, to the bit); without
+    `instructions` the last is not simulated and is 0 (for a cluster whose instructions take no time); `orders`:
+    the stages' compute units where the caller has them."""
     eps, busy = 1e-3, 3.0 * gas * v
-    window = _window(schedule, pp, gas, v, Costs(1.0, 1.0, 1.0))
-    per_hop = (_window(schedule, pp, gas, v, Costs(1.0, 1.0, 1.0, comm=eps)) - window) / eps
-    per_instruction = (_window(schedule, pp, gas, v, Costs(1.0, 1.0, 1.0, instruction=eps)) - window) / eps
+    costs = [Costs(1.0, 1.0, 1.0), Costs(1.0, 1.0, 1.0, comm=eps)]
+    if instructions:
+        costs.append(Costs(1.0, 1.0, 1.0, instruction=eps))
+    window, *perturbed = compute_windows(schedule, pp, gas, v, costs, orders)
+    per_hop = (perturbed[0] - window) / eps
+    per_instruction = (perturbed[1] - window) / eps if instructions else 0.0
     return 1.0 - busy / window, round(per_hop), round(per_instruction)
 
 
-def bubble_fraction(lay: Layout) -> float:
+def _terms(lay: Layout, shared: SharedTerms, instructions: bool = True) -> tuple:
+    """`_schedule_terms` of the layout's schedule (shared by every layout with the same schedule, pp, gas, v)."""
+    key = (lay.schedule, lay.pp, lay.gas, lay.virtual_stages, instructions)
+    return shared.get("schedule", key, lambda: _schedule_terms(*key, orders=compute_orders(lay, shared)))
+
+
+def bubble_fraction(lay: Layout, shared: Optional[SharedTerms] = None) -> float:
     """Idle / (busy + idle) of the simulated schedule, F = B = W per chunk."""
-    return _schedule_terms(lay.schedule, lay.pp, lay.gas, lay.virtual_stages)[0] if lay.pp > 1 else 0.0
+    return _terms(lay, shared or SharedTerms())[0] if lay.pp > 1 else 0.0
 
 
-def exposed_hops(lay: Layout) -> tuple:
+def exposed_hops(lay: Layout, shared: Optional[SharedTerms] = None) -> tuple:
     """(hops, send / receive instructions) on the simulated schedule's critical path."""
-    return _schedule_terms(lay.schedule, lay.pp, lay.gas, lay.virtual_stages)[1:] if lay.pp > 1 else (0, 0)
+    return _terms(lay, shared or SharedTerms())[1:] if lay.pp > 1 else (0, 0)
 
 
 def gemm_efficiency(m: ModelShape, lay: Layout, c: Cluster) -> float:
@@ -132,23 +137,24 @@ def selective_recompute_flops(m: ModelShape, lay: Layout) -> float:
     return enc + dec
 
 
-def predict_step(m: ModelShape, lay: Layout, c: Cluster) -> StepTime:
+def predict_step(m: ModelShape, lay: Layout, c: Cluster, shared: Optional[SharedTerms] = None) -> StepTime:
+    """The step time's parts; `shared`: the terms other layouts of a ranking computed already."""
+    shared = shared or SharedTerms()
     flops = model_flops(m, lay) + selective_recompute_flops(m, lay)
     compute = flops / (lay.world_size * c.peak_tflops * 1e12 * gemm_efficiency(m, lay, c))
-    frac = bubble_fraction(lay)
+    # with instructions of no time their count multiplies 0: not simulated
+    frac, hops, instructions = _terms(lay, shared, c.instruction_ms != 0) if lay.pp > 1 else (0.0, 0, 0)
     bubble = compute * frac / (1 - frac)
     e, b, h, t = ELEMENT_BYTES[lay.precision], lay.micro_batch, m.hidden, lay.tp
     tokens = m.seq + (m.decoder_seq if m.model_type == "t5" else 0)
     layers_per_stage = m.transformer_layers / lay.pp
     tp_bytes = 8 * b * tokens * h * e * (t - 1) / t * layers_per_stage * lay.gas
     tp_comm = tp_bytes / (c.intra_gbps * 1e9) if t > 1 else 0.0
-    from .memory import stage_memory
-    psi = max(stage_memory(m, lay, s).params for s in range(lay.pp))
+    psi = max(stage_parameters(m, lay, shared))
     dp_bytes = 2 * psi * e * (lay.dp - 1) / lay.dp
     spans_nodes = lay.tp * lay.dp > c.gpus_per_node
     dp_comm = dp_bytes / ((c.inter_gbps if spans_nodes else c.intra_gbps) * 1e9)
     bandwidth = c.inter_gbps if lay.world_size > c.gpus_per_node else c.intra_gbps
-    hops, instructions = exposed_hops(lay)
     pp_comm = hops * (c.hop_latency_ms / 1e3 + b * tokens * h * e / t / (bandwidth * 1e9)) \
         + instructions * c.instruction_ms / 1e3
     return StepTime(compute, bubble, tp_comm, dp_comm, pp_comm, frac)

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Callable
 
-__all__ = ["Op", "Instruction", "train_schedule", "eval_schedule", "check_schedule", "peak_in_flight", "simulate",
-           "route", "SCHEDULES", "COMPUTE_OPS"]
+__all__ = ["Op", "Instruction", "train_schedule", "compute_order", "unit_ops", "eval_schedule", "check_schedule",
+           "peak_in_flight", "simulate", "route", "route_send", "expected_message", "SCHEDULES", "COMPUTE_OPS"]
 
 
 class Op(str, Enum):
@@ -85,31 +85,39 @@ class Instruction:
 Unit = tuple[Op, int, int]  # (compute op, micro-batch, chunk)
 
 
+def unit_ops(op: Op, first: bool, last: bool) -> list[Op]:
+    """The ops of one compute unit: `op` with the loads, receives and sends around it, on the first model chunk
+    of the pipeline (`first`: stage 0, chunk 0), its last (`last`: stage p-1, chunk v-1) or one between."""
+    if op == Op.FORWARD:
+        ops = ([Op.LOAD] if first or last else []) + ([] if first else [Op.RECV_ACT]) + [op]
+        return ops + ([] if last else [Op.SEND_ACT])
+    if op in (Op.BACKWARD, Op.BACKWARD_INPUT):
+        return ([] if last else [Op.RECV_GRAD]) + [op] + ([] if first else [Op.SEND_GRAD])
+    return [op]
+
+
 def _expand(unit: Unit, num_stages: int, stage_id: int, virtual_stages: int) -> list[Instruction]:
     """A compute unit with the loads, receives and sends around it."""
     op, mb, chunk = unit
     first = stage_id == 0 and chunk == 0
     last = stage_id == num_stages - 1 and chunk == virtual_stages - 1
-    if op == Op.FORWARD:
-        ops = ([Op.LOAD] if first or last else []) + ([] if first else [Op.RECV_ACT]) + [op]
-        ops += [] if last else [Op.SEND_ACT]
-    elif op in (Op.BACKWARD, Op.BACKWARD_INPUT):
-        ops = ([] if last else [Op.RECV_GRAD]) + [op] + ([] if first else [Op.SEND_GRAD])
-    else:
-        ops = [op]
-    return [Instruction(o, mb, chunk) for o in ops]
+    return [Instruction(o, mb, chunk) for o in unit_ops(op, first, last)]
 
 
+# The orders read each Op member once (`Op.FORWARD` costs ten times a local name): planners build them by the
+# hundred thousand units.
 def _order_1f1b(p: int, s: int, m: int, v: int) -> list[Unit]:
+    forward, backward = Op.FORWARD, Op.BACKWARD
     warmup = min(p - s - 1, m)
-    order = [(Op.FORWARD, i, 0) for i in range(warmup)]
+    order = [(forward, i, 0) for i in range(warmup)]
     for i in range(m - warmup):
-        order += [(Op.FORWARD, warmup + i, 0), (Op.BACKWARD, i, 0)]
-    return order + [(Op.BACKWARD, i, 0) for i in range(m - warmup, m)]
+        order += [(forward, warmup + i, 0), (backward, i, 0)]
+    return order + [(backward, i, 0) for i in range(m - warmup, m)]
 
 
 def _order_gpipe(p: int, s: int, m: int, v: int) -> list[Unit]:
-    return [(Op.FORWARD, i, 0) for i in range(m)] + [(Op.BACKWARD, i, 0) for i in range(m)]
+    forward, backward = Op.FORWARD, Op.BACKWARD
+    return [(forward, i, 0) for i in range(m)] + [(backward, i, 0) for i in range(m)]
 
 
 def _interleaved_units(p: int, m: int, v: int) -> list[tuple[int, int]]:
@@ -122,8 +130,9 @@ def _interleaved_units(p: int, m: int, v: int) -> list[tuple[int, int]]:
 
 
 def _order_interleaved(p: int, s: int, m: int, v: int) -> list[Unit]:
-    fwd = [(Op.FORWARD, mb, c) for mb, c in _interleaved_units(p, m, v)]
-    bwd = [(Op.BACKWARD, mb, v - 1 - c) for mb, c in _interleaved_units(p, m, v)]
+    forward, backward = Op.FORWARD, Op.BACKWARD
+    fwd = [(forward, mb, c) for mb, c in _interleaved_units(p, m, v)]
+    bwd = [(backward, mb, v - 1 - c) for mb, c in _interleaved_units(p, m, v)]
     warmup = min(2 * (p - s - 1) + (v - 1) * p, v * m)
     order = fwd[:warmup]
     for k in range(v * m - warmup):
@@ -133,17 +142,18 @@ def _order_interleaved(p: int, s: int, m: int, v: int) -> list[Unit]:
 
 def _order_zb_h1(p: int, s: int, m: int, v: int) -> list[Unit]:
     """1F1B with B where the backward was; after a B, the oldest W if more than s are pending."""
+    forward, backward_input, backward_weight = Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT
     order: list[Unit] = []
     pending: deque[int] = deque()  # micro-batches whose B ran and whose W did not
     for op, i, _ in _order_1f1b(p, s, m, v):
-        if op == Op.FORWARD:
+        if op is forward:
             order.append((op, i, 0))
             continue
-        order.append((Op.BACKWARD_INPUT, i, 0))
+        order.append((backward_input, i, 0))
         pending.append(i)
         if len(pending) > s:
-            order.append((Op.BACKWARD_WEIGHT, pending.popleft(), 0))
-    return order + [(Op.BACKWARD_WEIGHT, i, 0) for i in pending]
+            order.append((backward_weight, pending.popleft(), 0))
+    return order + [(backward_weight, i, 0) for i in pending]
 
 
 SCHEDULES: dict[str, Callable[[int, int, int, int], list[Unit]]] = {
@@ -167,14 +177,21 @@ def check_schedule(kind: str, num_stages: int, micro_batches: int, virtual_stage
                          f"num_stages={num_stages} micro_batches={micro_batches}; change them or use schedule '1f1b'")
 
 
-def train_schedule(kind: str, num_stages: int, stage_id: int, micro_batches: int,
-                   virtual_stages: int = 1) -> list[Instruction]:
-    """Instructions of stage `stage_id` for one training batch: compute order, then tied/DP reduction and step."""
+def compute_order(kind: str, num_stages: int, stage_id: int, micro_batches: int,
+                  virtual_stages: int = 1) -> list[Unit]:
+    """The compute units (op, micro-batch, chunk) of stage `stage_id` for one training batch, in the order its
+    `train_schedule` list runs them (one compute op per unit; `unit_ops` adds the loads, receives and sends)."""
     check_schedule(kind, num_stages, micro_batches, virtual_stages)
     if not 0 <= stage_id < num_stages:
         raise ValueError(f"need 0 <= stage_id < num_stages, got stage_id={stage_id} num_stages={num_stages}")
+    return SCHEDULES[kind](num_stages, stage_id, micro_batches, virtual_stages)
+
+
+def train_schedule(kind: str, num_stages: int, stage_id: int, micro_batches: int,
+                   virtual_stages: int = 1) -> list[Instruction]:
+    """Instructions of stage `stage_id` for one training batch: compute order, then tied/DP reduction and step."""
     out: list[Instruction] = []
-    for unit in SCHEDULES[kind](num_stages, stage_id, micro_batches, virtual_stages):
+    for unit in compute_order(kind, num_stages, stage_id, micro_batches, virtual_stages):
         out += _expand(unit, num_stages, stage_id, virtual_stages)
     return out + [Instruction(Op.REDUCE_TIED), Instruction(Op.REDUCE_GRADS), Instruction(Op.STEP)]
 
@@ -201,11 +218,21 @@ def peak_in_flight(instructions: list[Instruction], until_weight: bool = False) 
 def route(ins: Instruction, stage_id: int, num_stages: int) -> tuple[int, tuple]:
     """(receiving stage, (kind, micro-batch, receiving chunk)) of a send: next stage round the ring for
     activations (chunk c on the last stage feeds chunk c+1 on stage 0), previous one for gradients."""
-    if ins.op == Op.SEND_ACT:
+    return route_send(ins.op, ins.micro_batch, ins.chunk, stage_id, num_stages)
+
+
+def route_send(op: Op, micro_batch: int, chunk: int, stage_id: int, num_stages: int) -> tuple[int, tuple]:
+    """`route` of the send `op` of (micro_batch, chunk) on `stage_id`."""
+    if op == Op.SEND_ACT:
         wrap = stage_id == num_stages - 1
-        return (stage_id + 1) % num_stages, ("act", ins.micro_batch, ins.chunk + wrap)
+        return (stage_id + 1) % num_stages, ("act", micro_batch, chunk + wrap)
     wrap = stage_id == 0
-    return (stage_id - 1) % num_stages, ("grad", ins.micro_batch, ins.chunk - wrap)
+    return (stage_id - 1) % num_stages, ("grad", micro_batch, chunk - wrap)
+
+
+def expected_message(op: Op, micro_batch: int, chunk: int) -> tuple:
+    """(kind, micro-batch, chunk) the receive `op` of (micro_batch, chunk) must get."""
+    return "act" if op == Op.RECV_ACT else "grad", micro_batch, chunk
 
 
 def simulate(stage_lists: list[list[Instruction]]) -> list[tuple[int, Instruction]]:
@@ -229,8 +256,7 @@ def simulate(stage_lists: list[list[Instruction]]) -> list[tuple[int, Instructio
                     queue = links.get((src, s))
                     if not queue:
                         break
-                    got, want = queue.popleft(), ("act" if ins.op == Op.RECV_ACT else "grad", ins.micro_batch,
-                                                  ins.chunk)
+                    got, want = queue.popleft(), expected_message(ins.op, ins.micro_batch, ins.chunk)
                     if got != want:
                         raise RuntimeError(f"stage {s} {ins} received {got} (kind, micro-batch, chunk) "
                                            f"from stage {src}")

@@ -13,7 +13,10 @@ The planner (`megatron.planning.memory`) applies the same cap.
 """
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the planner reads the sizes below without torch
+    import torch
 
 DEFAULT_REDUCE_BUCKET = 500_000_000  # DeepSpeed 0.19's zero_optimization.reduce_bucket_size default
 

@@ -37,11 +37,9 @@ def test_every_deepspeed_attribute_is_reachable_through_tds():
 
 
 def shm_rank() -> dict:
-    import sys
-
     import tds
     built = []
-    ds_torch = sys.modules["deepspeed.comm.torch"]
+    ds_torch = importlib.import_module("deepspeed.comm.torch")  # `import tds` alone loads no DeepSpeed (tds/lazy.py)
     original = ds_torch.build_shm_op
     ds_torch.build_shm_op = lambda: built.append(1)  # what DeepSpeed calls on CPU; tds must replace it
     try:

@@ -1,17 +1,19 @@
 """Schedules as data, tested without processes: instruction counts, peak in-flight micro-batches against the
 formulas, deadlock freedom of whole pipelines under non-blocking sends and in-order links, and bubble
 fractions of a timed simulation against the closed forms (1F1B/GPipe (p-1)/(m+p-1), interleaved
-(p-1)/(v*m+p-1), ZB-H1 idle (p-1)(T_F+T_B-T_W): one third of 1F1B's with equal costs)."""
+(p-1)/(v*m+p-1), ZB-H1 idle (p-1)(T_F+T_B-T_W): one third of 1F1B's with equal costs), and the planner's
+`compute_windows` against that simulation, to the bit."""
 from __future__ import annotations
 
 import itertools
 
 import pytest
 
+from tds.pipe.instructions import COMPUTE_OPS, compute_order
 from tds.pipe.schedule import (Instruction, Op, check_schedule, eval_schedule, peak_in_flight, simulate,
                                train_schedule)
-from tds.pipe.schedule_sim import Costs, expected_bubble, expected_idle, simulate_timed
-from tds.pipe.timeline import bubble_fractions
+from tds.pipe.schedule_sim import Costs, compute_windows, expected_bubble, expected_idle, simulate_timed
+from tds.pipe.timeline import bubble_fractions, compute_window
 
 GRID = list(itertools.product([1, 2, 3, 4, 8], [1, 2, 3, 4, 7, 16]))
 INTERLEAVED = [(p, m, v) for p in (2, 3, 4, 8) for m in (p, 2 * p, 4 * p) for v in (2, 3, 4)]
@@ -247,3 +249,33 @@ def test_replayed_durations_replace_the_costs():
     slower[key] += 0.5
     end = max(s.end for s in simulate_timed(lists, Costs(1, 1, 1, comm=0.25), durations=slower))
     assert end == pytest.approx(max(s.end for s in spans) + 0.5)
+
+
+# what a planner times by the thousand: the same windows without instructions or spans
+WINDOW_COSTS = [Costs(), Costs(comm=1e-3), Costs(instruction=1e-3), Costs(1.0, 0.7, 0.3, comm=0.25, instruction=0.05)]
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "gpipe", "zb-h1", "interleaved"])
+def test_compute_windows_are_the_timed_simulations_to_the_bit(kind):
+    """`compute_windows` gives `compute_window(simulate_timed(lists, c))` for every cost set, equal (==, not
+    approx): each stage's clock takes the same additions in the same order, whatever order the stages run in."""
+    cases = [(p, m, v) for p in (2, 3, 4) for m in (p, 2 * p) for v in (2, 3)] + [(8, 8, 4)] \
+        if kind == "interleaved" else [(p, m, 1) for p, m in GRID]
+    for p, m, v in cases:
+        want = [compute_window(simulate_timed(pipeline(kind, p, m, v), c)) for c in WINDOW_COSTS]
+        assert compute_windows(kind, p, m, v, WINDOW_COSTS) == want, (kind, p, m, v)
+
+
+def test_compute_order_is_the_lists_compute_ops():
+    for kind, (p, m) in itertools.product(["1f1b", "gpipe", "zb-h1"], GRID):
+        for s in range(p):
+            ops = [(i.op, i.micro_batch, i.chunk) for i in train_schedule(kind, p, s, m) if i.op in COMPUTE_OPS]
+            assert compute_order(kind, p, s, m) == ops
+
+
+def test_compute_windows_detect_deadlock_and_crossed_messages():
+    with pytest.raises(RuntimeError, match="deadlock"):
+        compute_windows("1f1b", 2, 1, orders=[[(Op.BACKWARD, 0, 0)], [(Op.FORWARD, 0, 0)]])
+    with pytest.raises(RuntimeError, match=r"stage 1 recv_activations\(micro_batch=1\) received \('act', 0, 0\)"):
+        compute_windows("1f1b", 2, 2, orders=[[(Op.FORWARD, 0, 0), (Op.FORWARD, 1, 0)],
+                                               [(Op.FORWARD, 1, 0), (Op.FORWARD, 0, 0)]])
