@@ -149,14 +149,14 @@ def measure_layer(tp: int, cases: list, seq: int, batch: int, hidden: int, heads
                   attention_dropout: float) -> list:
     """Per case (sp, recompute): (bytes per region on this rank, collective bytes N per op)."""
     from megatron import mpu
-    from megatron.model.config import GPT2Config
+    from megatron.model.config import GPTConfig
     from megatron.model.rng import start_iteration
     from megatron.model.transformer import TransformerLayer, run_layers
     state = mpu.initialize_model_parallel(tp, 1)
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[dtype]
     out = []
     for sp, recompute in cases:
-        cfg = GPT2Config(num_layers=1, hidden_size=hidden, num_attention_heads=heads, vocab_size=128, seq_length=seq,
+        cfg = GPTConfig(num_layers=1, hidden_size=hidden, num_attention_heads=heads, vocab_size=128, seq_length=seq,
                          hidden_dropout=0.1, attention_dropout=attention_dropout, params_dtype=torch_dtype,
                          recompute_granularity=None if recompute == "none" else recompute,
                          checkpoint_num_layers=1 if recompute == "full" else 0)

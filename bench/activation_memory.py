@@ -22,8 +22,8 @@ import argparse
 import torch
 
 from megatron import mpu
-from megatron.model.config import GPT2Config, T5Config
-from megatron.model.gpt2_model import GPT2Model
+from megatron.model.config import GPTConfig, T5Config
+from megatron.model.gpt2_model import GPTModel
 from megatron.model.t5_model import T5Model
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -68,7 +68,7 @@ def batch(kind: str, cfg, b: int):
 
 def measure(kind: str, cfg, b: int):
     """(saved bytes at the end of forward, gradients) for one forward + backward."""
-    model = (GPT2Model if kind == "gpt2" else T5Model)(cfg)
+    model = (GPTModel if kind == "gpt2" else T5Model)(cfg)
     inputs, labels = batch(kind, cfg, b)
     counter = SavedBytes(model)
     original = mpu.checkpoint
@@ -107,7 +107,7 @@ def main() -> None:
         return layer_table(a)
     common = dict(num_layers=a.layers, hidden_size=a.hidden, num_attention_heads=a.heads, vocab_size=a.vocab,
                   seq_length=a.seq, hidden_dropout=0.1, attention_dropout=0.1, params_dtype=DTYPES[a.dtype])
-    configs = {"gpt2": lambda n: GPT2Config(**common, checkpoint_num_layers=n),
+    configs = {"gpt2": lambda n: GPTConfig(**common, checkpoint_num_layers=n),
                "t5": lambda n: T5Config(**common, decoder_seq_length=a.seq // 2, checkpoint_num_layers=n)}
     print(f"layers {a.layers} (T5: {a.layers} encoder + {a.layers} decoder), hidden {a.hidden}, heads {a.heads}, "
           f"seq {a.seq} (T5 decoder {a.seq // 2}), batch {a.batch}, {a.dtype}, dropout 0.1")

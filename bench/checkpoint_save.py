@@ -35,7 +35,7 @@ from megatron.checkpointing import save_checkpoint, wait_for_saves  # noqa: E402
 from megatron.checkpointing.files import checkpoint_tag, folder_bytes  # noqa: E402
 from megatron.config.arguments import ENTRY_DEFAULTS, parse_args  # noqa: E402
 from megatron.logging_utils import TensorBoard  # noqa: E402
-from megatron.model.specs import gpt2_batch, spec_for  # noqa: E402
+from megatron.model.specs import spec_for  # noqa: E402
 from megatron.training.batches import BatchIterator  # noqa: E402
 from megatron.training.loop import TrainState, train  # noqa: E402
 from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts  # noqa: E402
@@ -79,7 +79,7 @@ def main() -> None:
                                                                 SPEC)
         datasets = SPEC.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, cfg.logging.eval_iters))
         batches = BatchIterator(data_loader(datasets[0], 0, cfg, parallel),
-                                lambda raw: gpt2_batch(raw, cfg.data, tokenizer))
+                                lambda raw: spec_for("gpt").get_batch(raw, cfg.data, tokenizer))
         state, tb = TrainState(0, 0), TensorBoard(None)
 
         def steps(n: int) -> float:

@@ -3,7 +3,7 @@ plain-PyTorch loop training the same GPT-2 on the same data, in the same process
 
     .venv/bin/python bench/framework_overhead.py [--layers 4 --hidden 256 --seq 128 --iters 20 --rounds 3]
 
-Protocol: both sides start from identical weights (GPT2Model's seeded initialisation) and read the same
+Protocol: both sides start from identical weights (GPTModel's seeded initialisation) and read the same
 micro-batches (same dataset, sampler and batch function). Each side runs --warmup iterations, then
 --rounds rounds of --iters iterations, alternating framework / baseline so that machine noise hits both;
 tokens/s per side is the median over rounds, measured two ways: per wall-clock second and per CPU second of
@@ -35,13 +35,13 @@ from megatron.config.arguments import parse_args  # noqa: E402
 from megatron.training.batches import BatchIterator  # noqa: E402
 from megatron.training.learning_rates import AnnealingLR  # noqa: E402
 from megatron.logging_utils import TensorBoard  # noqa: E402
-from megatron.model.gpt2_model import GPT2Model  # noqa: E402
+from megatron.model.gpt2_model import GPTModel  # noqa: E402
 from megatron.model.language_model import LMLoss  # noqa: E402
 from megatron.training.optimizer import param_groups  # noqa: E402
 from megatron.training.loop import TrainState, train  # noqa: E402
 from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts  # noqa: E402
 from megatron.config.arguments import ENTRY_DEFAULTS  # noqa: E402
-from megatron.model.specs import gpt2_batch, spec_for  # noqa: E402
+from megatron.model.specs import spec_for  # noqa: E402
 from tests.training.conftest import build_data  # noqa: E402
 
 DEFAULTS, SPEC = ENTRY_DEFAULTS["gpt"], spec_for("gpt")
@@ -95,11 +95,11 @@ def main() -> None:
     args = bench_args(opts, data)
     engine, tokenizer, cfg, state = initialize_and_build(args, SPEC)
     datasets = SPEC.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, cfg.logging.eval_iters))
-    batch_fn = lambda raw: gpt2_batch(raw, cfg.data, tokenizer)  # noqa: E731
+    batch_fn = lambda raw: spec_for("gpt").get_batch(raw, cfg.data, tokenizer)  # noqa: E731
     framework_iter = BatchIterator(data_loader(datasets[0], 0, cfg, state), batch_fn)
     baseline_iter = BatchIterator(data_loader(datasets[0], 0, cfg, state), batch_fn)
 
-    model = GPT2Model(cfg.model).to(engine.device)
+    model = GPTModel(cfg.model).to(engine.device)
     opt, lr = cfg.optimizer, cfg.lr
     optimizer = torch.optim.AdamW(param_groups(model, opt.weight_decay), lr=opt.lr,
                                   betas=(opt.adam_beta1, opt.adam_beta2), eps=opt.adam_eps)

@@ -22,7 +22,7 @@ from typing import List, Tuple
 import torch
 
 from megatron.inference.runners import GPT2Runner
-from megatron.model import GPT2Config, GPT2Model
+from megatron.model import GPTConfig, GPTModel
 
 
 def get_args() -> argparse.Namespace:
@@ -38,11 +38,11 @@ def get_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def build_model(opts) -> GPT2Model:
+def build_model(opts) -> GPTModel:
     positions = 2 * opts.prompt + opts.new_tokens
-    config = GPT2Config(num_layers=opts.layers, hidden_size=opts.hidden, num_attention_heads=opts.heads,
+    config = GPTConfig(num_layers=opts.layers, hidden_size=opts.hidden, num_attention_heads=opts.heads,
                         vocab_size=opts.vocab, seq_length=positions, hidden_dropout=0.0, attention_dropout=0.0)
-    return GPT2Model(config).eval()
+    return GPTModel(config).eval()
 
 
 def prompts(batch: int, mean: int, vocab: int, seed: int = 0) -> List[List[int]]:

@@ -36,7 +36,7 @@ from typing import Callable, Tuple
 
 import torch
 
-from megatron.model.config import GPT2Config
+from megatron.model.config import GPTConfig
 from megatron.model.flops import self_attention_layer_flops
 from megatron.model.transformer import TransformerLayer
 
@@ -44,15 +44,15 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def configs(o: argparse.Namespace) -> dict:
-    """{'gpt2': GPT2Config, 'llama': GPT2Config} of the same sizes (module docstring)."""
+    """{'gpt2': GPTConfig, 'llama': GPTConfig} of the same sizes (module docstring)."""
     common = dict(num_layers=o.layers, hidden_size=o.hidden, num_attention_heads=o.heads, vocab_size=128,
                   seq_length=o.seq, hidden_dropout=o.dropout, attention_dropout=o.dropout, params_dtype=DTYPES[o.dtype])
     llama = dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=True, num_query_groups=o.groups,
                  add_bias_linear=False, tie_word_embeddings=False)
-    return {"gpt2": GPT2Config(**common), "llama": GPT2Config(**common, **llama)}
+    return {"gpt2": GPTConfig(**common), "llama": GPTConfig(**common, **llama)}
 
 
-def layer_flops_per_token(cfg: GPT2Config, micro_batch: int) -> float:
+def layer_flops_per_token(cfg: GPTConfig, micro_batch: int) -> float:
     """Model FLOPs of forward + backward of cfg.num_layers layers, per token."""
     per_layer = self_attention_layer_flops(micro_batch, cfg.seq_length, cfg.hidden_size,
                                            cfg.num_attention_heads * cfg.kv_channels, cfg.ffn_hidden_size,
@@ -60,7 +60,7 @@ def layer_flops_per_token(cfg: GPT2Config, micro_batch: int) -> float:
     return 3 * cfg.num_layers * per_layer / (micro_batch * cfg.seq_length)
 
 
-def step_fn(cfg: GPT2Config, micro_batch: int) -> Callable[[], None]:
+def step_fn(cfg: GPTConfig, micro_batch: int) -> Callable[[], None]:
     """One forward + backward of the stack; gradients accumulate into the same buffers every step."""
     torch.manual_seed(0)
     layers = torch.nn.ModuleList(TransformerLayer(cfg, i + 1) for i in range(cfg.num_layers))

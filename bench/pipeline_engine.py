@@ -67,8 +67,8 @@ def cross_entropy(logits, labels):
 
 
 def gpt2_config(args):
-    from megatron.model.config import GPT2Config
-    return GPT2Config(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
+    from megatron.model.config import GPTConfig
+    return GPTConfig(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
                       vocab_size=args.vocab, seq_length=args.seq, make_vocab_size_divisible_by=8, seed=1234)
 
 

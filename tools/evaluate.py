@@ -80,8 +80,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                         f"must be >= 1")
     overrides = {k: getattr(args, k) for k in loading.TOKENIZER_FIELDS}
     checkpoint = loading.read_checkpoint(args.load, args.tag, overrides)
-    if checkpoint.kind != "gpt":
-        raise UserError(f"--task {args.task} evaluates a GPT-2 checkpoint; {args.load} is {checkpoint.kind!r}")
+    if not checkpoint.spec.zero_shot:
+        raise UserError(f"--task {args.task} evaluates a GPT checkpoint; {args.load} is {checkpoint.kind!r}")
     seq = seq_length_of(args, checkpoint)
     data = read_data(args, checkpoint.tokenizer)  # bad data fails before any weight is read
     with parallel.launched(args.tensor_model_parallel_size) as par:

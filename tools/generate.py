@@ -86,7 +86,7 @@ def run_batch(loaded, prompts: List[str], params: GenerationParams, par, output:
         write_jsonl(output, [c.record() for c in completions])
     else:
         for n, c in enumerate(completions, 1):
-            text = c.prompt + c.text if loaded.kind == "gpt" else f"input:  {c.prompt}\noutput: {c.text}"
+            text = loaded.spec.completion(c.prompt, c.text)
             print(f"== {n}/{len(completions)} ({len(c.ids)} tokens, {c.finish}) ==\n{text}", flush=True)
     new = sum(len(c.ids) for c in completions)
     print(f"{len(completions)} completions, {new} new tokens in {seconds:.2f}s ({new / seconds:.1f} tokens/s)"

@@ -21,7 +21,7 @@ import sys
 from dataclasses import replace
 
 from megatron.checkpointing.hf_llama import ARCHITECTURES, llama_args
-from megatron.config.architecture import swiglu_ffn_size
+from megatron.model.config import swiglu_ffn_size
 from megatron.config.arguments import build_parser
 from megatron.errors import UserError, exit_on_user_error
 from megatron.planning.model_shape import ModelShape, gpt_layer_options

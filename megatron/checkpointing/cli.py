@@ -150,9 +150,8 @@ def _import(args) -> None:
           f"({args.tensor_model_parallel_size}, {args.pipe_parallel_size}), weights only: --load {args.save} "
           f"(or --pretrained-checkpoint {args.save}) starts at iteration 0 with a fresh optimizer")
     print(f"model flags: {' '.join(model_flags(saved))}")
-    script = ("ds_pretrain_t5.sh" if saved["model_type"] == "t5" else
-              "ds_pretrain_llama.sh" if saved.get("swiglu") or saved.get("position_embedding_type") == "rope" else
-              "ds_pretrain_gpt2.sh")
+    from megatron.model.specs import spec_for
+    script = spec_for(saved["model_type"]).example_script(saved)
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     script = os.path.join(repo, "examples", script) if os.path.isdir(os.path.join(repo, "examples")) else script
     print(f"continue pretraining it: PRETRAINED={args.save} bash {script} (the scripts pass "

@@ -192,18 +192,19 @@ def _load_checkpoint(engine, cfg) -> Tuple[int, int]:
     check_compatible(saved, cfg.record, folder)
     if _same_layout(saved, cfg):
         return _load_same_layout(engine, cfg, load_dir, tag, saved)
-    if not _project_model(engine.module):
+    if not _project_model(cfg):
         raise CheckpointMismatchError(
             f"checkpoint {folder} was saved at (tp, pp, dp) = {layout_of(saved)}, this run is {_dims(cfg)}; the "
             f"checkpoint tools reshape GPT-2 and T5 only: resume {type(engine.module).__name__} at the saved layout")
     return _load_reshaped(engine, cfg, folder, tag, saved)
 
 
-def _project_model(module) -> bool:
-    from megatron.model import GPT2Model, T5Model
-    from megatron.model.gpt2_pipe import GPT2ModelPipe
-    from megatron.model.t5_pipe import T5ModelPipe
-    return isinstance(module, (GPT2Model, T5Model, GPT2ModelPipe, T5ModelPipe))
+def _project_model(cfg) -> bool:
+    """Whether the run trains a model of a registered family (whose spec the checkpoint tools know), not a model of
+    its own (a test's toy spec)."""
+    from megatron.model.specs import SPECS
+    spec = SPECS.get(cfg.model_type)
+    return spec is not None and isinstance(cfg.model, spec.config_class)
 
 
 def _loads_optimizer(cfg, saved: Dict[str, Any]) -> bool:
@@ -325,7 +326,7 @@ def read_checkpoint_args(load_dir: str, tag: Optional[str] = None) -> Dict[str, 
 
 
 def load_model_weights(model: torch.nn.Module, load_dir: str, tag: Optional[str] = None) -> Dict[str, Any]:
-    """Load the weights of any checkpoint of this project (saved at any tp, pp, dp) into a plain GPT2Model /
+    """Load the weights of any checkpoint of this project (saved at any tp, pp, dp) into a plain GPTModel /
     T5Model built at the current tensor-parallel size (`model.tp_group`); the vocabulary padding is adapted.
     Returns the saved arguments. UserError naming the field on a shape mismatch."""
     folder = checked_folder(load_dir, tag, (WEIGHTS,))

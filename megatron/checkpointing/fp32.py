@@ -1,6 +1,6 @@
 """to-fp32: one consolidated fp32 state dict (what DeepSpeed's zero_to_fp32.py cannot read from these checkpoints).
 
-The plain model's state dict at tp = 1, loadable by `GPT2Model` / `T5Model` with `load_state_dict`: the fp32
+The plain model's state dict at tp = 1, loadable by `GPTModel` / `T5Model` with `load_state_dict`: the fp32
 master weights where the optimizer has them (bf16 / fp16 training), else the weights cast to fp32. A
 `.safetensors` output is written with safetensors, anything else with torch.save; atomically.
 """

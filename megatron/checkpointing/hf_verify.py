@@ -15,8 +15,8 @@ from .weights import load_weights_into
 
 
 def _ours(args: Dict, folder: str) -> torch.nn.Module:
-    from megatron.model import GPT2Model, T5Model
-    model = (GPT2Model if args["model_type"] == "gpt" else T5Model)(model_config(args))
+    from megatron.model import GPTModel, T5Model
+    model = (GPTModel if args["model_type"] == "gpt" else T5Model)(model_config(args))
     load_weights_into(model, folder, args)
     return model.float().eval()
 

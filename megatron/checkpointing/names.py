@@ -1,6 +1,6 @@
 """Per-model name tables: every parameter's canonical name, partitioning and pipeline location.
 
-The canonical name of a parameter is its name in the plain model (`GPT2Model` / `T5Model`) state dict, and
+The canonical name of a parameter is its name in the plain model (`GPTModel` / `T5Model`) state dict, and
 its canonical value is the full (tp = 1) tensor. A `ModelTable` built from a checkpoint's arguments maps it to
 
     pipeline layer file    (layer, local): layer_{layer:02d}-model_{tp_rank:02d}-model_states.pt, key `local`
@@ -67,7 +67,7 @@ def virtual_stages(args: Dict[str, Any]) -> int:
 
 
 def model_config(args: Dict[str, Any]):
-    """GPT2Config / T5Config exactly as the model's spec builds it for training from these arguments.
+    """GPTConfig / T5Config exactly as the model's spec builds it for training from these arguments.
 
     Arguments that a checkpoint predates take the value that reproduces the model it was trained as."""
     ns = argparse.Namespace(**{**LATER_ARGUMENTS, **args, "checkpoint_activations": False,
@@ -111,24 +111,6 @@ def _probe_config(config):
                                checkpoint_num_layers=0, recompute_granularity=None, **rope)
 
 
-def _gpt2_location(config) -> List[Tuple[str, Any]]:
-    n = config.num_layers
-    return [(r"embedding\.(.+)", lambda m: (0, m[1])),
-            (r"layers\.(\d+)\.(.+)", lambda m: (1 + int(m[1]), m[2])),
-            (r"(final_layernorm\..+)", lambda m: (n + 1, m[1])),
-            (r"lm_head\.(.+)", lambda m: (n + 2, m[1]))]
-
-
-def _t5_location(config) -> List[Tuple[str, Any]]:
-    le, ld = config.num_layers, config.num_decoder_layers
-    return [(r"embedding\.(.+)", lambda m: (0, m[1])),
-            (r"encoder_layers\.(\d+)\.(.+)", lambda m: (1 + int(m[1]), m[2])),
-            (r"encoder_final\.(.+)", lambda m: (le + 1, m[1])),
-            (r"decoder_layers\.(\d+)\.(.+)", lambda m: (le + 2 + int(m[1]), m[2])),
-            (r"decoder_final\.(.+)", lambda m: (le + ld + 2, m[1])),
-            (r"lm_head\.(.+)", lambda m: (le + ld + 3, m[1]))]
-
-
 def _locate(name: str, rules) -> Tuple[int, str]:
     for pattern, where in rules:
         m = re.fullmatch(pattern, name)
@@ -142,10 +124,10 @@ class ModelTable:
 
     def __init__(self, args: Dict[str, Any]):
         self.args, self.kind = args, args.get("model_type")
+        self.spec = spec_for(self.kind)
         self.config = model_config(args)
-        gpt = self.kind == "gpt"
-        probe = spec_for(self.kind).plain(_probe_config(self.config))
-        rules = (_gpt2_location if gpt else _t5_location)(self.config)
+        probe = self.spec.plain(_probe_config(self.config))
+        rules = self.spec.locations(self.config)
         self.params: List[ParamInfo] = []
         for name, p in probe.named_parameters():
             split = getattr(p, "tensor_model_parallel", False)
@@ -161,15 +143,11 @@ class ModelTable:
         (no memory, no initialization: a 7B model in half a second)."""
         from torch._subclasses.fake_tensor import FakeTensorMode
         with FakeTensorMode():
-            model = spec_for(self.kind).plain(self.config)
+            model = self.spec.plain(self.config)
             return {name: tuple(p.shape) for name, p in model.named_parameters()}
 
     def _specs(self) -> list:
-        if self.kind == "gpt":
-            from megatron.model.gpt2_pipe import gpt2_layer_specs
-            return gpt2_layer_specs(self.config)
-        from megatron.model.t5_pipe import t5_layer_specs
-        return t5_layer_specs(self.config)
+        return self.spec.pipe_layer_specs(self.config)
 
     # --- pipeline stages ----------------------------------------------------------------------------------
     def tied_key(self, layer: int) -> Optional[str]:

@@ -18,7 +18,7 @@ from .files import CheckpointMismatchError
 from .names import ModelTable
 from .tp import resize_rows, split
 
-# Config fields that decide parameter shapes (GPT2Config / T5Config); max_position_embeddings only with the learned
+# Config fields that decide parameter shapes (GPTConfig / T5Config); max_position_embeddings only with the learned
 # position table (a rotary model may be trained at any length).
 SHAPE_CONFIG_FIELDS = ("num_layers", "num_decoder_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                        "kv_channels", "vocab_size", "max_position_embeddings", "relative_attention_num_buckets",

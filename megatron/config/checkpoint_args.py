@@ -17,7 +17,7 @@ import argparse
 import os
 from typing import Dict, Optional
 
-from megatron.config.architecture import GPT_DEFAULTS
+from megatron.model.specs.gpt import GPT_DEFAULTS
 from megatron.errors import UserError
 
 # the fields that make the model's function and its tensors' shapes (GPT and T5)

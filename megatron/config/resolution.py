@@ -3,8 +3,9 @@
     dp                = world_size / (tp * pp)
     global_batch_size = micro_batch_size * gas * dp        (give either --global-batch-size or --gas)
     kv_channels       = hidden_size / num_attention_heads  (default)
-    ffn_hidden_size   = 4 * hidden_size (default; --swiglu: `architecture.swiglu_ffn_size`)
-    the GPT layer's options (rope, RMSNorm, SwiGLU, grouped-query attention, biases)   `architecture`
+    ffn_hidden_size   = the model's default (`spec.default_ffn_size`: 4 * hidden_size; GPT's --swiglu: Megatron's rule)
+    the model's own options (GPT's layer: rope, RMSNorm, SwiGLU, grouped-query attention, biases; T5's)
+                      its spec's (`megatron.model.specs`: `spec.resolve`); another model's options are refused
     train_iters       = --train-iters, or what --train-samples allows (`megatron.config.batch_schedule`)
     LR schedule unit  = iterations, or samples with --train-samples (Megatron's rule): warm-up and decay
                         then come from --lr-warmup-samples / --lr-decay-samples (default train-samples)
@@ -23,23 +24,13 @@ import os
 import re
 from typing import Optional
 
-from megatron.config.architecture import default_ffn_size, refuse_gpt_options, resolve_gpt_layer
 from megatron.config.batch_schedule import BatchSchedule
 from megatron.config.ds_config import (build_ds_config, from_json_note, initial_scale_power, load_json,
                                        merge_json_into_args)
 from megatron.errors import UserError, flag_name as _flag, require as _need
+from megatron.model.specs import SPECS, spec_for
 
 FP16_DEFAULTS = dict(initial_loss_scale=2.0 ** 32, min_loss_scale=1.0, loss_scale_window=1000, hysteresis=2)
-T5_DEFAULTS = dict(feed_forward_proj="relu", untie_embeddings_and_output_weights=False,
-                   relative_attention_num_buckets=32, relative_attention_max_distance=128)
-T5_ONLY = ("decoder_num_layers",) + tuple(k for k in T5_DEFAULTS if k != "untie_embeddings_and_output_weights")
-# Class names of the pipeline specs, for checking --partition-method type:REGEX before any model is built
-# (tests/training/test_arguments.py checks them against GPT2ModelPipe / T5ModelPipe).
-PIPE_SPEC_CLASSES = {
-    "gpt": ("GPT2EmbeddingPipe", "GPT2TransformerLayerPipe", "GPT2FinalLayerNormPipe", "GPT2LMHeadPipe"),
-    "t5": ("T5EmbeddingPipe", "T5EncoderTransformerLayerPipe", "T5EncoderFinalNormPipe",
-           "T5DecoderTransformerLayerPipe", "T5DecoderFinalNormPipe", "T5LMHead"),
-}
 
 DISTRIBUTED_TIMEOUT_MINUTES = 10.0  # Megatron's default
 
@@ -93,25 +84,13 @@ def _resolve_rampup(args: argparse.Namespace) -> None:
           f"--micro-batch-size {args.micro_batch_size} x data-parallel size {args.data_parallel_size} = {unit}")
 
 
-def _resolve_t5(args: argparse.Namespace) -> None:
-    model_type = getattr(args, "model_type", None)
-    if model_type == "gpt":
-        given = [_flag(name) for name in T5_ONLY if getattr(args, name) is not None]
-        _need(not given, f"{', '.join(given)}: T5 options; pretrain_gpt2.py does not take them")
-        args.untie_embeddings_and_output_weights = bool(args.untie_embeddings_and_output_weights)
-        resolve_gpt_layer(args)
-        return
-    refuse_gpt_options(args, "pretrain_t5.py")
-    for name, value in T5_DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.decoder_num_layers is None:
-        args.decoder_num_layers = args.num_layers
-    _need(args.decoder_num_layers >= 1, f"--decoder-num-layers must be >= 1, got {args.decoder_num_layers}")
-    buckets, distance = args.relative_attention_num_buckets, args.relative_attention_max_distance
-    _need(buckets >= 4, f"--relative-attention-num-buckets must be >= 4, got {buckets}")
-    _need(distance > buckets // 2, f"--relative-attention-max-distance {distance} must exceed half of "
-          f"--relative-attention-num-buckets {buckets}")
+def _resolve_family(args: argparse.Namespace) -> None:
+    """The model's own options by its spec; any other model's options are refused in one line."""
+    spec = spec_for(args.model_type)
+    for other in SPECS.values():
+        if other is not spec:
+            other.refuse_options(args, spec.entry_script)
+    spec.resolve(args)
 
 
 def _resolve_recompute(args: argparse.Namespace) -> None:
@@ -141,7 +120,8 @@ def _resolve_model(args: argparse.Namespace) -> None:
         _need(h % heads == 0, f"--hidden-size {h} is not divisible by --num-attention-heads {heads}; "
               "give --kv-channels")
         args.kv_channels = h // heads
-    args.ffn_hidden_size = default_ffn_size(args) if args.ffn_hidden_size is None else args.ffn_hidden_size
+    spec = spec_for(args.model_type)
+    args.ffn_hidden_size = spec.default_ffn_size(args) if args.ffn_hidden_size is None else args.ffn_hidden_size
     _need(args.ffn_hidden_size % tp == 0,
           f"--ffn-hidden-size {args.ffn_hidden_size} is not divisible by --tensor-model-parallel-size {tp}")
     enc = args.encoder_seq_length or args.seq_length
@@ -155,33 +135,15 @@ def _resolve_model(args: argparse.Namespace) -> None:
         _need(getattr(args, flag) <= args.max_position_embeddings,
               f"{_flag(flag)} {getattr(args, flag)} > --max-position-embeddings {args.max_position_embeddings}")
     if args.sequence_parallel and tp > 1:
-        lengths = (("seq_length",) if getattr(args, "model_type", None) == "gpt" else
-                   ("encoder_seq_length", "decoder_seq_length"))
-        for flag in lengths:
+        for flag in spec.sequence_flags:
             _need(getattr(args, flag) % tp == 0, f"--sequence-parallel: {_flag(flag)} {getattr(args, flag)} is not "
                   f"divisible by --tensor-model-parallel-size {tp}; use a multiple of {tp} or drop --sequence-parallel")
     args.layernorm_epsilon = 1e-5 if args.layernorm_epsilon is None else args.layernorm_epsilon
     _resolve_recompute(args)
-    _resolve_t5(args)
-
-
-def num_pipe_specs(args: argparse.Namespace) -> Optional[int]:
-    """Layer specs of the Pipe model (the last explicit --partition-method boundary), None if unknown."""
-    model_type = getattr(args, "model_type", None)
-    if model_type == "gpt":
-        return args.num_layers + 3  # embedding, layers, final norm, tied head
-    if model_type == "t5":
-        return args.num_layers + args.decoder_num_layers + 4  # embedding, encoder, norm, decoder, norm, head
-    return None
+    _resolve_family(args)
 
 
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")  # tds.pipe.schedule.SCHEDULES
-
-
-def transformer_layers(args: argparse.Namespace) -> int:
-    """Transformer layers of the model: GPT-2's, or T5's encoder plus decoder."""
-    t5 = getattr(args, "model_type", None) == "t5"
-    return args.num_layers + ((args.decoder_num_layers or 0) if t5 else 0)
 
 
 def _virtual_stages(args: argparse.Namespace) -> Optional[int]:
@@ -189,7 +151,7 @@ def _virtual_stages(args: argparse.Namespace) -> Optional[int]:
     v, per_chunk, pp = args.virtual_pipe_stages, args.num_layers_per_virtual_pipeline_stage, args.pipe_parallel_size
     if per_chunk is None:
         return v
-    layers = transformer_layers(args)
+    layers = spec_for(args.model_type).transformer_layers(args)
     _need(per_chunk >= 1 and layers % (pp * per_chunk) == 0, f"--num-layers-per-virtual-pipeline-stage {per_chunk} "
           f"x --pipe-parallel-size {pp} does not divide the {layers} transformer layers")
     _need(v is None or v == layers // (pp * per_chunk), f"--virtual-pipe-stages {v} conflicts with "
@@ -215,7 +177,7 @@ def _resolve_pipeline(args: argparse.Namespace) -> None:
     _need(args.gas % pp == 0, f"the interleaved schedule runs micro-batches in groups of --pipe-parallel-size {pp}: "
           f"--gas {args.gas} (global batch {args.global_batch_size} / (micro batch {args.micro_batch_size} x data-"
           f"parallel size {args.data_parallel_size})) must be a multiple of {pp}")
-    layers = transformer_layers(args)
+    layers = spec_for(args.model_type).transformer_layers(args)
     _need(layers >= pp * v, f"--pipe-parallel-size {pp} x --virtual-pipe-stages {v} = {pp * v} chunks, but the model "
           f"has {layers} transformer layers; every chunk needs one: lower --virtual-pipe-stages")
     if args.rampup_batch_size is not None:
@@ -250,9 +212,9 @@ def _resolve_partition(args: argparse.Namespace) -> None:
             pattern = re.compile(method[5:], re.IGNORECASE)
         except re.error as err:
             raise UserError(f"--partition-method {method}: not a regular expression ({err})") from None
-        names = PIPE_SPEC_CLASSES.get(getattr(args, "model_type", None))
-        _need(names is None or any(pattern.search(n) for n in names),
-              f"--partition-method {method} matches none of the layer classes {', '.join(names or ())}")
+        names = spec_for(args.model_type).pipe_layer_classes
+        _need(any(pattern.search(n) for n in names),
+              f"--partition-method {method} matches none of the layer classes {', '.join(names)}")
         return
     _need(method.replace(",", "").isdigit(), f"--partition-method {method!r} is not type:REGEX, parameters, "
           f"uniform or comma-separated layer boundaries such as 0,5,11")
@@ -261,10 +223,10 @@ def _resolve_partition(args: argparse.Namespace) -> None:
     _need(len(bounds) == parts + 1, f"--partition-method {method} gives {len(bounds)} boundaries but "
           f"--pipe-parallel-size {pp}" + (f" x --virtual-pipe-stages {args.virtual_pipe_stages}"
                                            if parts != pp else "") + f" needs {parts + 1}")
-    last = num_pipe_specs(args)
+    last = spec_for(args.model_type).pipe_spec_count(args)
     rising = bounds[0] == 0 and all(a <= b for a, b in zip(bounds, bounds[1:]))
-    _need(rising and last in (None, bounds[-1]), f"--partition-method {method}: boundaries must rise from 0 to "
-          f"{'the number of layer specs' if last is None else f'{last}, the number of layer specs of this model'}")
+    _need(rising and last == bounds[-1], f"--partition-method {method}: boundaries must rise from 0 to "
+          f"{last}, the number of layer specs of this model")
     args.partition_method = bounds
 
 
@@ -398,7 +360,9 @@ def _resolve_checkpoint(args: argparse.Namespace) -> None:
 
 
 def resolve_args(args: argparse.Namespace, world_size: Optional[int] = None) -> argparse.Namespace:
-    """Merge the DeepSpeed JSON, derive every dependent value, validate; sets `args.ds_config`."""
+    """Merge the DeepSpeed JSON, derive every dependent value, validate; sets `args.ds_config`. The model is
+    `args.model_type` (an entry script's default), GPT where none is given."""
+    args.model_type = getattr(args, "model_type", None) or "gpt"
     if world_size is None:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
     cfg = load_json(args.deepspeed_config)

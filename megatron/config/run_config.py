@@ -5,7 +5,7 @@
 
 Each consumer receives the section it needs (torchtitan's JobConfig, nanoGPT's `model_args`):
 
-    model       the model's own config (GPT2Config / T5Config: `spec.config(args)`)
+    model       the model's own config (GPTConfig / T5Config: `spec.config(args)`)
     layout      (tp, pp, dp), ZeRO stage, pipeline schedule, chunks per stage, partition, sequence parallelism
                                                                                             -> engine, checkpoints
     batch       micro-batch, gas, global batch, ramp-up, train length                       -> loop, loaders
@@ -161,7 +161,7 @@ class Exit:
 class RunConfig:
     model_type: str
     seed: int
-    model: Any                       # GPT2Config / T5Config (or a spec's own config)
+    model: Any                       # GPTConfig / T5Config (or a spec's own config)
     layout: Layout
     batch: Batch
     optimizer: Optimizer

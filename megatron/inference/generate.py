@@ -59,7 +59,7 @@ class Completion:
 
 
 def is_t5(config) -> bool:
-    """T5Config (encoder-decoder) rather than GPT2Config."""
+    """T5Config (encoder-decoder) rather than GPTConfig."""
     return hasattr(config, "num_decoder_layers")
 
 

@@ -28,13 +28,19 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 class Checkpoint:
     """What a checkpoint's arguments give before any tensor is read."""
     args: Dict[str, Any]  # the saved resolved arguments
-    config: Any  # GPT2Config / T5Config
+    config: Any  # GPTConfig / T5Config
     tokenizer: Any
     where: str
 
     @property
     def kind(self) -> str:
         return self.args.get("model_type", "gpt")
+
+    @property
+    def spec(self):
+        """The model family's spec (`megatron.model.specs`)."""
+        from megatron.model.specs import spec_for
+        return spec_for(self.kind)
 
 
 @dataclass
@@ -49,6 +55,10 @@ class Loaded:
     @property
     def kind(self) -> str:
         return self.checkpoint.kind
+
+    @property
+    def spec(self):
+        return self.checkpoint.spec
 
 
 def add_loading_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,12 +118,11 @@ def read_checkpoint(load_dir: str, tag: Optional[str] = None,
 
 def load_model(checkpoint: Checkpoint, load_dir: str, tag: Optional[str] = None, tp_group=None,
                dtype: str = "fp32", trust: bool = False) -> torch.nn.Module:
-    """GPT2Model / T5Model at this tp size with the checkpoint's weights, eval mode; collective over tp. `trust`:
+    """GPTModel / T5Model at this tp size with the checkpoint's weights, eval mode; collective over tp. `trust`:
     --trust-checkpoint (tds.safe_load.trusted)."""
     from megatron.checkpointing import load_model_weights
-    from megatron.model.specs import spec_for
     from tds.safe_load import trusted
-    model = spec_for(checkpoint.kind).plain(checkpoint.config, tp_group)
+    model = checkpoint.spec.plain(checkpoint.config, tp_group)
     with trusted(trust):
         load_model_weights(model, load_dir, tag)
     return model.to(DTYPES[dtype]).eval()

@@ -50,7 +50,7 @@ class _Runner:
 
 
 class GPT2Runner(_Runner):
-    """GPT2Model over left-padded prompts; room for `max_new_tokens` more positions."""
+    """GPTModel over left-padded prompts; room for `max_new_tokens` more positions."""
 
     def __init__(self, model, prompts: Sequence[Sequence[int]], max_new_tokens: int, pad_id: int,
                  use_cache: bool = True):

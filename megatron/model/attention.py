@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
-from .config import GPT2Config, T5Config
+from .config import GPTConfig, T5Config
 from .position import RelativePositionBias, rotary_embedding
 from .rng import SeededDropout, replay_checkpoint
 
@@ -161,7 +161,7 @@ class GPT2SelfAttention(nn.Module):
     std / sqrt(2 L) (GPT-2's residual scaling). Rotary positions, when configured, rotate q and k of positions
     0 .. s-1 (continuing after the cached positions when decoding with a kv_cache)."""
 
-    def __init__(self, config: GPT2Config, module_number: int, tp_group=None, sequence_parallel: bool = False):
+    def __init__(self, config: GPTConfig, module_number: int, tp_group=None, sequence_parallel: bool = False):
         """sequence_parallel: x is this rank's part of the sequence (b, s/t, h), and so is the output."""
         super().__init__()
         group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
@@ -172,10 +172,10 @@ class GPT2SelfAttention(nn.Module):
         self.query_key_value = mpu.ColumnParallelLinear(
             config.hidden_size, (heads + 2 * groups) * d, bias=config.qkv_bias, gather_output=False,
             init_method=normal_init(std), stride=3 if groups == heads else (heads, groups, groups), tp_group=group,
-            dtype=config.params_dtype, sequence_parallel=sequence_parallel)
+            dtype=config.dtype, sequence_parallel=sequence_parallel)
         self.dense = mpu.RowParallelLinear(heads * d, config.hidden_size, bias=config.add_bias_linear,
                                            input_is_parallel=True, init_method=normal_init(out_std), tp_group=group,
-                                           dtype=config.params_dtype, sequence_parallel=sequence_parallel)
+                                           dtype=config.dtype, sequence_parallel=sequence_parallel)
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, 0,
                                                part=(1, tp_rank, tp_size))  # this rank's heads of (b, n, q, k)
         self.recompute_core = config.recompute_granularity == "selective"
@@ -222,14 +222,14 @@ class T5Attention(nn.Module):
         self.n_local = check_heads(config.num_attention_heads, tp_size)
         d, dkv, f = config.hidden_size, config.kv_channels, config.initializer_factor
         inner = config.num_attention_heads * dkv
-        common = dict(bias=False, gather_output=False, tp_group=group, dtype=config.params_dtype,
+        common = dict(bias=False, gather_output=False, tp_group=group, dtype=config.dtype,
                       sequence_parallel=sequence_parallel)
         self.q = mpu.ColumnParallelLinear(d, inner, init_method=normal_init(f * (d * dkv) ** -0.5), **common)
         self.kv = mpu.ColumnParallelLinear(d, 2 * inner, init_method=normal_init(f * d ** -0.5), stride=2,
                                            **common)
         self.o = mpu.RowParallelLinear(inner, d, bias=False, input_is_parallel=True,
                                        init_method=normal_init(f * inner ** -0.5), tp_group=group,
-                                       dtype=config.params_dtype, sequence_parallel=sequence_parallel)
+                                       dtype=config.dtype, sequence_parallel=sequence_parallel)
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, site,
                                                part=(1, tp_rank, tp_size))  # this rank's heads of (b, n, q, k)
         self.recompute_core = config.recompute_granularity == "selective"
@@ -240,7 +240,7 @@ class T5Attention(nn.Module):
             self.relative_attention_bias = RelativePositionBias(
                 config.num_attention_heads, config.relative_attention_num_buckets,
                 config.relative_attention_max_distance, position_bias == "bidirectional", f * d ** -0.5,
-                tp_group=group, dtype=config.params_dtype)
+                tp_group=group, dtype=config.dtype)
 
     def forward(self, x: torch.Tensor, attn_bias: torch.Tensor, key_value_states: Optional[torch.Tensor] = None,
                 kv_cache=None) -> torch.Tensor:

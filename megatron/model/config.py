@@ -1,9 +1,13 @@
-"""Model hyper-parameters: small dataclasses filled by the training script (model code never reads args).
+"""Model hyper-parameters: small torch-free dataclasses that the model's spec builds from resolved arguments
+(`megatron.model.specs`; model code never reads args), validated once in `__post_init__`.
 
-    GPT2Config  decoder-only GPT: GPT-2 by default (learned positions, pre-LayerNorm, GELU-tanh, biases, tied LM
+    GPTConfig   decoder-only GPT: GPT-2 by default (learned positions, pre-LayerNorm, GELU-tanh, biases, tied LM
                 head), and the Llama-family layer by its options (rotary positions, RMSNorm, SwiGLU, grouped-query
-                attention, no biases, untied head)
+                attention, no biases, untied head); `GPTConfig` is its earlier name
     T5Config    encoder-decoder T5 v1.0 / v1.1 (relative position bias, RMSNorm, no biases)
+
+The parameters' dtype is a name (`params_dtype`, 'float32'), the torch dtype `config.dtype` resolved when modules
+are built, so that the preflight and the planner read configurations without importing torch.
 
 Derived sizes are filled in `__post_init__` (ffn 4h for GPT-2, `swiglu_ffn_size(h)` with SwiGLU, kv channels
 h / heads, query groups = heads); the padded
@@ -12,9 +16,7 @@ vocabulary depends on the tensor-parallel size, so it is a function, `padded_voc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
-
-import torch
+from typing import Any, Optional
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
@@ -71,7 +73,7 @@ class TransformerConfig:
     attention_dropout: float = 0.1
     layernorm_epsilon: float = 1e-5
     make_vocab_size_divisible_by: int = 128
-    params_dtype: torch.dtype = torch.float32
+    params_dtype: str = "float32"
     checkpoint_num_layers: int = 0
     seed: int = 1234
     recompute_granularity: Optional[str] = None
@@ -80,6 +82,8 @@ class TransformerConfig:
     compile_layers: bool = False
 
     def __post_init__(self):
+        if not isinstance(self.params_dtype, str):  # a torch dtype given: kept by its name
+            self.params_dtype = str(self.params_dtype).replace("torch.", "")
         for name in ("num_layers", "hidden_size", "num_attention_heads", "vocab_size", "seq_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{type(self).__name__}.{name} must be >= 1, got {getattr(self, name)}")
@@ -105,9 +109,15 @@ class TransformerConfig:
     def padded_vocab_size(self, tp: int) -> int:
         return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tp)
 
+    @property
+    def dtype(self) -> Any:
+        """The parameters' torch dtype (torch imported here, when modules are built)."""
+        import torch
+        return getattr(torch, self.params_dtype)
+
 
 @dataclass
-class GPT2Config(TransformerConfig):
+class GPTConfig(TransformerConfig):
     """GPT. max_position_embeddings defaults to seq_length; init std 0.02, output layers 0.02/sqrt(2L).
 
     explicit_attention_mask: the micro-batches carry a bool attention mask (b, 1, s, s) (Megatron's
@@ -231,3 +241,6 @@ class T5Config(TransformerConfig):
         if buckets < 4 or distance <= buckets // 2:
             raise ValueError(f"T5Config needs relative_attention_num_buckets >= 4 and relative_attention_max_distance"
                              f" > num_buckets / 2, got {buckets} and {distance}")
+
+
+GPT2Config = GPTConfig  # the earlier name, for code written against it

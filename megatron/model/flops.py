@@ -19,7 +19,8 @@ once more, 4x for the layers (the logits are not recomputed):
     total = (3 or 4) * F_layers + 3 * F_logits
 With d = h, f = 4h and recompute this is exactly Megatron's 96 B s L h^2 (1 + s/(6h) + V/(16 L h))
 (Narayanan et al. 2021); without recompute the layer part is 72 B s L h^2 (1 + s/(6h)), the logits 6 B s h V.
-Per device: TFLOP/s = total / (iteration seconds x world size) / 1e12. With --checkpoint-activations the
+Per device: TFLOP/s = total / (iteration seconds x world size) / 1e12. Each model's spec applies these to its
+configuration (`megatron.model.specs`: `spec.flops(config, global batch, padded vocabulary)`). With --checkpoint-activations the
 recomputation is counted (hardware FLOPs, the convention of Megatron's published TFLOP/s figures).
 """
 from __future__ import annotations
@@ -58,23 +59,3 @@ def t5_flops_per_iteration(b: int, s_enc: int, s_dec: int, num_layers: int, h: i
                                 + cross_attention_flops(b, s_dec, s_enc, h, d))
     logits = 2 * b * s_dec * h * vocab
     return (4 if recompute else 3) * (encoder + decoder) + 3 * logits
-
-
-def flops_per_iteration(model_type: str, model, global_batch_size: int, padded_vocab_size: int) -> float:
-    """Dispatch on `model_type` ('gpt' or 't5'); `model` is its GPT2Config / T5Config (recompute when
-    model.checkpoint_num_layers > 0; GPT: its query groups and SwiGLU, T5: its gated GELU)."""
-    common = dict(num_layers=model.num_layers, h=model.hidden_size, d=model.num_attention_heads * model.kv_channels,
-                  f=model.ffn_hidden_size, vocab=padded_vocab_size, recompute=model.checkpoint_num_layers > 0)
-    if model_type == "t5":
-        return t5_flops_per_iteration(global_batch_size, model.seq_length, model.decoder_seq_length,
-                                      num_decoder_layers=model.num_decoder_layers,
-                                      gated=model.feed_forward_proj == "gated-gelu", **common)
-    return gpt_flops_per_iteration(global_batch_size, model.seq_length, gated=model.swiglu,
-                                   d_kv=model.num_query_groups * model.kv_channels, **common)
-
-
-def tokens_per_sample(model_type: str, data) -> int:
-    """GPT: s; T5: encoder + decoder length (`data`: the RunConfig's data section)."""
-    if model_type == "t5":
-        return data.encoder_seq_length + data.decoder_seq_length
-    return data.seq_length

@@ -24,7 +24,7 @@ from torch import nn
 from megatron import mpu
 from tds import device as tds_device
 from .attention import normal_init
-from .config import GPT2Config
+from .config import GPTConfig
 from .language_model import OutputLayer, lm_logits, masked_lm_loss
 from .layer_norm import norm
 from .rng import SeededDropout, init_rng, sequence_split
@@ -35,7 +35,7 @@ class GPT2Embedding(nn.Module):
     """(b, s) token ids [, (b, s) position ids] -> (b, s, h); the word table is also the LM head when tied.
     Position ids are used only by the learned table ('learned_absolute')."""
 
-    def __init__(self, config: GPT2Config, tp_group=None, sequence_parallel: bool = False):
+    def __init__(self, config: GPTConfig, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
         group, tp_rank, tp_size = mpu.mappings.resolve_group(tp_group)
         self.vocab_size, self.tp_group = config.vocab_size, group
@@ -47,10 +47,10 @@ class GPT2Embedding(nn.Module):
                 positions = torch.empty(config.max_position_embeddings, config.hidden_size)
                 normal_init(config.init_method_std)(positions)
                 self.position_embeddings = nn.Embedding.from_pretrained(
-                    positions.to(device=tds_device.device(), dtype=config.params_dtype), freeze=False)
+                    positions.to(device=tds_device.device(), dtype=config.dtype), freeze=False)
             self.word_embeddings = mpu.VocabParallelEmbedding(
                 config.padded_vocab_size(tp_size), config.hidden_size,
-                init_method=normal_init(config.init_method_std), tp_group=group, dtype=config.params_dtype)
+                init_method=normal_init(config.init_method_std), tp_group=group, dtype=config.dtype)
         self.embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0, part=sequence_split(part))
 
     def forward(self, tokens: torch.Tensor, position_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -69,9 +69,9 @@ class GPT2Embedding(nn.Module):
         return lm_logits(hidden, self.word_embeddings.weight, self.vocab_size, self.tp_group, self.sequence_parallel)
 
 
-def final_layernorm(config: GPT2Config, tp_group=None, sequence_parallel: bool = False) -> nn.Module:
+def final_layernorm(config: GPTConfig, tp_group=None, sequence_parallel: bool = False) -> nn.Module:
     with init_rng(config.seed, config.num_layers + 1):
-        module = norm(config.normalization, config.hidden_size, config.layernorm_epsilon, config.params_dtype)
+        module = norm(config.normalization, config.hidden_size, config.layernorm_epsilon, config.dtype)
     return sequence_parallel_norm(module, sequence_part(tp_group, sequence_parallel))
 
 
@@ -79,20 +79,20 @@ class GPT2LMHead(OutputLayer):
     """The untied output layer (--untie-embeddings-and-output-weights): N_f(x_L) (b, s, h) -> (b, s, V_r), drawn
     N(0, init_method_std^2) under module number L + 2."""
 
-    def __init__(self, config: GPT2Config, tp_group=None, sequence_parallel: bool = False):
+    def __init__(self, config: GPTConfig, tp_group=None, sequence_parallel: bool = False):
         tp_size = mpu.mappings.resolve_group(tp_group)[2]
         super().__init__(config.vocab_size, config.padded_vocab_size(tp_size), config.hidden_size,
-                         config.init_method_std, config.seed, config.num_layers + 2, config.params_dtype, tp_group,
+                         config.init_method_std, config.seed, config.num_layers + 2, config.dtype, tp_group,
                          sequence_parallel)
 
 
-class GPT2Model(nn.Module):
+class GPTModel(nn.Module):
     """forward(tokens, position_ids, attention_mask) -> vocab-parallel logits (b, s, V_r).
 
     attention_mask: bool (b or 1, 1, s, s), True = masked out; None means plain causal attention.
     """
 
-    def __init__(self, config: GPT2Config, tp_group=None):
+    def __init__(self, config: GPTConfig, tp_group=None):
         super().__init__()
         self.config = config
         self.tp_group = mpu.mappings.resolve_group(tp_group)[0]
@@ -115,3 +115,6 @@ class GPT2Model(nn.Module):
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:
         """Masked mean of the vocab-parallel cross entropy (fp32 scalar)."""
         return masked_lm_loss(logits, labels, loss_mask, self.tp_group, self.config.cross_entropy_loss_fusion)
+
+
+GPT2Model = GPTModel  # the earlier name, for code written against it

@@ -1,4 +1,4 @@
-"""GPT2ModelPipe: the GPT modules of `gpt2_model` as a TDS pipeline of LayerSpecs.
+"""GPTModelPipe: the GPT modules of `gpt2_model` as a TDS pipeline of LayerSpecs.
 
     spec 0      TiedLayerSpec('embed')    (tokens, position_ids) -> x
     spec 1..L   GPT2TransformerLayerPipe  x -> x'
@@ -19,7 +19,7 @@ With `config.explicit_attention_mask` (--reset-attention-mask) the inputs are (t
 and every spec passes the tuple (hidden, mask (b, 1, s, s) bool True = masked) on:
     _input_grad = [True, False], _input_type = ['float', 'bool'], _input_pipe_partitioned = [True, False]
 
-Each spec builds the same module, from the same seed, as GPT2Model, so a pipeline of any split holds the
+Each spec builds the same module, from the same seed, as GPTModel, so a pipeline of any split holds the
 plain model's weights; the embedding's copy on the last stage is kept equal by the tied-gradient all-reduce.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from torch import nn
 
 from megatron import mpu
 from tds.pipe import LayerSpec, PipelineModule, TiedLayerSpec
-from .config import GPT2Config
+from .config import GPTConfig
 from .gpt2_model import GPT2Embedding, GPT2LMHead, final_layernorm
 from .language_model import LMLoss
 from .pipe_common import (ReplayCheckpoint, SequenceParallelGrads, check_sequence_parallel, mark_block_recompute,
@@ -65,7 +65,7 @@ class GPT2TransformerLayerPipe(TransformerLayer):
 
 
 class GPT2FinalLayerNormPipe(nn.Module):
-    def __init__(self, config: GPT2Config, tp_group=None, sequence_parallel: bool = False):
+    def __init__(self, config: GPTConfig, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
         self.final_layernorm = final_layernorm(config, tp_group, sequence_parallel)
 
@@ -77,7 +77,7 @@ class GPT2LMHeadPipe(GPT2LMHead):
     """The untied output layer as the last spec: N_f(x) -> vocab-parallel logits."""
 
 
-def gpt2_layer_specs(config: GPT2Config, tp_group=None, sequence_parallel: bool = False) -> list:
+def gpt2_layer_specs(config: GPTConfig, tp_group=None, sequence_parallel: bool = False) -> list:
     sp = sequence_parallel
     layers = [LayerSpec(GPT2TransformerLayerPipe, config, i + 1, tp_group, sp) for i in range(config.num_layers)]
     norm = LayerSpec(GPT2FinalLayerNormPipe, config, tp_group, sp)
@@ -89,7 +89,7 @@ def gpt2_layer_specs(config: GPT2Config, tp_group=None, sequence_parallel: bool 
             TiedLayerSpec("embed", GPT2EmbeddingPipe, config, tp_group, sp, forward_fn=_lm_head, **embed)]
 
 
-class GPT2ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
+class GPTModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
     """GPT-2 as a pipeline; see the module docstring.
 
     parallel_state: the groups the layers and the pipeline use (default: mpu's current state); the model builds
@@ -106,7 +106,7 @@ class GPT2ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
     stage s holds parts s, s + pp, ...; `tds.pipe.module`).
     """
 
-    def __init__(self, config: GPT2Config, topology=None, num_stages: Optional[int] = None,
+    def __init__(self, config: GPTConfig, topology=None, num_stages: Optional[int] = None,
                  partition_method: Union[str, list] = "type:TransformerLayer", tp_group=None,
                  verbose: Optional[bool] = None, virtual_stages: int = 1,
                  parallel_state: Optional[mpu.ParallelState] = None, sequence_parallel: bool = False):
@@ -122,3 +122,6 @@ class GPT2ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
         self.config = config
         self.sequence_parallel_group = tp_group if sp else None
         mark_block_recompute(self, config, TransformerLayer)
+
+
+GPT2ModelPipe = GPTModelPipe  # the earlier name, for code written against it

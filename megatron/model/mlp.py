@@ -19,7 +19,7 @@ from torch import nn
 
 from megatron import mpu
 from .attention import normal_init
-from .config import GPT2Config, T5Config
+from .config import GPTConfig, T5Config
 from .rng import SeededDropout
 
 
@@ -28,15 +28,15 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
 
-class GPT2MLP(nn.Module):
+class GPTMLP(nn.Module):
     """(b, s, h) -> (b, s, h); output projection init std / sqrt(2 L). GELU-tanh (GELU-erf with config.gelu
     'erf'), or SwiGLU with config.swiglu (`dense_h_to_4h` then holds [W_gate; W_up], 2f rows)."""
 
-    def __init__(self, config: GPT2Config, tp_group=None, sequence_parallel: bool = False):
+    def __init__(self, config: GPTConfig, tp_group=None, sequence_parallel: bool = False):
         """sequence_parallel: (b, s/t, h) -> (b, s/t, h), the sequence gathered for the GEMMs."""
         super().__init__()
         std, out_std = config.init_method_std, config.init_method_std / math.sqrt(2.0 * config.num_layers)
-        common = dict(bias=config.add_bias_linear, tp_group=tp_group, dtype=config.params_dtype,
+        common = dict(bias=config.add_bias_linear, tp_group=tp_group, dtype=config.dtype,
                       sequence_parallel=sequence_parallel)
         self.swiglu, f = config.swiglu, config.ffn_hidden_size
         self.approximate = "tanh" if config.gelu == "tanh" else "none"
@@ -69,10 +69,10 @@ class T5MLP(nn.Module):
         self.wi = mpu.ColumnParallelLinear(d, 2 * f if self.gated else f, bias=False, gather_output=False,
                                            init_method=normal_init(factor * d ** -0.5),
                                            stride=2 if self.gated else 1, tp_group=group,
-                                           dtype=config.params_dtype, sequence_parallel=sequence_parallel)
+                                           dtype=config.dtype, sequence_parallel=sequence_parallel)
         self.wo = mpu.RowParallelLinear(f, d, bias=False, input_is_parallel=True,
                                         init_method=normal_init(factor * f ** -0.5), tp_group=group,
-                                        dtype=config.params_dtype, sequence_parallel=sequence_parallel)
+                                        dtype=config.dtype, sequence_parallel=sequence_parallel)
         self.dropout = SeededDropout(config.hidden_dropout, config.seed, module_number, site,
                                      part=(-1, tp_rank, tp_size))  # this rank's columns of (b, s, f)
 
@@ -85,3 +85,6 @@ class T5MLP(nn.Module):
             h = F.relu(h)
         out, _ = self.wo(self.dropout(h))
         return out
+
+
+GPT2MLP = GPTMLP  # the earlier name, for code written against it

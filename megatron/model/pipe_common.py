@@ -1,4 +1,4 @@
-"""What GPT2ModelPipe and T5ModelPipe share: their process groups, recomputation with dropout replay, and the
+"""What GPTModelPipe and T5ModelPipe share: their process groups, recomputation with dropout replay, and the
 gradient sum of the sequence-parallel parameters."""
 from __future__ import annotations
 

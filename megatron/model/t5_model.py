@@ -53,7 +53,7 @@ class T5Embedding(nn.Module):
         with init_rng(config.seed, 0):
             self.word_embeddings = mpu.VocabParallelEmbedding(
                 config.padded_vocab_size(tp_size), config.hidden_size,
-                init_method=normal_init(config.initializer_factor), tp_group=group, dtype=config.params_dtype)
+                init_method=normal_init(config.initializer_factor), tp_group=group, dtype=config.dtype)
         self.encoder_embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 0, part=sequence_split(part))
         self.decoder_embedding_dropout = SeededDropout(config.hidden_dropout, config.seed, 0, 1, part=sequence_split(part))
 
@@ -78,7 +78,7 @@ class T5LMHead(OutputLayer):
     def __init__(self, config: T5Config, module_number: int, tp_group=None, sequence_parallel: bool = False):
         tp_size = mpu.mappings.resolve_group(tp_group)[2]
         super().__init__(config.vocab_size, config.padded_vocab_size(tp_size), config.hidden_size,
-                         config.initializer_factor, config.seed, module_number, config.params_dtype, tp_group,
+                         config.initializer_factor, config.seed, module_number, config.dtype, tp_group,
                          sequence_parallel)
 
 
@@ -90,7 +90,7 @@ class T5FinalNorm(nn.Module):
         part = sequence_part(tp_group, sequence_parallel)
         with init_rng(config.seed, module_number):
             self.final_layernorm = sequence_parallel_norm(
-                RMSNorm(config.hidden_size, config.layernorm_epsilon, config.params_dtype), part)
+                RMSNorm(config.hidden_size, config.layernorm_epsilon, config.dtype), part)
         self.dropout = SeededDropout(config.hidden_dropout, config.seed, module_number, 0, part=sequence_split(part))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

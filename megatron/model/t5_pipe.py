@@ -143,7 +143,7 @@ def t5_layer_specs(config: T5Config, tp_group=None, sequence_parallel: bool = Fa
 
 
 class T5ModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
-    """T5 as a pipeline; see the module docstring. Arguments as GPT2ModelPipe; 'type:TransformerLayer'
+    """T5 as a pipeline; see the module docstring. Arguments as GPTModelPipe; 'type:TransformerLayer'
     balances encoder plus decoder layers together. Labels: (labels, loss_mask) of the decoder."""
 
     def __init__(self, config: T5Config, topology=None, num_stages: Optional[int] = None,

@@ -28,9 +28,9 @@ from torch import nn
 
 from megatron import mpu
 from .attention import GPT2SelfAttention, T5Attention
-from .config import GPT2Config, T5Config
+from .config import GPTConfig, T5Config
 from .layer_norm import RMSNorm, norm
-from .mlp import GPT2MLP, T5MLP
+from .mlp import GPTMLP, T5MLP
 from .rng import SeededDropout, dropout_sites, init_rng, replay_checkpoint, sequence_split
 
 
@@ -49,10 +49,10 @@ class TransformerLayer(nn.Module):
     """GPT-2 block: (b, s, h), bool mask (b or 1, 1, s, s) True = masked (None = causal) -> (b, s, h);
     with sequence_parallel (b, s/t, h) -> (b, s/t, h)."""
 
-    def __init__(self, config: GPT2Config, layer_number: int, tp_group=None, sequence_parallel: bool = False):
+    def __init__(self, config: GPTConfig, layer_number: int, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
         self.layer_number = layer_number
-        eps, dtype = config.layernorm_epsilon, config.params_dtype
+        eps, dtype = config.layernorm_epsilon, config.dtype
         part = sequence_part(tp_group, sequence_parallel)
         sp = part[1] > 1
         with init_rng(config.seed, layer_number):
@@ -60,7 +60,7 @@ class TransformerLayer(nn.Module):
             self.input_layernorm = sequence_parallel_norm(norm(kind, config.hidden_size, eps, dtype), part)
             self.self_attention = GPT2SelfAttention(config, layer_number, tp_group, sequence_parallel=sp)
             self.post_attention_layernorm = sequence_parallel_norm(norm(kind, config.hidden_size, eps, dtype), part)
-            self.mlp = GPT2MLP(config, tp_group, sequence_parallel=sp)
+            self.mlp = GPTMLP(config, tp_group, sequence_parallel=sp)
         self.attention_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 1,
                                                       part=sequence_split(part))
         self.mlp_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 2, part=sequence_split(part))
@@ -82,7 +82,7 @@ class T5TransformerLayer(nn.Module):
         sequences; cross-attention's keys and values come from the all-gathered encoder output."""
         super().__init__()
         self.layer_number, self.is_decoder = layer_number, is_decoder
-        eps, dtype, d, n = config.layernorm_epsilon, config.params_dtype, config.hidden_size, layer_number
+        eps, dtype, d, n = config.layernorm_epsilon, config.dtype, config.hidden_size, layer_number
         kind = ("causal" if is_decoder else "bidirectional") if owns_position_bias else None
         part = sequence_part(tp_group, sequence_parallel)
         common = dict(tp_group=tp_group, sequence_parallel=part[1] > 1)

@@ -19,7 +19,7 @@ dropout of the MLP keeps mask and output) saves 8 bsh e replicated, (4 bsw + 3 b
 and normalised input are kept at 4 bytes in bf16 too; a decoder layer adds cross attention:
 4 b s_d h e replicated, (2 b s_d w + 2 b s_e w) e / t split and 3 a b s_d s_e e / t.
 
-The GPT layer's options (the Llama family's layer: `megatron.model.config.GPT2Config`) change these terms:
+The GPT layer's options (the Llama family's layer: `megatron.model.config.GPTConfig`) change these terms:
 
     RMSNorm              each norm keeps its input in fp32 and the normalised input (fp32), 8 bsh, its output
                          e bsh (the next GEMM's input), its rstd 4 bs and, in bf16, the fp32 copy of its weight

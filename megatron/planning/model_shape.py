@@ -50,7 +50,7 @@ class ModelShape:
     tied: bool = True
     gated: bool = False             # two input projections: T5 v1.1's gated GELU, GPT's SwiGLU
     buckets: int = 32
-    # the GPT layer's options (GPT2Config's fields; the defaults are GPT-2's)
+    # the GPT layer's options (GPTConfig's fields; the defaults are GPT-2's)
     query_groups: int = 0           # G key/value groups; 0 = one per head (multi-head attention)
     add_bias_linear: bool = True
     add_qkv_bias: bool = False
@@ -101,7 +101,7 @@ class ModelShape:
 
     @classmethod
     def from_config(cls, model_type: str, cfg, vocab: int) -> "ModelShape":
-        """From a GPT2Config / T5Config (or anything with their fields) and the unpadded vocabulary."""
+        """From a GPTConfig / T5Config (or anything with their fields) and the unpadded vocabulary."""
         common = dict(model_type=model_type, num_layers=cfg.num_layers, hidden=cfg.hidden_size,
                       heads=cfg.num_attention_heads, kv_channels=cfg.kv_channels or cfg.hidden_size //
                       cfg.num_attention_heads, ffn=cfg.ffn_hidden_size or 4 * cfg.hidden_size, vocab=vocab,

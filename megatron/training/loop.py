@@ -23,10 +23,10 @@ from megatron.training.batches import Batch
 from megatron.checkpointing import checkpoint_tag, save_checkpoint
 from megatron.training.exit_conditions import ExitConditions
 from megatron.training.evaluation import evaluate_and_print
-from megatron.training.flops import flops_per_iteration, tokens_per_sample
 from megatron.logging_utils import (IntervalStats, TensorBoard, format_log_line, interval_metrics, print_line,
                                     print_rank_0, print_rank_last, record_loss)
 from megatron.model.rng import start_iteration
+from megatron.model.specs import spec_for
 from tds import device as tds_device
 
 
@@ -63,8 +63,9 @@ def _loss_scale(engine, fp16: bool) -> Optional[float]:
 
 def _log_interval(engine, cfg: RunConfig, state: TrainState, stats: IntervalStats, lr: float, tb: TensorBoard) -> None:
     gbs = cfg.batch.global_batch_size
-    flops = flops_per_iteration(cfg.model_type, cfg.model, gbs, cfg.tokenizer.padded_vocab_size)
-    metrics = interval_metrics(stats, tokens_per_sample(cfg.model_type, cfg.data), flops / gbs, cfg.layout.world_size)
+    spec = spec_for(cfg.model_type)
+    flops = spec.flops(cfg.model, gbs, cfg.tokenizer.padded_vocab_size)
+    metrics = interval_metrics(stats, spec.tokens_per_sample(cfg.data), flops / gbs, cfg.layout.world_size)
     scale = _loss_scale(engine, cfg.precision.fp16)
     print_rank_last(format_log_line(state.iteration, cfg.batch.train_iters, state.consumed_train_samples, lr, metrics,
                                     scale, engine.skipped_steps, tds_device.max_memory_allocated()))

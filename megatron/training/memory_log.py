@@ -169,19 +169,6 @@ def format_peak(where: str, peak: MemoryPeak, predicted: int = 0) -> str:
             f"{mib(peak.other)}) + rise {mib(peak.rise)} during the iteration{pred}")
 
 
-def synthetic_raw(model_type: str, b: int, s_enc: int, s_dec: int, vocab: int, gen: torch.Generator) -> dict:
-    """One micro-batch of random tokens as the datasets give it to `spec.get_batch` (GPT: 'text' (b, s + 1);
-    T5: the seven T5 keys with full-length documents)."""
-    if model_type == "gpt":
-        return {"text": torch.randint(1, vocab, (b, s_enc + 1), generator=gen)}
-    dec_mask = torch.ones(s_dec, s_dec, dtype=torch.long).triu(1)
-    return {"text_enc": torch.randint(vocab, (b, s_enc), generator=gen),
-            "text_dec": torch.randint(vocab, (b, s_dec), generator=gen),
-            "labels": torch.randint(vocab, (b, s_dec), generator=gen), "loss_mask": torch.ones(b, s_dec),
-            "enc_mask": torch.zeros(b, s_enc, s_enc, dtype=torch.long), "dec_mask": dec_mask.expand(b, -1, -1),
-            "enc_dec_mask": torch.zeros(b, s_dec, s_enc, dtype=torch.long)}
-
-
 class _Tokens:
     """What get_batch reads of a tokenizer: the end-of-document id (0 here, never drawn for GPT)."""
     eod = 0
@@ -190,14 +177,12 @@ class _Tokens:
 def measure_engine(engine, cfg, spec, tp_group, iterations: int = 2) -> MemoryPeak:
     """Train `iterations` batches of random tokens through `spec.get_batch`; the last one is measured."""
     b, data = cfg.batch.micro_batch_size, cfg.data
-    s_dec = data.decoder_seq_length if cfg.model_type == "t5" else data.seq_length
     gen = torch.Generator().manual_seed(0)
     peak = None
     for it in range(iterations):
         # made when the engine loads them (its LOAD instruction), as a data loader would
-        batches = (spec.get_batch(synthetic_raw(cfg.model_type, b, data.encoder_seq_length, s_dec,
-                                                cfg.tokenizer.vocab_size, gen), data, _Tokens(), tp_group)
-                   for _ in range(cfg.batch.gas))
+        batches = (spec.get_batch(spec.synthetic_raw(b, data, cfg.tokenizer.vocab_size, gen), data, _Tokens(),
+                                  tp_group) for _ in range(cfg.batch.gas))
         if it < iterations - 1:
             engine.train_batch(batches)
         else:

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron.model import attention
-from megatron.model.specs import gpt2_batch
+from megatron.model.specs import spec_for
 from tests.model import common
 
 
@@ -51,7 +51,7 @@ def test_default_data_builds_no_mask_and_sdpa_gets_is_causal(sdpa_calls, monkeyp
         return real_core(q, k, v, mask, drop, scale, is_causal)
 
     monkeypatch.setattr(attention, "attention_core", recording_core)
-    inputs, _ = gpt2_batch(_raw(), _data_args(False), types.SimpleNamespace(eod=0))
+    inputs, _ = spec_for("gpt").get_batch(_raw(), _data_args(False), types.SimpleNamespace(eod=0))
     assert len(inputs) == 2 and all(t.dtype == torch.int64 for t in inputs)  # tokens, position ids: no mask
     cfg = common.gpt2_config(num_layers=2, hidden_dropout=0.1, attention_dropout=0.1)
     model = common.build_plain("gpt2", cfg)
@@ -67,7 +67,7 @@ def test_default_data_builds_no_mask_and_sdpa_gets_is_causal(sdpa_calls, monkeyp
 def test_reset_attention_mask_keeps_the_mask_path(sdpa_calls):
     raw = _raw()
     raw["text"][:, 5] = 0  # an EOD in every row
-    inputs, _ = gpt2_batch(raw, _data_args(True), types.SimpleNamespace(eod=0))
+    inputs, _ = spec_for("gpt").get_batch(raw, _data_args(True), types.SimpleNamespace(eod=0))
     tokens, positions, mask = inputs
     assert mask.shape == (2, 1, 16, 16) and mask.dtype == torch.bool
     cfg = common.gpt2_config(num_layers=1, explicit_attention_mask=True)

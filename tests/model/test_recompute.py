@@ -152,7 +152,7 @@ def _resolve(*flags: str):
 
 def test_flags_and_aliases_resolve():
     from megatron.errors import UserError
-    from megatron.model.specs import _recompute
+    from megatron.model.specs.common import recompute_fields
     assert _resolve() == (None, "uniform", 1, False)
     assert _resolve("checkpoint_activations", "checkpoint_num_layers=2") == ("full", "uniform", 2, True)
     assert _resolve("recompute_granularity=full", "recompute_method=block", "recompute_num_layers=3") == \
@@ -164,4 +164,4 @@ def test_flags_and_aliases_resolve():
         _resolve("recompute_num_layers=2", "checkpoint_num_layers=3")
     import argparse
     old = argparse.Namespace(checkpoint_activations=True, checkpoint_num_layers=2)  # a record without the new flags
-    assert _recompute(old) == dict(recompute_granularity="full", checkpoint_num_layers=2, recompute_method="uniform")
+    assert recompute_fields(old) == dict(recompute_granularity="full", checkpoint_num_layers=2, recompute_method="uniform")

@@ -269,7 +269,7 @@ def test_zero_keys_are_deepspeeds():
 
 def test_pipe_spec_classes_and_counts_match_the_models():
     """The class names and spec counts the resolution checks --partition-method against are the models'."""
-    from megatron.config.resolution import PIPE_SPEC_CLASSES, num_pipe_specs
+    from megatron.model.specs import spec_for
     from megatron.model.config import GPT2Config, T5Config
     from megatron.model.gpt2_pipe import gpt2_layer_specs
     from megatron.model.t5_pipe import t5_layer_specs
@@ -277,7 +277,7 @@ def test_pipe_spec_classes_and_counts_match_the_models():
                                        seq_length=4, tie_word_embeddings=tied)) for tied in (True, False)]
     t5 = [t5_layer_specs(T5Config(num_layers=2, num_decoder_layers=3, hidden_size=8, num_attention_heads=2,
                                   vocab_size=10, seq_length=4, tie_word_embeddings=tied)) for tied in (True, False)]
-    assert {s.typename.__name__ for specs in gpt for s in specs} == set(PIPE_SPEC_CLASSES["gpt"])
-    assert {s.typename.__name__ for specs in t5 for s in specs} == set(PIPE_SPEC_CLASSES["t5"])
-    assert num_pipe_specs(_gpt("--num-layers", "3")) == len(gpt[0]) == len(gpt[1])
-    assert num_pipe_specs(_t5("--decoder-num-layers", "3")) == len(t5[0]) == len(t5[1])
+    assert {s.typename.__name__ for specs in gpt for s in specs} == set(spec_for("gpt").pipe_layer_classes)
+    assert {s.typename.__name__ for specs in t5 for s in specs} == set(spec_for("t5").pipe_layer_classes)
+    assert spec_for("gpt").pipe_spec_count(_gpt("--num-layers", "3")) == len(gpt[0]) == len(gpt[1])
+    assert spec_for("t5").pipe_spec_count(_t5("--decoder-num-layers", "3")) == len(t5[0]) == len(t5[1])

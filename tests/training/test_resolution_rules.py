@@ -24,8 +24,8 @@ def test_fp16_with_stage_0_refused():
 
 
 def test_explicit_partition_boundaries():
-    args = _resolve(["--pipe-parallel-size", "2", "--partition-method", "0,3,6"], 2)
-    assert args.partition_method == [0, 3, 6]
+    args = _resolve(["--pipe-parallel-size", "2", "--partition-method", "0,3,5"], 2)  # GPT, 2 layers: 5 specs
+    assert args.partition_method == [0, 3, 5]
     with pytest.raises(ValueError, match=r"--partition-method 0,6 gives 2 boundaries but --pipe-parallel-size 4 needs 5"):
         _resolve(["--pipe-parallel-size", "4", "--partition-method", "0,6"], 4)
     assert _resolve(["--partition-method", "parameters"], 1).partition_method == "parameters"

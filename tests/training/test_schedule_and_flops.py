@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from megatron.model.config import T5Config
-from megatron.training.flops import flops_per_iteration, gpt_flops_per_iteration, t5_flops_per_iteration
+from megatron.model.flops import gpt_flops_per_iteration, t5_flops_per_iteration
+from megatron.model.specs import spec_for
 from megatron.training.learning_rates import AnnealingLR, annealed_lr
 
 
@@ -56,12 +57,12 @@ def test_t5_flops_gated_gelu_counts_both_input_projections():
     assert gated - relu == pytest.approx(3 * 2 * L * 2 * b * s * h * f)
     model = T5Config(num_layers=L, hidden_size=h, num_attention_heads=4, vocab_size=V, seq_length=s, ffn_hidden_size=f,
                      feed_forward_proj="gated-gelu")
-    assert flops_per_iteration("t5", model, b, V) == pytest.approx(gated)
+    assert spec_for("t5").flops(model, b, V) == pytest.approx(gated)
 
 
 def test_gpt_flops_grouped_query_attention_and_swiglu_by_hand():
     """B = 2, s = 8, h = 64, a = 4 heads of 16, G = 2 key/value groups, SwiGLU f = 128, V = 128, one layer."""
-    from megatron.model.config import GPT2Config
+    from megatron.model.config import GPTConfig
     qkv = 2 * 2 * 8 * 64 * (4 + 2 * 2) * 16        # 2 B s h (a + 2G) kv_channels = 262144
     scores_values = 2 * (2 * 2 * 8 * 8 * 64)        # QK^T and weighted values over every query head: 32768
     dense = 2 * 2 * 8 * 64 * 64                     # 131072
@@ -70,10 +71,10 @@ def test_gpt_flops_grouped_query_attention_and_swiglu_by_hand():
     expected = 3 * (qkv + scores_values + dense + swiglu) + 3 * logits
     assert expected == 4423680
     assert gpt_flops_per_iteration(2, 8, 1, 64, 64, 128, 128, recompute=False, d_kv=32, gated=True) == expected
-    llama = GPT2Config(num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=100, seq_length=8, swiglu=True,
+    llama = GPTConfig(num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=100, seq_length=8, swiglu=True,
                        num_query_groups=2, position_embedding_type="rope", normalization="RMSNorm",
                        add_bias_linear=False, tie_word_embeddings=False)
     assert llama.ffn_hidden_size == 128
-    assert flops_per_iteration("gpt", llama, 2, 128) == expected
-    gpt2 = GPT2Config(num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=100, seq_length=8)
-    assert flops_per_iteration("gpt", gpt2, 2, 128) == gpt_flops_per_iteration(2, 8, 1, 64, 64, 256, 128, False)
+    assert spec_for("gpt").flops(llama, 2, 128) == expected
+    gpt2 = GPTConfig(num_layers=1, hidden_size=64, num_attention_heads=4, vocab_size=100, seq_length=8)
+    assert spec_for("gpt").flops(gpt2, 2, 128) == gpt_flops_per_iteration(2, 8, 1, 64, 64, 256, 128, False)

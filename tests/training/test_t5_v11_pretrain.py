@@ -16,7 +16,7 @@ import os
 
 from megatron.config.arguments import parse_args
 from megatron.model.t5_model import T5Model
-from megatron.model.specs import t5_config
+from megatron.model.specs import spec_for
 from pretrain_t5 import DEFAULTS
 from tests.dist import run_distributed
 from tests.training.runner import train_state
@@ -56,7 +56,7 @@ def test_t5_v11_flags_through_pretrain_t5(gpt_data, tmp_path):
         assert abs(got - want) <= 1e-5 * abs(want), (pipe, plain)
     args = parse_args(_argv(gpt_data, 2, str(tmp_path / "x")), defaults=DEFAULTS, world_size=2)
     args.vocab_size = 300
-    config = t5_config(args)
+    config = spec_for("t5").config(args)
     assert (config.feed_forward_proj, config.tie_word_embeddings, config.num_decoder_layers,
             config.relative_attention_num_buckets, config.relative_attention_max_distance) == ("gated-gelu", False,
                                                                                               3, 16, 20)

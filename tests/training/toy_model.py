@@ -13,7 +13,7 @@ from torch import nn
 import tds
 from megatron import mpu
 from megatron.data.masks import get_ltor_masks_and_position_ids
-from megatron.model.specs import ModelSpec, gpt2_datasets
+from megatron.model.specs.gpt import GPTSpec
 
 
 def _seeded(seed: int, build):
@@ -78,11 +78,28 @@ def toy_get_batch(raw, args, tokenizer, tp_group=None):
 
 
 def toy_config(args) -> argparse.Namespace:
-    """The arguments, with the fields a GPT2Config resolves that the loop reads (the FLOP count's key/value heads,
+    """The arguments, with the fields a GPTConfig resolves that the loop reads (the FLOP count's key/value heads,
     --compile)."""
     return argparse.Namespace(**{**vars(args), "num_query_groups": args.num_query_groups or args.num_attention_heads,
                                  "compile_layers": False})
 
 
-TOY_SPEC = ModelSpec("toy", config=toy_config, plain=None, pipe=toy_pipe, datasets=gpt2_datasets,
-                     get_batch=toy_get_batch)
+class ToySpec(GPTSpec):
+    """GPT's data and FLOP count, the toy model."""
+    model_type = "toy"
+
+    def config(self, args) -> argparse.Namespace:
+        return toy_config(args)
+
+    @property
+    def plain(self) -> type:
+        raise NotImplementedError("the toy model is a Pipe model only")
+
+    def pipe(self, *args, **kwargs):
+        return toy_pipe(*args, **kwargs)
+
+    def get_batch(self, raw, data, tokenizer, tp_group=None):
+        return toy_get_batch(raw, data, tokenizer, tp_group)
+
+
+TOY_SPEC = ToySpec()

@@ -40,12 +40,12 @@ def _sequences(prefix: str, vocab: int, length: int) -> torch.Tensor:
 
 @torch.no_grad()
 def qkv_losses(src: Source, args: Dict[str, Any], prefix: str) -> Dict[str, float]:
-    from megatron.model import GPT2Model
+    from megatron.model import GPTModel
     config = model_config(args)
     length = min(config.seq_length, MAX_LENGTH)
     batch = _sequences(prefix, args["vocab_size"], length)
     grouped = (args.get("num_query_groups") or args["num_attention_heads"]) != args["num_attention_heads"]
-    model = GPT2Model(config).eval()
+    model = GPTModel(config).eval()
     losses = {}
     for order in ("2",) if grouped else ORDERS:
         weights = canonical_weights(src, args, order)
