@@ -22,7 +22,7 @@ reports instead of waiting; the error reaches the main thread of the failing ran
 next save or at `wait_for_saves`, which every rank calls before it exits. The thread is a daemon: a run
 that fails elsewhere exits at once and its unpublished save is left as an unlisted folder.
 
-Why a recording `save` rather than a copy of DeepSpeed's save: every file DeepSpeed writes (the
+Why recorded writes (`engine_files`) rather than a copy of DeepSpeed's save: every file DeepSpeed writes (the
 per-layer weights, mp_rank engine state, ZeRO partitions) goes through `checkpoint_engine.save`, so the
 asynchronous save writes the same files with the same bytes as the synchronous one (`snapshot` keeps
 shared storages shared), and the collectives stay on the main thread, where DeepSpeed puts them.
@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from megatron.errors import UserError, one_line
 from megatron.logging_utils import print_rank_0
+from .engine_files import install
 from .files import not_published, publish_latest
 from .manifest import MANIFEST, entries, saved_files, write_manifest
 from .space import agree_space, disk_full_error, is_disk_full, tensor_bytes, writing
@@ -143,13 +144,10 @@ def save_async(engine, save_dir: str, tag: str, client_state: Dict[str, Any],
     _wait_previous()
     rank, world, folder = dist.get_rank(), dist.get_world_size(), os.path.join(save_dir, tag)
     _clear_stale(folder, rank)
-    checkpoint_engine, writes = engine.checkpoint_engine, []
-    write = checkpoint_engine.save  # the real writer, for the thread
-    checkpoint_engine.save = lambda state_dict, path: writes.append((path, snapshot(state_dict)))
-    try:
+    files = install(engine)
+    with files.recorded(snapshot) as writes:  # each file's host copy, for the thread
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
-    finally:
-        del checkpoint_engine.save  # the class's method again
+    write = files.save  # the real writer, for the thread
     what, outcome = f"checkpoint {tag}", not_published(save_dir, tag)
     needed = _total_bytes(writes)
     agree_space(save_dir, needed, what, outcome)

@@ -40,18 +40,17 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from megatron.errors import one_line
 from megatron.mpu import rng_states, set_rng_states
 from megatron.logging_utils import print_rank_0
-from tds.safe_load import UnsafeCheckpointError, trusted
+from tds.safe_load import trusted
 from .async_save import save_async
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
-from .files import (ARGS_FILE, LATEST, CheckpointFileError, CheckpointMismatchError, UntrustedCheckpointError,
-                    checkpoint_folder, checkpoint_tag, folder_bytes, not_published, publish_latest, read_args,
-                    read_latest, write_args)
-from .manifest import WEIGHTS, check_files, checked_folder, damaged_error, parts_read, save_manifest
-from .reading import MANIFEST, read_manifest, read_verified
-from .space import agree_space, tensor_bytes, writing
+from .engine_files import install
+from .files import (ARGS_FILE, LATEST, CheckpointMismatchError, checkpoint_folder, checkpoint_tag, folder_bytes,
+                    not_published, publish_latest, read_args, read_latest, write_args)
+from .manifest import WEIGHTS, check_files, checked_folder, parts_read, save_manifest
+from .reading import MANIFEST, read_manifest
+from .space import agree_space, writing
 from .names import PIPE_FORM, layout_record, plain_pp1, virtual_stages, with_records
 from .weights import load_weights_into, reshape_command
 
@@ -92,7 +91,7 @@ def save_checkpoint(engine, cfg, iteration: int, consumed_train_samples: int) ->
         previous_size(save_dir, tag)
     agree_space(save_dir, needed, what, outcome)
     folder = os.path.join(save_dir, tag)
-    with _space_checked_writes(engine, what, outcome, needed):
+    with install(engine).space_checked(what, outcome, needed):
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     if dist.get_rank() == 0:
         with writing(os.path.join(folder, ARGS_FILE), needed, what, outcome):
@@ -122,19 +121,6 @@ def previous_size(save_dir: str, tag: str) -> int:
     present = folder_bytes(target) if os.path.isdir(target) and os.path.realpath(target) != os.path.realpath(folder) \
         else 0
     return max(0, total - present)
-
-
-@contextlib.contextmanager
-def _space_checked_writes(engine, what: str, outcome: str, needed: int) -> Iterator[None]:
-    """Each file DeepSpeed writes: a write that fails for space is DiskFullError naming the file."""
-    checkpoint_engine = engine.checkpoint_engine
-    write = checkpoint_engine.save
-
-    def save(state_dict, path):
-        with writing(path, needed or tensor_bytes(state_dict), what, outcome):
-            return write(state_dict, path)
-    with _instance_overrides(checkpoint_engine, {"save": save}):
-        yield
 
 
 def check_compatible(saved: Dict[str, Any], run: Dict[str, Any], where: str) -> None:
@@ -220,7 +206,7 @@ def _load_same_layout(engine, cfg, load_dir: str, tag: str, saved: Dict[str, Any
     where, no_optim = os.path.join(load_dir, tag), cfg.checkpoint.no_load_optim
     print_rank_0(f"loading checkpoint {where} ...")
     load_optim = _loads_optimizer(cfg, saved)
-    with _bf16_optimizer_load(engine), _checked_reads(engine, where, saved):
+    with _bf16_optimizer_load(engine), install(engine).verified(where, saved):
         path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=load_optim,
                                                     load_lr_scheduler_states=not no_optim)
     if path is None:
@@ -253,28 +239,6 @@ def _instance_overrides(obj, attrs: Dict[str, Any]) -> Iterator[None]:
     finally:
         for name in attrs:
             obj.__dict__.pop(name, None)
-
-
-@contextlib.contextmanager
-def _checked_reads(engine, folder: str, saved: Dict[str, Any]) -> Iterator[None]:
-    """Every file DeepSpeed reads is checked against manifest.json's CRC-32 while it is read
-    (`reading.read_verified`); a file it cannot read (damaged although of the listed size) or whose bytes
-    changed is a CheckpointFileError naming it."""
-    checkpoint_engine = engine.checkpoint_engine
-    read = checkpoint_engine.load
-
-    def load(path, *args, **kwargs):
-        try:
-            return read_verified(path, lambda: read(path, *args, **kwargs))
-        except CheckpointFileError:
-            raise
-        except UnsafeCheckpointError as err:
-            raise UntrustedCheckpointError(str(err)) from None
-        except Exception as err:  # noqa: BLE001 (torch.load of one file: whatever it raises, the file is unreadable)
-            what = f"unreadable ({type(err).__name__}: {one_line(err)[:120]})"
-            raise damaged_error(folder, os.path.basename(path), what, saved) from None
-    with _instance_overrides(checkpoint_engine, {"load": load}):
-        yield
 
 
 @contextlib.contextmanager

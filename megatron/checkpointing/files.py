@@ -259,6 +259,19 @@ def atomic_folder(final: str, needed: Optional[int] = None) -> Iterator[str]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def new_checkpoint(save_dir: str, tag: str, needed: int) -> Iterator[str]:
+    """The one writer of a new checkpoint directory (reshape, import-hf, import-megatron): `save_dir` is created
+    atomically (`atomic_folder`) holding the folder `tag`, which is yielded to write into, and `latest` names it
+    once the block completes; refused before anything is written where the file system has less than `needed`
+    bytes free."""
+    with atomic_folder(save_dir, needed) as tmp:
+        folder = os.path.join(tmp, tag)
+        os.makedirs(folder)
+        yield folder
+        publish_latest(tmp, tag)
+
+
 SHOW_PROGRESS = {"on": False}  # the command-line tools turn it on; training loads stay quiet
 FEW_FILES = 8
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 from .consolidated import Consolidated, layout_of, read_consolidated
 from megatron.errors import UserError
-from .files import atomic_folder, folder_bytes, publish_latest, read_args
+from .files import folder_bytes, new_checkpoint, read_args
 from .space import tensor_bytes
 from .layouts import check_layout, source_layout_note, target_args, write_layout
 from .manifest import checked_folder, parts_read
@@ -53,7 +53,5 @@ def reshape(load_dir: str, save_dir: str, tp: int, pp: int, dp: Optional[int] = 
 
 def write_checkpoint(ck: Consolidated, save_dir: str, tag: str, new_args: dict, with_optimizer: bool = True) -> None:
     """A new checkpoint directory `save_dir` holding `tag` and `latest`, created atomically."""
-    with atomic_folder(save_dir, tensor_bytes(ck.weights) + tensor_bytes(ck.optim or {})) as tmp:
-        os.makedirs(os.path.join(tmp, tag))
-        write_layout(ck, os.path.join(tmp, tag), new_args, with_optimizer)
-        publish_latest(tmp, tag)
+    with new_checkpoint(save_dir, tag, tensor_bytes(ck.weights) + tensor_bytes(ck.optim or {})) as folder:
+        write_layout(ck, folder, new_args, with_optimizer)

@@ -2,7 +2,7 @@
 pickle would run a command (written here: `os.system("touch <marker>")`) is refused in one line naming the file and
 the global by inspect, reshape, import-hf, import-megatron (legacy files, torch_dist's index, through the command
 too, and a torch_dist item) and the
-engine's own reads (DeepSpeed's state-dict loaders, and `--load` through `_checked_reads`); the command never
+engine's own reads (DeepSpeed's state-dict loaders, and `--load` through the project's checkpoint engine); the command never
 runs. A legacy file needing a global outside the allowlist loads with --trust-checkpoint. (`--load` through the
 example script: tests/training/test_damaged_checkpoint.py.)"""
 import os
@@ -193,7 +193,7 @@ def test_engine_reads_are_safe(tmp_path, marker):
     and the error --load gives for it."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     from deepspeed.runtime.state_dict_factory import SDLoaderFactory
-    from megatron.checkpointing.engine_io import _checked_reads
+    from megatron.checkpointing.engine_files import install
     from megatron.checkpointing.files import UntrustedCheckpointError
     path = str(tmp_path / "layer_01-model_00-model_states.pt")
     _poison(path, marker)
@@ -204,7 +204,8 @@ def test_engine_reads_are_safe(tmp_path, marker):
     class Engine:
         checkpoint_engine = safe
 
+    files = install(Engine())
     with pytest.raises(UntrustedCheckpointError) as err:
-        with _checked_reads(Engine(), str(tmp_path), {}):
-            Engine.checkpoint_engine.load(path)
+        with files.verified(str(tmp_path), {}):
+            files.load(path)
     assert path in str(err.value) and "\n" not in str(err.value)

@@ -20,9 +20,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from megatron.errors import UserError
 from ..consolidated import Consolidated
-from ..files import CheckpointFileError, atomic_folder, checkpoint_tag, publish_latest, read_args
+from ..files import CheckpointFileError, checkpoint_tag, new_checkpoint, read_args
 from ..hf_config import layout_args
 from ..layouts import check_layout, write_layout
+from ..space import tensor_bytes
 from .args import ImportOptions, gpt_args
 from .qkv import ORDERS
 from .source import Source, canonical_weights, check_complete
@@ -43,7 +44,7 @@ class ImportReport:
 def detect(path: str) -> Tuple[str, Callable[[str], Source]]:
     """(format name, reader) of the checkpoint at `path`; CheckpointFileError naming it when none fits."""
     from .ds_pipe import is_ds_pipe, read_ds_pipe
-    from .legacy import RANK_DIR, TRACKER, iteration_folder, read_legacy
+    from .legacy import TRACKER, holds_ranks, iteration_folder, read_legacy
     from .torch_dist import is_torch_dist, read_torch_dist
     if not os.path.isdir(path):
         raise CheckpointFileError(f"--input {path} is not a folder")
@@ -52,8 +53,7 @@ def detect(path: str) -> Tuple[str, Callable[[str], Source]]:
     if is_ds_pipe(path):
         return "deepspeed", read_ds_pipe
     try:
-        folder = iteration_folder(path)
-        if any(RANK_DIR.fullmatch(n) for n in os.listdir(folder)):
+        if holds_ranks(iteration_folder(path)):
             return "legacy", read_legacy
     except (OSError, ValueError):
         pass
@@ -113,11 +113,8 @@ def import_megatron(input_dir: str, save_dir: str, tp: int, pp: int, opts: Optio
     resume = src.iteration is not None and src.consumed_samples is not None
     tag = checkpoint_tag(src.iteration if resume else 0)
     engine = _engine(src, src.margs) if resume else {}
-    with atomic_folder(save_dir) as tmp:
-        folder = os.path.join(tmp, tag)
-        os.makedirs(folder)
+    with new_checkpoint(save_dir, tag, tensor_bytes(weights)) as folder:
         write_layout(Consolidated(args=args, weights=weights, engine=engine), folder, args, with_optimizer=False)
-        publish_latest(tmp, tag)
     saved = read_args(os.path.join(save_dir, tag))
     return ImportReport(src.fmt, tag, saved, _lines(src, saved, order, order_why, gelu_why, losses, resume))
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 from ..files import CheckpointFileError
 from .qkv import order_of_version
@@ -30,9 +30,14 @@ RANK_DIR = re.compile(r"mp_rank_(\d{2})(?:_(\d{3}))?(?:_(\d{3}))?")
 FILES = ("model_optim_rng.pt", "model_rng.pt")
 
 
-def iteration_folder(root: str) -> str:
-    """The folder the tracker names (`root` itself when it holds mp_rank_* folders)."""
-    if any(RANK_DIR.fullmatch(n) for n in os.listdir(root)):
+def holds_ranks(folder: str) -> bool:
+    return any(RANK_DIR.fullmatch(n) for n in os.listdir(folder))
+
+
+def iteration_folder(root: str, holds_iteration: Callable[[str], bool] = holds_ranks) -> str:
+    """The iteration folder of a Megatron-LM save directory (either format): `root` itself when
+    `holds_iteration(root)` (legacy: it holds mp_rank_* folders), else the folder its tracker names."""
+    if holds_iteration(root):
         return root
     tracker = os.path.join(root, TRACKER)
     with open(tracker) as f:

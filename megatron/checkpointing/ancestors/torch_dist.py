@@ -43,7 +43,7 @@ import torch
 from megatron.errors import UserError
 from tds.safe_load import UnsafeCheckpointError, is_trusted
 from ..files import CheckpointFileError, UntrustedCheckpointError
-from .legacy import TRACKER
+from .legacy import iteration_folder
 from .qkv import order_of_version
 from .source import IGNORED, Source, arguments, canonical_name, load_ancestor
 
@@ -95,12 +95,8 @@ class _IndexUnpickler(pickle.Unpickler):
         raise UnsafeCheckpointError(self.where, [f"{module}.{name}"])
 
 
-def iteration_folder(root: str) -> str:
-    if os.path.isfile(os.path.join(root, "metadata.json")):
-        return root
-    with open(os.path.join(root, TRACKER)) as f:
-        value = f.read().strip()
-    return os.path.join(root, "release" if value == "release" else f"iter_{int(value):07d}")
+def holds_metadata(folder: str) -> bool:
+    return os.path.isfile(os.path.join(folder, "metadata.json"))
 
 
 def read_index(folder: str):
@@ -200,7 +196,7 @@ def _model_keys(index) -> Dict[str, str]:
 
 
 def read_torch_dist(root: str) -> Source:
-    folder = iteration_folder(root)
+    folder = iteration_folder(root, holds_metadata)
     meta_path = os.path.join(folder, "metadata.json")
     with open(meta_path) as f:
         backend = json.load(f).get("sharded_backend")
@@ -230,7 +226,7 @@ def read_torch_dist(root: str) -> Source:
 def is_torch_dist(folder: str) -> Optional[str]:
     """The iteration folder when `folder` (or the folder its tracker names) is a torch_dist checkpoint."""
     try:
-        inner = iteration_folder(folder)
+        inner = iteration_folder(folder, holds_metadata)
     except (OSError, ValueError):
         return None
-    return inner if os.path.isfile(os.path.join(inner, "metadata.json")) else None
+    return inner if holds_metadata(inner) else None
