@@ -1,5 +1,6 @@
 """The tools' outputs on a file system that is too small (a tmpfs mounted here as root; skipped where the tests
-do not run as root, failed where root cannot mount: tests/faults/tmpfs.py): `reshape` and `export-hf` stop with one line naming the output, the bytes it needs and those free,
+do not run as root, failed where root cannot mount: tests/faults/tmpfs.py): `reshape`, `export-hf`,
+`import-megatron` and `import-hf` stop with one line naming the output, the bytes it needs and those free,
 and leave nothing behind; the check before writing, and a file system that fills while they write (another
 writer took the space after the check: the check is skipped here). The training saves: tests/faults."""
 import os
@@ -12,15 +13,21 @@ from tests.checkpoint.synthetic import resolved_args, write_synthetic
 from tests.faults.tmpfs import small_tmpfs
 from tools.convert_checkpoint import run
 
-TOOLS = {"reshape": lambda ckpt, out: ["reshape", "--load", ckpt, "--save", out, "--tensor-model-parallel-size", "2",
-                                       "--pipe-parallel-size", "1"],
-         "export-hf": lambda ckpt, out: ["export-hf", "--load", ckpt, "--output", out]}
+LAYOUT = ["--tensor-model-parallel-size", "2", "--pipe-parallel-size", "1"]
+TOOLS = {"reshape": lambda src, out: ["reshape", "--load", src["ckpt"], "--save", out, *LAYOUT],
+         "export-hf": lambda src, out: ["export-hf", "--load", src["ckpt"], "--output", out],
+         "import-megatron": lambda src, out: ["import-megatron", "--input", src["megatron"], "--save", out, *LAYOUT]}
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory) -> str:
-    """A (1, 1, 1) GPT-2 checkpoint of about 0.6 MB (weights 0.2 MB, the rest optimizer state)."""
-    return write_synthetic(str(tmp_path_factory.mktemp("ckpt") / "ckpt"), resolved_args("gpt2", (1, 1, 1), 500))
+def ckpt(tmp_path_factory) -> dict:
+    """A (1, 1, 1) GPT-2 checkpoint of about 0.6 MB (weights 0.2 MB, the rest optimizer state), and the inputs of
+    the importers made from it."""
+    root = tmp_path_factory.mktemp("ckpt")
+    ckpt = write_synthetic(str(root / "ckpt"), resolved_args("gpt2", (1, 1, 1), 500))
+    run(["export-megatron", "--load", ckpt, "--output", str(root / "megatron"), "--tensor-model-parallel-size", "1",
+         "--pipe-parallel-size", "1"])
+    return dict(ckpt=ckpt, megatron=str(root / "megatron"))
 
 
 @pytest.mark.parametrize("tool", sorted(TOOLS))
