@@ -54,8 +54,12 @@ __all__ = ["initialize", "init_distributed", "add_config_arguments", "checkpoint
 
 def initialize(args: Any = None, model=None, optimizer=None, model_parameters=None, training_data=None,
                lr_scheduler=None, mpu=None, dist_init_required: bool | None = None, collate_fn=None,
-               config=None, config_params=None, **kwargs):
+               config=None, config_params=None, checkpoint_engine_wrap=None, **kwargs):
     """deepspeed.initialize with the TDS engine for pipeline models; returns (engine, optimizer, loader, sched).
+
+    `checkpoint_engine_wrap`: a callable given the engine's checkpoint engine (DeepSpeed's, reading safely:
+    `tds.safe_load`) that returns the one the engine reads and writes checkpoint files through (a program's own
+    checks around every file); None keeps it.
 
     For a `tds.pipe.PipelineModule` the engine's process groups are the module's grid (`tds.pipe.grid`: the
     groups handed to the module, or built by tds from its topology; its "model parallel" group spans pipe x
@@ -78,6 +82,8 @@ def initialize(args: Any = None, model=None, optimizer=None, model_parameters=No
                              dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
                              config_params=config_params, **kwargs)
         make_safe(out[0])  # its checkpoint reads: weights_only=True and the allowlist (tds.safe_load)
+        if checkpoint_engine_wrap is not None:
+            out[0].checkpoint_engine = checkpoint_engine_wrap(out[0].checkpoint_engine)
         return out
     if not isinstance(model, PipelineModule):
         raise TypeError(f"{type(model).__name__} is DeepSpeed's own PipelineModule; build it from "
@@ -99,7 +105,7 @@ def initialize(args: Any = None, model=None, optimizer=None, model_parameters=No
     engine = PipelineEngine(args=args, model=model, optimizer=optimizer, model_parameters=model_parameters,
                             training_data=training_data, lr_scheduler=lr_scheduler, mpu=grid,
                             dist_init_required=dist_init_required, collate_fn=collate_fn, config=config,
-                            config_class=config_class)
+                            config_class=config_class, checkpoint_engine_wrap=checkpoint_engine_wrap)
     engine._configure_python_gc()
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler
 

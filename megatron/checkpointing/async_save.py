@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from megatron.errors import UserError, one_line
 from megatron.logging_utils import print_rank_0
-from .engine_files import install
+from .engine_files import files_of
 from .files import not_published, publish_latest
 from .manifest import MANIFEST, entries, saved_files, write_manifest
 from .space import agree_space, disk_full_error, is_disk_full, tensor_bytes, writing
@@ -144,7 +144,7 @@ def save_async(engine, save_dir: str, tag: str, client_state: Dict[str, Any],
     _wait_previous()
     rank, world, folder = dist.get_rank(), dist.get_world_size(), os.path.join(save_dir, tag)
     _clear_stale(folder, rank)
-    files = install(engine)
+    files = files_of(engine)
     with files.recorded(snapshot) as writes:  # each file's host copy, for the thread
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     write = files.save  # the real writer, for the thread

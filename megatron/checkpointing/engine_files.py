@@ -1,6 +1,7 @@
 """The project's checkpoint engine: the one object through which DeepSpeed's engine reads and writes every file of
-a checkpoint (pipeline layer files, mp_rank engine state, ZeRO partitions), installed on the engine in place of
-DeepSpeed's `checkpoint_engine`, which it wraps (`install`: idempotent, done by the first save or load).
+a checkpoint (pipeline layer files, mp_rank engine state, ZeRO partitions): the engine's `checkpoint_engine`,
+wrapping DeepSpeed's, given to the engine when training builds it (`tds.initialize(...,
+checkpoint_engine_wrap=ProjectCheckpointEngine)`); `files_of(engine)` is it.
 
     reads     tds.safe_load's (weights_only=True and the allowlist: the wrapped SafeCheckpointEngine); within
               `verified(folder, saved)` each file is also checked against manifest.json's CRC-32 while it is
@@ -96,8 +97,11 @@ class ProjectCheckpointEngine:
             self._recorded = None
 
 
-def install(engine: Any) -> ProjectCheckpointEngine:
-    """The engine's checkpoint engine as the project's (idempotent); returns it."""
-    if not isinstance(engine.checkpoint_engine, ProjectCheckpointEngine):
-        engine.checkpoint_engine = ProjectCheckpointEngine(engine.checkpoint_engine)
-    return engine.checkpoint_engine
+def files_of(engine: Any) -> ProjectCheckpointEngine:
+    """The engine's project checkpoint engine; TypeError for an engine built without it."""
+    files = engine.checkpoint_engine
+    if not isinstance(files, ProjectCheckpointEngine):
+        raise TypeError(f"the engine's checkpoint engine is {type(files).__name__}, not the project's: build the "
+                        f"engine with tds.initialize(..., checkpoint_engine_wrap=ProjectCheckpointEngine) "
+                        f"(megatron.training.pretrain.setup_engine does)")
+    return files

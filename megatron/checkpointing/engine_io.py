@@ -45,7 +45,7 @@ from megatron.logging_utils import print_rank_0
 from tds.safe_load import trusted
 from .async_save import save_async
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
-from .engine_files import install
+from .engine_files import files_of
 from .files import (ARGS_FILE, LATEST, CheckpointMismatchError, checkpoint_folder, checkpoint_tag, folder_bytes,
                     not_published, publish_latest, read_args, read_latest, write_args)
 from .manifest import WEIGHTS, check_files, checked_folder, parts_read, save_manifest
@@ -91,7 +91,7 @@ def save_checkpoint(engine, cfg, iteration: int, consumed_train_samples: int) ->
         previous_size(save_dir, tag)
     agree_space(save_dir, needed, what, outcome)
     folder = os.path.join(save_dir, tag)
-    with install(engine).space_checked(what, outcome, needed):
+    with files_of(engine).space_checked(what, outcome, needed):
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
     if dist.get_rank() == 0:
         with writing(os.path.join(folder, ARGS_FILE), needed, what, outcome):
@@ -206,7 +206,7 @@ def _load_same_layout(engine, cfg, load_dir: str, tag: str, saved: Dict[str, Any
     where, no_optim = os.path.join(load_dir, tag), cfg.checkpoint.no_load_optim
     print_rank_0(f"loading checkpoint {where} ...")
     load_optim = _loads_optimizer(cfg, saved)
-    with _bf16_optimizer_load(engine), install(engine).verified(where, saved):
+    with _bf16_optimizer_load(engine), files_of(engine).verified(where, saved):
         path, client_state = engine.load_checkpoint(load_dir, tag=tag, load_optimizer_states=load_optim,
                                                     load_lr_scheduler_states=not no_optim)
     if path is None:

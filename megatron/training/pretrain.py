@@ -40,6 +40,7 @@ from megatron.training.initialize import initialize_megatron
 from megatron.mpu import shutdown_distributed
 from megatron.training.learning_rates import AnnealingLR
 from megatron.logging_utils import TensorBoard, print_line, print_rank_0
+from megatron.checkpointing.engine_files import ProjectCheckpointEngine
 from megatron.model.specs import ModelSpec
 from megatron.training.optimizer import build_optimizer
 from megatron.config.preflight import build_tokenizer_from_args, check_inputs
@@ -59,7 +60,8 @@ def setup_engine(cfg: RunConfig, spec: ModelSpec, state: mpu.ParallelState):
         model = spec.build_pipe(cfg, state)
         optimizer = build_optimizer(model, cfg.optimizer)
         engine, _, _, _ = tds.initialize(model=model, optimizer=optimizer, lr_scheduler=lr_scheduler(optimizer, cfg.lr),
-                                         config=cfg.deepspeed_dict(), mpu=mpu)
+                                         config=cfg.deepspeed_dict(), mpu=mpu,
+                                         checkpoint_engine_wrap=ProjectCheckpointEngine)
     except ValueError as err:
         if isinstance(err, (UserError, tds.pipe.PipelineLayoutError)):
             raise

@@ -43,9 +43,11 @@ from .weight_grad import WeightGradStore, attach
 class PipelineEngine(DeepSpeedEngine):
     """Built by `tds.initialize` for a `tds.pipe.PipelineModule`; use `train_batch` / `eval_batch`."""
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, checkpoint_engine_wrap=None, **kwargs):
         super().__init__(*args, **kwargs)
         make_safe(self)  # DeepSpeed's own checkpoint reads: weights_only=True and the allowlist
+        if checkpoint_engine_wrap is not None:  # tds.initialize's: a program's own checks around every file
+            self.checkpoint_engine = checkpoint_engine_wrap(self.checkpoint_engine)
         if not isinstance(self.module, PipelineModule):
             raise TypeError(f"model must be a tds.pipe.PipelineModule, got {type(self.module).__name__}")
         if self.zero_optimization_stage() >= 2:

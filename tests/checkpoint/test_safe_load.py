@@ -193,7 +193,7 @@ def test_engine_reads_are_safe(tmp_path, marker):
     and the error --load gives for it."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
     from deepspeed.runtime.state_dict_factory import SDLoaderFactory
-    from megatron.checkpointing.engine_files import install
+    from megatron.checkpointing.engine_files import ProjectCheckpointEngine
     from megatron.checkpointing.files import UntrustedCheckpointError
     path = str(tmp_path / "layer_01-model_00-model_states.pt")
     _poison(path, marker)
@@ -201,10 +201,7 @@ def test_engine_reads_are_safe(tmp_path, marker):
     with pytest.raises(UnsafeCheckpointError):
         SDLoaderFactory.get_sd_loader([path], checkpoint_engine=safe).load(1, 0, module_key=None, is_pipe_parallel=True)
 
-    class Engine:
-        checkpoint_engine = safe
-
-    files = install(Engine())
+    files = ProjectCheckpointEngine(safe)
     with pytest.raises(UntrustedCheckpointError) as err:
         with files.verified(str(tmp_path), {}):
             files.load(path)
