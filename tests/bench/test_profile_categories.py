@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import small_argv, train_state
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")

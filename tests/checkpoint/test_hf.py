@@ -26,7 +26,7 @@ import torch
 from megatron.checkpointing import read_checkpoint_args
 from megatron.errors import UserError
 from tests.checkpoint.common import argv, first_iteration_batches, mean_loss, train
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.golden_cases import DATA
 from tools.convert_checkpoint import run
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from megatron.errors import UserError
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tools.convert_checkpoint import run
 
 transformers = pytest.importorskip("transformers")

@@ -11,7 +11,7 @@ from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDataset
     index_file_path
 from megatron.tokenizer import build_tokenizer
 from tests.data.corpus import make_bpe, make_corpus
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tools import preprocess_data
 
 

@@ -78,7 +78,7 @@ def _tool(folder: str, *argv: str) -> None:
 def build_inputs(root: str) -> Inputs:
     """The pristine files, made with the project's own tools from inside the pristine folder, so that no file
     holds an absolute path (a few seconds, plus a 2-iteration training)."""
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     from tests.training.conftest import build_data
     inputs = Inputs(root)
     top = inputs.path()

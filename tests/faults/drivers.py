@@ -154,7 +154,7 @@ def _engine_state(engine) -> dict:
 
 
 def load_cases(argv: Sequence[str], world_size: int, pristine: str, folders: List[Tuple[str, str]]) -> List[tuple]:
-    """Rank function (tests.dist.run_distributed, world size 1): build the engine of `argv` once in the pristine
+    """Rank function (harness.dist.run_distributed, world size 1): build the engine of `argv` once in the pristine
     folder, load its checkpoint twice (the results must agree), then in each (case id, case folder): (case id, "ok",
     result) | (case id, "UserError", line) | (case id, "Hang" | exception class, message)."""
     from megatron.checkpointing import load_checkpoint
@@ -189,7 +189,7 @@ def load_cases(argv: Sequence[str], world_size: int, pristine: str, folders: Lis
 
 
 def run_load_cases(pristine: str, folders: List[Tuple[str, str]]) -> Dict[str, tuple]:
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     results = run_distributed(load_cases, 1, gpt_argv(extra=["--zero-stage", "1"]), 1, pristine, folders,
                               timeout=120 + CASE_TIMEOUT_S * max(1, len(folders)) // 4)[0]
     return {case: (status, value) for case, status, value in results}

@@ -69,7 +69,7 @@ def _transformers_first_loss(folder: str, hub: str, imported: str, run: str) -> 
     import transformers
     from megatron.checkpointing import read_checkpoint_args
     from tests.checkpoint.common import first_iteration_batches, mean_loss
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     saved = read_checkpoint_args(run)
     assert not os.path.isabs(saved["data_path"][0]), saved["data_path"]  # as the user wrote it
     args = ["--use-checkpoint-args", "--pretrained-checkpoint", imported, "--num-workers", "0", "--lr", "1e-3",

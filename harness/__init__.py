@@ -1,0 +1,11 @@
+"""The test and benchmark harness: what tests/ and bench/ share, importable from any folder (installed with the
+project: `pip install -e .`, which `make venv` runs).
+
+    dist.py            run a function on N gloo ranks, every rank's result or traceback back (tests, bench)
+
+It imports the library (megatron, tds), never tests/ or bench/, and the library never imports it
+(tests/test_import_layers.py). It runs in a checkout: its data and scripts are the repository's (`ROOT`).
+"""
+import os
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
