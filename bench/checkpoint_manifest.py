@@ -36,7 +36,7 @@ import torch.distributed as dist  # noqa: E402
 from megatron.checkpointing.files import folder_bytes  # noqa: E402
 from megatron.checkpointing.reading import load_file  # noqa: E402
 from megatron.checkpointing.manifest import save_manifest, saved_files  # noqa: E402
-from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic  # noqa: E402
+from harness.synthetic import TAG, resolved_args, write_synthetic  # noqa: E402
 from harness.dist import run_distributed  # noqa: E402
 
 

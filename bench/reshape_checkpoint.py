@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from megatron.checkpointing.reshape import folder_bytes, reshape  # noqa: E402
 from megatron.checkpointing.summary import inspect_lines  # noqa: E402
-from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic  # noqa: E402
+from harness.synthetic import TAG, resolved_args, write_synthetic  # noqa: E402
 
 
 def _layout(text: str):

@@ -2,6 +2,7 @@
 project: `pip install -e .`, which `make venv` runs).
 
     dist.py            run a function on N gloo ranks, every rank's result or traceback back (tests, bench)
+    synthetic.py       a checkpoint made without training, at any layout (reshape tests, bench/reshape_checkpoint.py)
 
 It imports the library (megatron, tds), never tests/ or bench/, and the library never imports it
 (tests/test_import_layers.py). It runs in a checkout: its data and scripts are the repository's (`ROOT`).

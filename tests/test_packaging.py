@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.checkpoint.synthetic import resolved_args, write_synthetic
+from harness.synthetic import resolved_args, write_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
