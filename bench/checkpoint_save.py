@@ -39,7 +39,7 @@ from megatron.model.specs import spec_for  # noqa: E402
 from megatron.training.batches import BatchIterator  # noqa: E402
 from megatron.training.loop import TrainState, train  # noqa: E402
 from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts  # noqa: E402
-from tests.training.conftest import build_data  # noqa: E402
+from harness.example_data import build_data  # noqa: E402
 
 DEFAULTS, SPEC = ENTRY_DEFAULTS["gpt"], spec_for("gpt")
 

@@ -89,7 +89,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=200)
     opts = p.parse_args()
-    from tests.training.conftest import build_data
+    from harness.example_data import build_data
     data = build_data(tempfile.mkdtemp(prefix="bench_exit_"), max_mb=1.0, vocab_size=2048)
     r = run_on_ranks(_bench, 8, data, opts.iters, opts.rounds, opts.calls)
     print(f"default CPU job, 8 processes (2, 2, 2); median of {opts.rounds} rounds of {opts.iters} iterations")

@@ -94,7 +94,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=40)
     p.add_argument("--log-interval", type=int, default=10)
     opts = p.parse_args()
-    from tests.training.conftest import build_data
+    from harness.example_data import build_data
     with tempfile.TemporaryDirectory() as tmp:
         data = build_data(tmp, max_mb=1.0, vocab_size=2048)
         argv = job_argv(data, opts.iters, opts.log_interval)

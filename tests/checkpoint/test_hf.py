@@ -108,7 +108,7 @@ def _hf_t5(tmp_path, v11: bool, tokenizer: str = "config") -> str:
     'config': spiece.model + tokenizer_config.json with 8 extra_ids, table = pieces + 8 rows; 'hub': as the
     hub ships t5-small, spiece.model + tokenizer.json (written by transformers' T5Tokenizer, 100 sentinels)
     and no tokenizer_config.json, table = pieces + 100 + 28 padding rows; 'none': save_pretrained alone."""
-    from tests.data.corpus import make_spm
+    from harness.corpus import make_spm
     import sentencepiece
     (tmp_path / "spm").mkdir()
     spm = make_spm(str(tmp_path / "spm"), vocab_size=600)

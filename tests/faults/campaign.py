@@ -79,7 +79,7 @@ def build_inputs(root: str) -> Inputs:
     """The pristine files, made with the project's own tools from inside the pristine folder, so that no file
     holds an absolute path (a few seconds, plus a 2-iteration training)."""
     from harness.dist import run_distributed
-    from tests.training.conftest import build_data
+    from harness.example_data import build_data
     inputs = Inputs(root)
     top = inputs.path()
     build_data(inputs.path("data"))

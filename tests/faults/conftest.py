@@ -3,7 +3,7 @@ uninterrupted run of tests/faults/script.py's layout that every interrupted run 
 import pytest
 
 from tests.faults.script import ITERS, run_script, script_env
-from tests.training.conftest import build_data, own_copy
+from harness.example_data import build_data, own_copy
 
 
 @pytest.fixture(scope="session")

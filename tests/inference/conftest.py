@@ -6,7 +6,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spm_model(tmp_path_factory) -> str:
-    from tests.data.corpus import make_spm
+    from harness.corpus import make_spm
     return make_spm(str(tmp_path_factory.mktemp("inference_spm")))
 
 

@@ -9,7 +9,7 @@ from megatron.errors import UserError
 from megatron.model.specs import spec_for
 from megatron.training.pretrain import run
 from pretrain_gpt2 import DEFAULTS
-from tests.training.conftest import build_data
+from harness.example_data import build_data
 
 
 @pytest.fixture(scope="module")

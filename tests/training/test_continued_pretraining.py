@@ -32,7 +32,7 @@ def _hub_model(family: str, folder: str) -> None:
     import torch
     import transformers
     from megatron.tokenizer import build_tokenizer
-    from tests.data.corpus import make_llama_like
+    from harness.corpus import make_llama_like
     source = os.path.join(os.path.dirname(os.path.dirname(folder)), f"tokenizer_src_{os.getpid()}")
     os.makedirs(source, exist_ok=True)
     tok_dir = make_llama_like(source)
@@ -53,7 +53,7 @@ def _hub_model(family: str, folder: str) -> None:
 def _parquet(path: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from tests.data.corpus import make_texts
+    from harness.corpus import make_texts
     texts = make_texts(400)
     pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), path, row_group_size=64)
 
