@@ -1,8 +1,8 @@
 """The corpus of the fault tests (its own copy: the example script's split caches index maps beside it) and the
-uninterrupted run of tests/faults/script.py's layout that every interrupted run is compared with."""
+uninterrupted run of harness/faults/script.py's layout that every interrupted run is compared with."""
 import pytest
 
-from tests.faults.script import ITERS, run_script, script_env
+from harness.faults.script import ITERS, run_script, script_env
 from harness.example_data import build_data, own_copy
 
 
