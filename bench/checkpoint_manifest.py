@@ -23,21 +23,17 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-# the repository root, for the test suite's synthetic checkpoints and gloo launcher (tests/ and tools/ are not in the installed package)
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from megatron.checkpointing.files import folder_bytes  # noqa: E402
-from megatron.checkpointing.reading import load_file  # noqa: E402
-from megatron.checkpointing.manifest import save_manifest, saved_files  # noqa: E402
-from harness.synthetic import TAG, resolved_args, write_synthetic  # noqa: E402
-from harness.dist import run_distributed  # noqa: E402
+from megatron.checkpointing.files import folder_bytes
+from megatron.checkpointing.reading import load_file
+from megatron.checkpointing.manifest import save_manifest, saved_files
+from harness.synthetic import TAG, resolved_args, write_synthetic
+from harness.dist import run_distributed
 
 
 def _between_barriers(fn) -> float:

@@ -16,19 +16,14 @@ waited for at once (the synchronous form: mostly the wait for 8 processes to be 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
 
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _spawn, beside this script
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))  # tests' corpus
-
-from _spawn import run_on_ranks  # noqa: E402
+from harness.spawn import run_on_ranks
 
 
 def _argv(data: dict, iters: int) -> list:

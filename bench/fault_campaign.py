@@ -18,10 +18,7 @@ import sys
 import tempfile
 import time
 
-# the repository root: the campaign lives with the test suite (tests/faults), which is not in the installed package
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
-
-from harness.faults.campaign import BAD, STATUSES, all_cases, build_inputs, run, subset, table  # noqa: E402
+from harness.faults.campaign import BAD, STATUSES, all_cases, build_inputs, run, subset, table
 
 
 def main() -> None:

@@ -17,18 +17,14 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-# the repository root, for the test suite's synthetic checkpoints (tests/ and tools/ are not in the installed package)
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
+import torch
 
-import torch  # noqa: E402
-
-from megatron.checkpointing.reshape import folder_bytes, reshape  # noqa: E402
-from megatron.checkpointing.summary import inspect_lines  # noqa: E402
-from harness.synthetic import TAG, resolved_args, write_synthetic  # noqa: E402
+from megatron.checkpointing.reshape import folder_bytes, reshape
+from megatron.checkpointing.summary import inspect_lines
+from harness.synthetic import TAG, resolved_args, write_synthetic
 
 
 def _layout(text: str):

@@ -26,16 +26,12 @@ import argparse
 import collections
 import contextlib
 import io
-import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))  # tests' corpus
-
-from _spawn import run_on_ranks  # noqa: E402  (bench/ is on the path when a script runs)
+from harness.spawn import run_on_ranks
 
 TOKENS = re.compile(r"\| ([0-9.]+) tokens/s \|")
 
