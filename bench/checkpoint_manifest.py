@@ -1,7 +1,7 @@
 """What manifest.json costs: on a save, the CRC-32 of every file against writing the files; on a load, the check of
 every file against the manifest's CRC-32 (while it is read) against the plain read; both on W ranks.
 
-Protocol: a GPT-2 checkpoint is made once at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 (tests/checkpoint/synthetic.py,
+Protocol: a GPT-2 checkpoint is made once at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 (harness/synthetic.py,
 the library's writer; ~2 GB by default) and its files are loaded into memory by W gloo ranks, rank r taking
 files r, r + W, ... (as a training save spreads its files over the ranks). Then `--repeats` times, timed on the
 wall clock between barriers: every rank torch.save's its files into a fresh tag folder (the save), and

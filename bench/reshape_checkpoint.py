@@ -1,7 +1,7 @@
 """Reshape throughput: GB of checkpoint converted per second, against a plain copy of the same files.
 
 Protocol: a GPT-2 checkpoint of at least 1 GB is made on the fly at (tp, pp, dp) = (2, 2, 2) with ZeRO-1
-(weights from the model's initialisation, random Adam state; tests/checkpoint/synthetic.py, written by the
+(weights from the model's initialisation, random Adam state; harness/synthetic.py, written by the
 library's writer, which the identity tests check against DeepSpeed's own files). Then, `--repeats` times:
 `shutil.copytree` of the checkpoint (the I/O baseline) and `reshape` to each target layout, timed on the wall
 clock; throughput = bytes of the source checkpoint / seconds. `inspect` (metadata only) is timed too. The
