@@ -3,7 +3,7 @@
 #   make test       bootstrap .venv, then run the test suite (under 15 minutes on 2 cores)
 #   make test-long  the suite's end-to-end runs of 15 s or more each and its slow grids (CI runs it after make test)
 #   make test-slurm the SLURM launch tests on a real one-node cluster started here (root, apt-get)
-# .venv holds the project itself too (editable: `pip install -e .`), so tools/ and bench/ import megatron and tds
+# .venv holds the project itself too (editable: `pip install -e .`), so tools/ and bench/ import megatron, tds and harness
 # from any working directory.
 SHELL := /bin/bash
 PYTHON ?= python3

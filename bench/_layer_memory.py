@@ -35,7 +35,7 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 
-from _spawn import run_on_ranks
+from harness.spawn import run_on_ranks
 
 TERMS = [  # (label, region, coefficient of sbh or as^2b in e-byte units, mask?, unit, tp-split)
     ("LN1 input", "input_layernorm", 1, False, "sbh", False),

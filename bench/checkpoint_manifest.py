@@ -1,7 +1,7 @@
 """What manifest.json costs: on a save, the CRC-32 of every file against writing the files; on a load, the check of
 every file against the manifest's CRC-32 (while it is read) against the plain read; both on W ranks.
 
-Protocol: a GPT-2 checkpoint is made once at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 (tests/checkpoint/synthetic.py,
+Protocol: a GPT-2 checkpoint is made once at (tp, pp, dp) = (2, 2, 2) with ZeRO-1 (harness/synthetic.py,
 the library's writer; ~2 GB by default) and its files are loaded into memory by W gloo ranks, rank r taking
 files r, r + W, ... (as a training save spreads its files over the ranks). Then `--repeats` times, timed on the
 wall clock between barriers: every rank torch.save's its files into a fresh tag folder (the save), and
@@ -23,21 +23,17 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-# the repository root, for the test suite's synthetic checkpoints and gloo launcher (tests/ and tools/ are not in the installed package)
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-
-from megatron.checkpointing.files import folder_bytes  # noqa: E402
-from megatron.checkpointing.reading import load_file  # noqa: E402
-from megatron.checkpointing.manifest import save_manifest, saved_files  # noqa: E402
-from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic  # noqa: E402
-from tests.dist import run_distributed  # noqa: E402
+from megatron.checkpointing.files import folder_bytes
+from megatron.checkpointing.reading import load_file
+from megatron.checkpointing.manifest import save_manifest, saved_files
+from harness.synthetic import TAG, resolved_args, write_synthetic
+from harness.dist import run_distributed
 
 
 def _between_barriers(fn) -> float:

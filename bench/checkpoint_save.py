@@ -20,7 +20,6 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -28,18 +27,15 @@ from typing import Callable, List, Tuple
 
 import torch
 
-# the repository root, for the test suite's corpus builder (tests/ and tools/ are not in the installed package)
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
-
-from megatron.checkpointing import save_checkpoint, wait_for_saves  # noqa: E402
-from megatron.checkpointing.files import checkpoint_tag, folder_bytes  # noqa: E402
-from megatron.config.arguments import ENTRY_DEFAULTS, parse_args  # noqa: E402
-from megatron.logging_utils import TensorBoard  # noqa: E402
-from megatron.model.specs import spec_for  # noqa: E402
-from megatron.training.batches import BatchIterator  # noqa: E402
-from megatron.training.loop import TrainState, train  # noqa: E402
-from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts  # noqa: E402
-from tests.training.conftest import build_data  # noqa: E402
+from megatron.checkpointing import save_checkpoint, wait_for_saves
+from megatron.checkpointing.files import checkpoint_tag, folder_bytes
+from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
+from megatron.logging_utils import TensorBoard
+from megatron.model.specs import spec_for
+from megatron.training.batches import BatchIterator
+from megatron.training.loop import TrainState, train
+from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts
+from harness.example_data import build_data
 
 DEFAULTS, SPEC = ENTRY_DEFAULTS["gpt"], spec_for("gpt")
 

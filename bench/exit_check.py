@@ -16,19 +16,14 @@ waited for at once (the synchronous form: mostly the wait for 8 processes to be 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
 
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # _spawn, beside this script
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))  # tests' corpus
-
-from _spawn import run_on_ranks  # noqa: E402
+from harness.spawn import run_on_ranks
 
 
 def _argv(data: dict, iters: int) -> list:
@@ -89,7 +84,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--calls", type=int, default=200)
     opts = p.parse_args()
-    from tests.training.conftest import build_data
+    from harness.example_data import build_data
     data = build_data(tempfile.mkdtemp(prefix="bench_exit_"), max_mb=1.0, vocab_size=2048)
     r = run_on_ranks(_bench, 8, data, opts.iters, opts.rounds, opts.calls)
     print(f"default CPU job, 8 processes (2, 2, 2); median of {opts.rounds} rounds of {opts.iters} iterations")

@@ -1,7 +1,7 @@
-"""The mutation campaign (tests/faults/campaign.py): every kind of file the project reads, mutated one file per
+"""The mutation campaign (harness/faults/campaign.py): every kind of file the project reads, mutated one file per
 case (flipped bits, cuts, header fields, named edits), each case driven through the user's command (the example
 scripts' preflight and a training process's reads, pretrain's --load, tools/convert_checkpoint.py reshape,
-export-hf and import-hf) and judged by tests/faults/judge.py. Prints the table of outcomes per file kind
+export-hf and import-hf) and judged by harness/faults/judge.py. Prints the table of outcomes per file kind
 (docs/long-runs.md, Faults) and every case that ended badly (a traceback, a hang, a silent acceptance, a refusal
 that does not name the file); --show-accepted also lists the unchanged and as-written cases with what changed.
 
@@ -18,10 +18,7 @@ import sys
 import tempfile
 import time
 
-# the repository root: the campaign lives with the test suite (tests/faults), which is not in the installed package
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
-
-from tests.faults.campaign import BAD, STATUSES, all_cases, build_inputs, run, subset, table  # noqa: E402
+from harness.faults.campaign import BAD, STATUSES, all_cases, build_inputs, run, subset, table
 
 
 def main() -> None:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -27,22 +26,19 @@ from typing import Callable, Tuple
 
 import torch
 
-# the repository root, for the test suite's corpus builder (tests/ and tools/ are not in the installed package)
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
-
-from megatron import mpu  # noqa: E402
-from megatron.config.arguments import parse_args  # noqa: E402
-from megatron.training.batches import BatchIterator  # noqa: E402
-from megatron.training.learning_rates import AnnealingLR  # noqa: E402
-from megatron.logging_utils import TensorBoard  # noqa: E402
-from megatron.model.gpt2_model import GPTModel  # noqa: E402
-from megatron.model.language_model import LMLoss  # noqa: E402
-from megatron.training.optimizer import param_groups  # noqa: E402
-from megatron.training.loop import TrainState, train  # noqa: E402
-from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts  # noqa: E402
-from megatron.config.arguments import ENTRY_DEFAULTS  # noqa: E402
-from megatron.model.specs import spec_for  # noqa: E402
-from tests.training.conftest import build_data  # noqa: E402
+from megatron import mpu
+from megatron.config.arguments import parse_args
+from megatron.training.batches import BatchIterator
+from megatron.training.learning_rates import AnnealingLR
+from megatron.logging_utils import TensorBoard
+from megatron.model.gpt2_model import GPTModel
+from megatron.model.language_model import LMLoss
+from megatron.training.optimizer import param_groups
+from megatron.training.loop import TrainState, train
+from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts
+from megatron.config.arguments import ENTRY_DEFAULTS
+from megatron.model.specs import spec_for
+from harness.example_data import build_data
 
 DEFAULTS, SPEC = ENTRY_DEFAULTS["gpt"], spec_for("gpt")
 

@@ -5,7 +5,7 @@ and T5.
 
     python bench/memory_error.py [--only NAME ...] [--results bench/results/memory_error.jsonl] [--report-only]
 
-Protocol: each layout runs as world-size gloo processes (tests/dist.py's harness) through the training path
+Protocol: each layout runs as world-size gloo processes (harness/dist.py) through the training path
 (`settle` -> `initialize_megatron` -> `setup_engine`, megatron/training/memory_probe.py) on synthetic
 micro-batches; iteration 1 warms up (lazily allocated optimizer state), iteration 2 is measured
 (megatron/training/memory_log.py: storages live at its start + the allocator profiler's rise). The prediction is
@@ -25,8 +25,6 @@ import os
 import statistics
 import sys
 import tempfile
-
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))  # tests' harness
 
 GPT = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
        "--micro-batch-size", "2", "--train-iters", "10", "--make-vocab-size-divisible-by", "8"]
@@ -130,7 +128,7 @@ def predict(model: str, world: int, argv) -> list:
 
 def measure(model: str, world: int, argv) -> list:
     from megatron.training.memory_probe import measure_rank
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     out = run_distributed(measure_rank, world, list(argv), world, MODELS[model][0], VOCAB, timeout=1500)
     return [dict(tp=r["tp_rank"], pp=r["pp_rank"], dp=r["dp_rank"], peak=r["peak"].peak,
                  parts=dict(parameters=r["peak"].parameters, gradients=r["peak"].gradients,

@@ -32,7 +32,7 @@ import time
 import torch
 import torch.nn as nn
 
-from _spawn import run_on_ranks  # bench/ is on the path when a script runs
+from harness.spawn import run_on_ranks
 
 
 class Embed(nn.Module):

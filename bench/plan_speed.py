@@ -1,5 +1,5 @@
 """How long `tools/plan_layout.py` takes to rank the layouts of a cluster: the golden case of
-tests/planning/golden_plan.py (Llama 3 8B from a config.json on 2 x 8 H100s, global batch 512, sequence 8192, bf16,
+harness/planner_case.py (Llama 3 8B from a config.json on 2 x 8 H100s, global batch 512, sequence 8192, bf16,
 --json: 1,695 layouts), the whole command with its imports, on one CPU.
 
     python bench/plan_speed.py                                # this checkout
@@ -26,9 +26,9 @@ import subprocess
 import sys
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir))
-sys.path.insert(0, ROOT)
-from tests.planning.golden_plan import argv  # noqa: E402
+from harness.planner_case import argv
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir))  # this checkout
 
 
 def run_once(tree: str, cpu: int, table: bool) -> tuple:

@@ -27,7 +27,7 @@ import shutil
 import statistics
 import tempfile
 
-from _spawn import run_on_ranks  # bench/ is on the path when a script runs
+from harness.spawn import run_on_ranks
 from pipeline_bubble import P, run
 
 from megatron.planning.memory import Layout

@@ -1,7 +1,7 @@
 """Reshape throughput: GB of checkpoint converted per second, against a plain copy of the same files.
 
 Protocol: a GPT-2 checkpoint of at least 1 GB is made on the fly at (tp, pp, dp) = (2, 2, 2) with ZeRO-1
-(weights from the model's initialisation, random Adam state; tests/checkpoint/synthetic.py, written by the
+(weights from the model's initialisation, random Adam state; harness/synthetic.py, written by the
 library's writer, which the identity tests check against DeepSpeed's own files). Then, `--repeats` times:
 `shutil.copytree` of the checkpoint (the I/O baseline) and `reshape` to each target layout, timed on the wall
 clock; throughput = bytes of the source checkpoint / seconds. `inspect` (metadata only) is timed too. The
@@ -17,18 +17,14 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-# the repository root, for the test suite's synthetic checkpoints (tests/ and tools/ are not in the installed package)
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
+import torch
 
-import torch  # noqa: E402
-
-from megatron.checkpointing.reshape import folder_bytes, reshape  # noqa: E402
-from megatron.checkpointing.summary import inspect_lines  # noqa: E402
-from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic  # noqa: E402
+from megatron.checkpointing.reshape import folder_bytes, reshape
+from megatron.checkpointing.summary import inspect_lines
+from harness.synthetic import TAG, resolved_args, write_synthetic
 
 
 def _layout(text: str):

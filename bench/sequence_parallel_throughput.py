@@ -26,16 +26,12 @@ import argparse
 import collections
 import contextlib
 import io
-import os
 import re
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))  # tests' corpus
-
-from _spawn import run_on_ranks  # noqa: E402  (bench/ is on the path when a script runs)
+from harness.spawn import run_on_ranks
 
 TOKENS = re.compile(r"\| ([0-9.]+) tokens/s \|")
 
@@ -94,7 +90,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=40)
     p.add_argument("--log-interval", type=int, default=10)
     opts = p.parse_args()
-    from tests.training.conftest import build_data
+    from harness.example_data import build_data
     with tempfile.TemporaryDirectory() as tmp:
         data = build_data(tmp, max_mb=1.0, vocab_size=2048)
         argv = job_argv(data, opts.iters, opts.log_interval)

@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.dist import DistributedTestError, run_distributed
+from harness.dist import DistributedTestError, run_distributed
 
 
 def _sum_of_ranks():
@@ -51,7 +51,7 @@ def _rank_one_aborts():
 
 def test_error_class_says_what_happened():
     """A rank's exception, a crash and a hang raise different classes, so an expected failure can name one."""
-    from tests.dist import RankCrashed, RankTimeout, rank_raised
+    from harness.dist import RankCrashed, RankTimeout, rank_raised
     with pytest.raises(rank_raised("ValueError"), match="boom on purpose") as raised:
         run_distributed(_fails_on_rank_one, 2)
     assert raised.value.rank_errors == {1: "ValueError"}

@@ -2,9 +2,12 @@
 
 - dependencies point down: entry scripts / tools / bench -> megatron.training -> megatron.config ->
   checkpointing, inference -> model -> mpu, data, tokenizer -> errors, logging_utils -> tds;
-- no library module imports an entry script, a tool, a benchmark or a test;
+- no library module imports an entry script, a tool, a benchmark, the harness or a test;
 - tds never imports megatron (users copy tds/ alone);
-- no import cycle between modules.
+- no import cycle between modules;
+- the harness (harness/) imports the library and itself, never tests/, bench/ or an entry script (harness.corpus
+  alone imports tools/); bench/ imports the library, the harness and its own folder's scripts, never tests/;
+  neither bench/ nor tools/ edits sys.path (but bench/preprocess_data.py, for tools/).
 """
 import ast
 import os
@@ -21,13 +24,13 @@ LAYERS: Dict[str, int] = {
     "megatron.config": 5,
     "megatron.training": 6, "megatron": 6,
 }
-OUTSIDE = ("pretrain_gpt2", "pretrain_t5", "tools", "bench", "tests", "examples")
+OUTSIDE = ("pretrain_gpt2", "pretrain_t5", "tools", "bench", "harness", "tests", "examples")
 
 
-def _library() -> Dict[str, str]:
-    """module name -> path, for every module of megatron/ and tds/."""
+def _library(tops=("megatron", "tds")) -> Dict[str, str]:
+    """module name -> path, for every module of megatron/ and tds/ (or of the folders `tops`)."""
     out = {}
-    for top in ("megatron", "tds"):
+    for top in tops:
         for folder, _, files in os.walk(os.path.join(ROOT, top)):
             for f in files:
                 if f.endswith(".py"):
@@ -71,6 +74,18 @@ def _graph() -> Dict[str, Dict[str, Set[str]]]:
     return graph
 
 
+def _first_party(paths: Dict[str, str]) -> Dict[str, Set[str]]:
+    """module -> the top-level names of this repository it imports (the library, the harness, OUTSIDE, and the
+    scripts beside a bench/ script, which its folder on sys.path makes importable)."""
+    out = {}
+    for module, path in paths.items():
+        beside = {f[:-3] for f in os.listdir(os.path.dirname(path)) if f.endswith(".py")}
+        names = {n.split(".")[0] for n in _imported_names(module, path)}
+        out[module] = {n for n in names if n in ("megatron", "tds") + OUTSIDE or
+                       (module.startswith("bench.") and n in beside)}
+    return out
+
+
 def _layer(module: str) -> int:
     return LAYERS[max((p for p in LAYERS if module == p or module.startswith(p + ".")), key=len)]
 
@@ -109,6 +124,40 @@ def test_no_import_cycle():
         if module not in state:
             visit(module, [])
     assert cycles == []
+
+
+def test_the_harness_imports_the_library_and_itself_only():
+    imports = _first_party(_library(("harness",)))
+    assert {m: sorted(n) for m, n in imports.items() if n - {"megatron", "tds", "harness"}} == \
+        {"harness.corpus": ["tools"]}  # its tokenizers are trained by tools/train_tokenizer.py's code
+
+
+def test_bench_imports_the_library_the_harness_and_its_own_scripts_never_tests():
+    modules = _library(("bench",))
+    assert modules  # the walk found the scripts
+    offenders = {m: sorted(n & set(OUTSIDE) - {"harness"}) for m, n in _first_party(modules).items()}
+    assert {m: n for m, n in offenders.items() if n} == {"bench.preprocess_data": ["tools"]}  # it times the tool
+
+
+def _sys_path_edits(paths) -> List[str]:
+    """'path:line' of every `sys.path.<method>(...)` call and assignment to `sys.path` in the files."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(open(path).read())):
+            target = node.func.value if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) else \
+                node.targets[0] if isinstance(node, ast.Assign) else None
+            if isinstance(target, ast.Attribute) and target.attr == "path" and \
+                    isinstance(target.value, ast.Name) and target.value.id == "sys":
+                found.append(f"{os.path.relpath(path, ROOT)}:{node.lineno}")
+    return found
+
+
+def test_neither_bench_nor_tools_edits_sys_path():
+    """They import the installed project (`pip install -e .`): megatron, tds and the harness. The one edit left
+    puts the checkout's root on the path for tools/, which is not installed: bench/preprocess_data.py times the
+    tool's own code in process."""
+    edits = _sys_path_edits(sorted(_library(("bench", "tools")).values()))
+    assert [e.split(":")[0] for e in edits] == ["bench/preprocess_data.py"], edits
 
 
 def _assignments_to(name: str, paths) -> List[str]:

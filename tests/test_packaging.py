@@ -1,22 +1,25 @@
 """The project installs as a package: a wheel built from the repository converts a checkpoint from a directory
-outside it, through `python -m megatron.checkpointing.cli` and the `megatron-convert-checkpoint` command."""
+outside it, through `python -m megatron.checkpointing.cli` and the `megatron-convert-checkpoint` command. The wheel
+holds the library (megatron, tds) and the test and benchmark harness (harness: setuptools installs the same
+packages into a wheel and editable, and the editable install is what lets bench/ import it from any folder)."""
 import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
-from tests.checkpoint.synthetic import resolved_args, write_synthetic
+from harness.synthetic import resolved_args, write_synthetic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _wheel(source: str, out: str) -> str:
     """Build from a copy of the project's files (a build writes build/ and *.egg-info beside its sources)."""
-    for name in ("megatron", "tds"):
+    for name in ("megatron", "tds", "harness"):
         shutil.copytree(os.path.join(ROOT, name), os.path.join(source, name),
                         ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("pyproject.toml", "requirements.txt", "README.md"):
@@ -32,8 +35,12 @@ def _wheel(source: str, out: str) -> str:
 def test_a_wheel_converts_a_checkpoint_outside_the_repository(tmp_path):
     target, elsewhere = str(tmp_path / "site"), tmp_path / "elsewhere"
     elsewhere.mkdir()
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target,
-                    _wheel(str(tmp_path / "source"), str(tmp_path / "dist"))], check=True, capture_output=True)
+    wheel = _wheel(str(tmp_path / "source"), str(tmp_path / "dist"))
+    with zipfile.ZipFile(wheel) as z:
+        packages = {n.split("/")[0] for n in z.namelist() if n.endswith("/__init__.py") and n.count("/") == 1}
+    assert packages == {"megatron", "tds", "harness"}, packages
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, wheel], check=True,
+                   capture_output=True)
     ckpt = write_synthetic(str(tmp_path / "ckpt"), resolved_args("gpt2", (2, 2, 1), vocab_size=60))
     env = dict(os.environ, PYTHONPATH=target)
     where = subprocess.run([sys.executable, "-c", "import megatron, tds; print(megatron.__file__, tds.__file__)"],

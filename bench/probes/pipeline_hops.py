@@ -19,23 +19,20 @@ Each is timed by wrapping the executor's handlers and `P2P.send` / `P2P.wait_rec
 two warm up); printed as median and mean over the critical hops of all stages. The receiver can wake before
 the sender's send call returns (the last two overlap, "sent -> receive returned" is then negative), so the
 segments' medians need not add up to the hop's. The bare hop is
-`pipeline_bubble.bare_hop_ms`, measured in the same processes before the engines are built: what gloo and the
-machine cost with no engine. At p = 4, m = 8 the schedule simulator keeps 1F1B within 5% of its formula up to
-0.79 ms per hop and interleaved within 10% up to 0.78 ms (`pipeline_bubble.py`'s "as hop").
+`bare_hop_ms` (harness/sleeping_pipeline.py), measured in the same processes before the engines are built: what
+gloo and the machine cost with no engine. At p = 4, m = 8 the schedule simulator keeps 1F1B within 5% of its
+formula up to 0.79 ms per hop and interleaved within 10% up to 0.78 ms (`pipeline_bubble.py`'s "as hop").
 
     .venv/bin/python bench/probes/pipeline_hops.py [--ms 20] [--schedules 1f1b interleaved]
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
-from _spawn import run_on_ranks  # noqa: E402
-import pipeline_bubble as bubble
+from harness import sleeping_pipeline as sleeping
+from harness.spawn import run_on_ranks
 
 SEGMENTS = ("F end -> send instruction", "packing", "gloo send call", "sent -> receive returned", "unpacking",
             "-> next F", "hop")
@@ -82,13 +79,13 @@ def ranks(schedules: list, ms: float) -> dict | None:
     """On every rank: the bare hop, then three batches per schedule with the hops' events logged; rank 0 gets
     every stage's log of the last batch per schedule."""
     import torch.distributed as dist
-    hop = bubble.bare_hop_ms(ms)
+    hop = sleeping.bare_hop_ms(ms)
     log: list = []
     _instrument(log)
     out = {"bare_hop_ms": hop}
     for schedule, v in schedules:
-        engine = bubble.build(schedule, v, 8, ms / 1e3 / bubble.LAYERS_PER_STAGE, "")
-        batches = bubble.data()
+        engine = sleeping.build(schedule, v, 8, ms / 1e3 / sleeping.LAYERS_PER_STAGE, "")
+        batches = sleeping.data()
         for _ in range(3):
             log.clear()
             engine.train_batch(batches)
@@ -127,8 +124,8 @@ def main() -> None:
     p.add_argument("--schedules", nargs="+", default=["1f1b", "interleaved"], choices=["1f1b", "interleaved"])
     args = p.parse_args()
     schedules = [(s, 2 if s == "interleaved" else 1) for s in args.schedules]
-    result = run_on_ranks(ranks, bubble.P, schedules, args.ms)
-    print(f"p = {bubble.P}, m = 8, F = B = W = {args.ms:g} ms per stage; bare gloo hop (idle receiver, no engine): "
+    result = run_on_ranks(ranks, sleeping.P, schedules, args.ms)
+    print(f"p = {sleeping.P}, m = 8, F = B = W = {args.ms:g} ms per stage; bare gloo hop (idle receiver, no engine): "
           f"median {result['bare_hop_ms']:.2f} ms")
     for schedule, v in schedules:
         hops = critical_hops(result[(schedule, v)], v)

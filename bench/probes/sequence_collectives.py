@@ -12,16 +12,13 @@ megatron/mpu/mappings.py (all-to-alls on CPU) with the same inputs and outputs.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
-from _spawn import run_on_ranks  # noqa: E402
+from harness.spawn import run_on_ranks
 
 
 def measure(reps: int, hidden: int) -> dict:

@@ -17,15 +17,12 @@ cold costs, not its CPU cost per call (`boundary_hop_cost.py`, hot).
 """
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # bench/
-from _spawn import run_on_ranks  # noqa: E402
+from harness.spawn import run_on_ranks
 
 NAPS_MS = (0.0, 1.0, 10.0)
 

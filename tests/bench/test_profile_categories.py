@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import small_argv, train_state
 
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
@@ -42,7 +42,7 @@ def test_category(data=None):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    from tests.training.conftest import build_data
+    from harness.example_data import build_data
     return build_data(str(tmp_path_factory.mktemp("profile_data")), max_mb=0.05, vocab_size=300)
 
 

@@ -13,7 +13,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.golden_cases import DATA, rank_run, argv as golden_argv
 
 # T5 gets 32 sentinels: vocabulary 512 + 32 = 544 pads to 544 at tp 1, 2 and 4 (divisor 8), so a chain of

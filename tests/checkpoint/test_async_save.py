@@ -21,7 +21,7 @@ import megatron.checkpointing as ck
 from megatron.checkpointing import async_save
 from megatron.checkpointing.manifest import read_manifest, verify_checksums
 from tests.checkpoint.common import argv
-from tests.dist import DistributedTestError, run_distributed
+from harness.dist import DistributedTestError, run_distributed
 from tests.training.golden_cases import rank_run
 
 ITERS, EVERY, KILLED_AT, VICTIM = 15, 5, "iter_0000010", 3

@@ -16,7 +16,7 @@ import pytest
 
 from tests.checkpoint.common import argv, first_iteration_batches, mean_loss, train
 from tests.checkpoint.conftest import SAVE_AT
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tools.convert_checkpoint import run
 
 RTOL = 1e-5

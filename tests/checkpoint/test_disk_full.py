@@ -9,7 +9,7 @@ import pytest
 
 from megatron.checkpointing import space
 from megatron.checkpointing.space import DiskFullError
-from tests.checkpoint.synthetic import resolved_args, write_synthetic
+from harness.synthetic import resolved_args, write_synthetic
 from tests.faults.tmpfs import small_tmpfs
 from tools.convert_checkpoint import run
 

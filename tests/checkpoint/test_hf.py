@@ -26,7 +26,7 @@ import torch
 from megatron.checkpointing import read_checkpoint_args
 from megatron.errors import UserError
 from tests.checkpoint.common import argv, first_iteration_batches, mean_loss, train
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.golden_cases import DATA
 from tools.convert_checkpoint import run
 
@@ -108,7 +108,7 @@ def _hf_t5(tmp_path, v11: bool, tokenizer: str = "config") -> str:
     'config': spiece.model + tokenizer_config.json with 8 extra_ids, table = pieces + 8 rows; 'hub': as the
     hub ships t5-small, spiece.model + tokenizer.json (written by transformers' T5Tokenizer, 100 sentinels)
     and no tokenizer_config.json, table = pieces + 100 + 28 padding rows; 'none': save_pretrained alone."""
-    from tests.data.corpus import make_spm
+    from harness.corpus import make_spm
     import sentencepiece
     (tmp_path / "spm").mkdir()
     spm = make_spm(str(tmp_path / "spm"), vocab_size=600)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from megatron.errors import UserError
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tools.convert_checkpoint import run
 
 transformers = pytest.importorskip("transformers")
@@ -178,7 +178,7 @@ def test_hub_tokenizer_json_imports_exports_and_generates_as_transformers(tmp_pa
     import sys
     from megatron.checkpointing import read_checkpoint_args
     from megatron.tokenizer import build_tokenizer
-    from tests.data.corpus import make_llama_like
+    from harness.corpus import make_llama_like
     from tests.inference.common import ROOT
     tok_dir = make_llama_like(str(tmp_path))
     tokenizer = build_tokenizer("HuggingFaceTokenizer", tokenizer_model=tok_dir)

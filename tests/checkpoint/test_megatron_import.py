@@ -126,7 +126,7 @@ def test_iteration_gelu_and_vocabulary(tmp_path, capsys):
         expected = reference(ids).logits[..., :90]
     assert float((_logits(ckpt, ids, 90) - expected).abs().max() / expected.abs().max()) < RTOL
     from megatron.checkpointing.names import model_config
-    from tests.checkpoint.synthetic import resolved_args
+    from harness.synthetic import resolved_args
     assert model_config(resolved_args("gpt2", (1, 1, 1), 96, extra=["--gelu", "erf"])).gelu == "erf"
     assert "GELU: erf" in out and "--gelu erf" in out
     assert "--load resumes at iteration 120, 960 consumed samples" in out and "optimizer state" in out

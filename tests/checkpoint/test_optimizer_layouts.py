@@ -18,7 +18,7 @@ import pytest
 from megatron.checkpointing.files import read_args, read_latest
 from tests.checkpoint.common import _losses, argv, differences, load_all, mask_unused_copies, train
 from tests.cpu_fp16 import allow_cpu_fp16
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tools.convert_checkpoint import run
 
 SLOW = pytest.mark.slow

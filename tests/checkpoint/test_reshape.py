@@ -20,7 +20,7 @@ from megatron.checkpointing.consolidated import read_consolidated
 from megatron.checkpointing.files import read_args
 from megatron.errors import UserError
 from tests.checkpoint.common import differences, load_all, mask_unused_copies
-from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic
+from harness.synthetic import TAG, resolved_args, write_synthetic
 from tools.convert_checkpoint import run
 
 CHAIN = [(1, 1, 1), (4, 1, 2), (1, 4, 1), (2, 2, 2)]

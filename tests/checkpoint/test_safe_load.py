@@ -15,7 +15,7 @@ from megatron.checkpointing.manifest import write_manifest
 from megatron.errors import UserError
 from tds.safe_load import SafeCheckpointEngine, UnsafeCheckpointError
 from tests.checkpoint import megatron_fixtures as fx
-from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic
+from harness.synthetic import TAG, resolved_args, write_synthetic
 from tools.convert_checkpoint import run
 
 

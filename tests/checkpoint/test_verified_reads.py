@@ -12,7 +12,7 @@ from megatron.checkpointing import load_model_weights, read_checkpoint_args
 from megatron.checkpointing.names import model_config
 from megatron.checkpointing.reading import ChecksumError, load_file, read_verified
 from megatron.errors import UserError
-from tests.checkpoint.synthetic import resolved_args, write_synthetic
+from harness.synthetic import resolved_args, write_synthetic
 from tools.convert_checkpoint import run
 
 LAYER = "layer_01-model_00-model_states.pt"

@@ -15,7 +15,7 @@ import torch
 from megatron.checkpointing import CheckpointMismatchError, load_model_weights, read_checkpoint_args
 from megatron.checkpointing.names import ModelTable, model_config
 from megatron.errors import UserError
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 RTOL = 1e-5
 

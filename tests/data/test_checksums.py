@@ -20,7 +20,7 @@ from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.data.samplers import build_pretraining_data_loader
 from megatron.errors import report_user_error, worker_message
 from megatron.tokenizer import build_tokenizer
-from tests.data.corpus import make_bpe, make_corpus, make_texts
+from harness.corpus import make_bpe, make_corpus, make_texts
 from tests.data.test_indexed_dataset import random_docs, ref_read, ref_write
 from tools import merge_datasets
 

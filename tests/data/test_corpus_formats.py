@@ -10,7 +10,7 @@ import pytest
 
 from megatron.data.corpus import resolve_format
 from megatron.errors import UserError
-from tests.data.corpus import make_bpe, make_texts
+from harness.corpus import make_bpe, make_texts
 from tools import preprocess_data, train_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -10,8 +10,8 @@ from megatron.data.blendable_dataset import BlendableDataset
 from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder, data_file_path, \
     index_file_path
 from megatron.tokenizer import build_tokenizer
-from tests.data.corpus import make_bpe, make_corpus
-from tests.dist import run_distributed
+from harness.corpus import make_bpe, make_corpus
+from harness.dist import run_distributed
 from tools import preprocess_data
 
 

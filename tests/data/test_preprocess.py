@@ -12,7 +12,7 @@ import pytest
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.errors import UserError
 from megatron.tokenizer import build_tokenizer
-from tests.data.corpus import make_bpe, make_corpus, make_spm, make_texts
+from harness.corpus import make_bpe, make_corpus, make_spm, make_texts
 from tools import merge_datasets, preprocess_data, train_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

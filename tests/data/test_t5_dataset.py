@@ -5,7 +5,7 @@ import pytest
 from megatron.data import t5_dataset as t5
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.tokenizer import build_tokenizer
-from tests.data.corpus import make_corpus, make_spm
+from harness.corpus import make_corpus, make_spm
 from tests.data.test_gpt_dataset import unique_token_docs, write_dataset
 from tools import preprocess_data
 

@@ -13,7 +13,7 @@ from megatron.data.gpt_dataset import build_train_valid_test_datasets
 from megatron.data.indexed_dataset import MMapIndexedDataset, MMapIndexedDatasetBuilder
 from megatron.data.t5_dataset import build_t5_datasets
 from megatron.tokenizer import build_tokenizer
-from tests.data.corpus import make_bpe
+from harness.corpus import make_bpe
 
 
 def write_docs(prefix: str, docs, dtype=np.uint16) -> MMapIndexedDataset:

@@ -6,7 +6,7 @@ import pytest
 
 from megatron.tokenizer import SentencePieceTokenizer, build_tokenizer
 from megatron.tokenizer.gpt2_bpe import GPT2BPETokenizer
-from tests.data.corpus import SNIPPETS, make_bpe, make_spm, make_texts
+from harness.corpus import SNIPPETS, make_bpe, make_spm, make_texts
 
 TEXTS = SNIPPETS + make_texts(40, seed=7) + [
     "", " ", "\n", "\n\n\n", "   leading and trailing   ", "a\u00a0b\u2003c\u3000d",

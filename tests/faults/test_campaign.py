@@ -1,7 +1,7 @@
-"""The mutation campaign (tests/faults/campaign.py; every case: bench/fault_campaign.py) in `make test`:
+"""The mutation campaign (harness/faults/campaign.py; every case: bench/fault_campaign.py) in `make test`:
 
 - a seeded subset, 6 cases per (file kind, command) (126 cases), and the named edits the campaign found, in this
-  process: each ends refused in one line naming the file, unchanged or as written (tests/faults/judge.py decides),
+  process: each ends refused in one line naming the file, unchanged or as written (harness/faults/judge.py decides),
   none in a traceback, a hang, a silent acceptance or a refusal that does not name the file;
 - the inputs built again in a folder whose absolute path is longer: the same bytes, so the same cases; there,
   27 of the subset's cases through the user's command lines in subprocesses (the example scripts' preflight,
@@ -19,10 +19,10 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from tests.faults.campaign import BAD, all_cases, build_inputs, run, subset, through_commands
-from tests.faults.kinds import KINDS, READS
-from tests.faults.mutations import apply, flips
-from tests.faults.script import ROOT, run_script, script_env
+from harness.faults.campaign import BAD, all_cases, build_inputs, run, subset, through_commands
+from harness.faults.kinds import KINDS, READS
+from harness.faults.mutations import apply, flips
+from harness.faults.script import ROOT, run_script, script_env
 
 SEED = int(os.environ.get("FAULTS_SEED", "0"))
 READ_KINDS = {k.name for k in KINDS if READS in k.commands}

@@ -2,10 +2,10 @@
 do not run as root, failed where root cannot mount: tests/faults/tmpfs.py), through examples/ds_pretrain_gpt2.sh
 at (1, 2, 2), saving every 4 iterations: the run stops with one line naming the path and the bytes needed, exit 2;
 nothing half-written is published (`latest` still names iteration 4), and that checkpoint, copied where there is
-room, resumes with the uninterrupted run's losses (exactly: tests/faults/script.py's Run.losses).
+room, resumes with the uninterrupted run's losses (exactly: harness/faults/script.py's Run.losses).
 
 - the second save does not fit: refused before anything of it is written (the previous checkpoint's size);
-- another writer fills the file system during the second save (tests/faults/plan.py's fill_disk);
+- another writer fills the file system during the second save (harness/faults/plan.py's fill_disk);
 - the same with --async-save: the background write fails, the run stops at its next save.
 """
 from __future__ import annotations
@@ -18,11 +18,11 @@ import pytest
 
 from megatron.checkpointing import read_latest
 from megatron.checkpointing.files import folder_bytes
-from tests.faults.script import ITERS, run_script, script_env
+from harness.faults.script import ITERS, run_script, script_env
 from tests.faults.tmpfs import small_tmpfs
 
 pytestmark = pytest.mark.long
-CHECKPOINT_BYTES = 1_100_000  # about one checkpoint of tests/faults/script.py's layout (checked below)
+CHECKPOINT_BYTES = 1_100_000  # about one checkpoint of harness/faults/script.py's layout (checked below)
 
 
 @pytest.mark.parametrize("case", ["refused before the save", "filled during the save", "filled, --async-save"])

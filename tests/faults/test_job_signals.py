@@ -18,7 +18,7 @@ import signal
 import pytest
 
 from megatron.checkpointing import read_latest
-from tests.faults.script import (ITERS, reports, run_script, script_env, stopped_at, to_group, to_rank)
+from harness.faults.script import (ITERS, reports, run_script, script_env, stopped_at, to_group, to_rank)
 
 pytestmark = pytest.mark.long
 

@@ -1,7 +1,7 @@
-"""The campaign's rules (tests/faults/judge.py) on hand-made outcomes: each status, and each way a changed result
+"""The campaign's rules (harness/faults/judge.py) on hand-made outcomes: each status, and each way a changed result
 is told from an edit the command follows."""
-from tests.faults.judge import OwnerView, follow_tokenizer, follow_values, judge, same_outcome
-from tests.faults.results import MISSING, changes, normalized
+from harness.faults.judge import OwnerView, follow_tokenizer, follow_values, judge, same_outcome
+from harness.faults.results import MISSING, changes, normalized
 
 PRISTINE = {"args": {"layernorm_epsilon": 1e-05, "hf_token_ids": {"eos_token_id": 0}, "num_layers": 2}}
 CONFIG = {"layer_norm_epsilon": 1e-05, "eos_token_id": 0, "n_layer": 2}

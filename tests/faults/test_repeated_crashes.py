@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.faults.script import ITERS, logged_in_order, run_script, script_env
+from harness.faults.script import ITERS, logged_in_order, run_script, script_env
 
 pytestmark = pytest.mark.long
 

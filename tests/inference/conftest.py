@@ -6,7 +6,7 @@ import pytest
 
 @pytest.fixture(scope="session")
 def spm_model(tmp_path_factory) -> str:
-    from tests.data.corpus import make_spm
+    from harness.corpus import make_spm
     return make_spm(str(tmp_path_factory.mktemp("inference_spm")))
 
 
@@ -34,7 +34,7 @@ def checkpoints(tmp_path_factory) -> dict:
     """GPT-2 and the Llama-style GPT saved at (tp, pp, dp) = (2, 1, 1) and T5 (v1.0, 8 sentinels) at (1, 2, 1),
     3 iterations each of the golden-loss runs (tests/training/golden_cases.py: committed corpus and BPE
     tokenizer), dropout on."""
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     from tests.training.golden_cases import argv, preprocess
     tmp = str(tmp_path_factory.mktemp("inference_checkpoints"))
     prefix = preprocess(tmp)

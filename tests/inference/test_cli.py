@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from megatron.errors import UserError
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from megatron.checkpointing import read_latest
 from tests.inference.common import ROOT, VOCAB
 

@@ -3,7 +3,7 @@ the same seed; GPT-2 and T5, padded vocabulary on the last tp rank), and at dp=2
 lambada give exactly the single-process results. One run_distributed call does both layouts."""
 from __future__ import annotations
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.inference import common
 
 SAMPLED = dict(temperature=0.8, top_k=30, top_p=0.9)

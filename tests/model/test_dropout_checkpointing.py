@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.model import common
 
 DROPOUT = dict(hidden_dropout=0.1, attention_dropout=0.1)

@@ -77,7 +77,7 @@ def test_reset_attention_mask_keeps_the_mask_path(sdpa_calls):
 
 
 def test_pipe_declares_no_mask_at_the_boundary():
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     for without, with_mask in run_distributed(_declarations, 2, timeout=120):
         assert without == ([True], ["float"], [True])
         assert with_mask == ([True, False], ["float", "bool"], [True, False])

@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.model import common
 
 STEPS = 3

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.model import common
 
 TP, PP, DP = 2, 2, 2

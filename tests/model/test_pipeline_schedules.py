@@ -14,7 +14,7 @@ import itertools
 
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.model import common
 
 STEPS = 3

@@ -31,7 +31,7 @@ import math
 import pytest
 
 from tests.cpu_fp16 import allow_cpu_fp16
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.model import common
 
 STEPS = 5

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.model import common
 
 STEPS = 3

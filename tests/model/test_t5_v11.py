@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from megatron.model.t5_model import T5Model
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.model import common, reference_impl
 
 V11 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False, num_layers=2, num_decoder_layers=3,

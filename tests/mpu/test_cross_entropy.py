@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from megatron import mpu
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 B, S, V, TOL = 3, 5, 32, 1e-5
 

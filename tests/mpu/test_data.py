@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from megatron import mpu
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 KEYS = ["text", "mask"]
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 SEED, TOL = 99, 1e-5
 

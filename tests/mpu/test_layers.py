@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from megatron import mpu
 from megatron.mpu.utils import divide, ensure_divisibility
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 SEED, B, S = 1234, 2, 3
 TOL = 1e-5

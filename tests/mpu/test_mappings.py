@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from megatron import mpu
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 
 def _value(global_rank, shape):

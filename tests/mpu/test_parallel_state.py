@@ -5,7 +5,7 @@ from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
 from megatron import mpu
 from megatron.mpu.parallel_state import ParallelDims
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 
 def _layout(tp, pp):

@@ -4,7 +4,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from megatron import mpu
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 SEED = 1234
 

@@ -1,6 +1,6 @@
 """The planner's golden ranking: Llama 3 8B (tests/planning/llama3_8b_config.json) on 2 x 8 H100s, global batch 512,
-sequence 8192, bf16. tests/golden/llama3_8b_plan.json holds the command's first 20 layouts exactly as `--json`
-prints them, and the whole ranking, one row per layout: `Layout.short()`, fits, step time, peak (`ranking_rows`); tests/planning/test_plan_golden.py pins the ranking
+sequence 8192, bf16 (the command: harness/planner_case.py). tests/golden/llama3_8b_plan.json holds the command's
+first 20 layouts exactly as `--json` prints them, and the whole ranking, one row per layout: `Layout.short()`, fits, step time, peak (`ranking_rows`); tests/planning/test_plan_golden.py pins the ranking
 to it and bench/plan_speed.py times the same command. Written by the planner of 2026-11-28, before the ranking was
 made faster (issue 44):
 
@@ -13,17 +13,11 @@ import io
 import json
 import os
 
+from harness.planner_case import CONFIG, argv
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-CONFIG = os.path.join(HERE, "llama3_8b_config.json")
 GOLDEN = os.path.join(HERE, "..", "golden", "llama3_8b_plan.json")
 TOP = 20
-FLAGS = ["--nodes", "2", "--gpus-per-node", "8", "--gpu", "h100", "--global-batch-size", "512", "--seq-length", "8192",
-         "--bf16", "--json"]
-
-
-def argv(config: str = CONFIG) -> list:
-    """tools/plan_layout.py's arguments for the golden case."""
-    return ["--hf-config", config, *FLAGS]
 
 
 def plan_json(config: str = CONFIG) -> dict:

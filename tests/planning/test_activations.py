@@ -7,7 +7,7 @@ import torch
 
 from megatron.planning.activations import ActivationOptions, layer_bytes
 from megatron.planning.model_shape import ModelShape, Spec
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

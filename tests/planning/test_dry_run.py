@@ -9,7 +9,7 @@ from megatron.errors import UserError
 from megatron.model.specs import spec_for
 from megatron.training.pretrain import run
 from pretrain_gpt2 import DEFAULTS
-from tests.training.conftest import build_data
+from harness.example_data import build_data
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def _printed_by_training(argv, world_size):
 
 
 def test_log_memory_prints_one_line_per_rank(data):
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     argv = [a for a in _argv(data, "--gas", "2", "--train-iters", "2", "--eval-iters", "0", "--num-workers", "0",
                              "--log-memory", "--zero-stage", "0") if a != "--dry-run"]
     out = run_distributed(_printed_by_training, 1, argv, 1, timeout=600)[0]
@@ -103,7 +103,7 @@ def test_dry_run_with_the_llama_layer_at_tp2_pp2(data, monkeypatch, capsys):
     from megatron.planning.model_shape import ModelShape
     from megatron.planning.search import plan_for_args
     from megatron.training.pretrain import build_tokenizer_from_args
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     monkeypatch.setenv("WORLD_SIZE", "4")
     argv = _argv(data, "--tensor-model-parallel-size", "2", "--pipe-parallel-size", "2", "--gas", "4", *LLAMA)
     run(argv, spec_for("gpt"), DEFAULTS)

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from megatron.training.memory_probe import measure_rank, predicted_peaks
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 GPT = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
        "--micro-batch-size", "2", "--train-iters", "10", "--make-vocab-size-divisible-by", "8"]

@@ -7,7 +7,7 @@ from megatron.planning.activations import ActivationOptions, layer_bytes, recomp
 from megatron.planning.memory import Layout, predict_memory
 from megatron.planning.model_shape import ModelShape, Spec, layer_specs, partition
 from megatron.planning.speed import Cluster, predict_step
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 GPT = ModelShape("gpt", num_layers=4, hidden=64, heads=4, kv_channels=16, ffn=256, vocab=1000, seq=64,
                  max_positions=64)

@@ -20,7 +20,7 @@ import torch
 
 from megatron.checkpointing.consolidated import read_consolidated
 from megatron.checkpointing.files import checkpoint_folder, read_latest
-from tests.training.conftest import build_data
+from harness.example_data import build_data
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_CONF = "/tmp/megatron-slurm-cluster/slurm.conf"

@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-from tests.faults.script import INJECT
+from harness.faults.script import INJECT
 from tests.slurm.conftest import (ROOT, TINY, assert_same_weights, data_env, job_fields, logged_losses, read,
                                   sbatch, wait_for_line, wait_for_state)
 

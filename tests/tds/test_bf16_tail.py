@@ -16,7 +16,7 @@ import traceback
 import pytest
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import common, harness
 from tests.tds.test_engine_tied import specs
 

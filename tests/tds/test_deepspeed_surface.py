@@ -16,7 +16,7 @@ import os
 import pytest
 
 from tests.cpu_fp16 import allow_cpu_fp16
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import common, harness
 
 

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from tests.dist import RankCrashed, rank_raised, run_distributed
+from harness.dist import RankCrashed, rank_raised, run_distributed
 from tests.tds import harness
 from tests.tds import test_engine_shapes as shapes
 from tests.tds import test_engine_tuples as tuples

@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import common, dropin_programs, harness
 
 DS_PRINTS = ("SEED_LAYERS=", "Using topology:", "stage=0 layers=", "  loss: ")

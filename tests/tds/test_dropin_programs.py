@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import dropin_programs as dropin
 
 NAMES = sorted(dropin.programs())

@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import common
 
 FUNCS = ("none", "deepspeed", "deepspeed_non_reentrant")

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import dropin_programs as dropin
 
 ZB_NAMES = sorted(dropin.zero_bubble_programs())

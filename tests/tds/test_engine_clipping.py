@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import common, harness
 from tests.tds.test_engine_tied import specs
 

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import common, harness
 
 GAS, MBS = 2, 2

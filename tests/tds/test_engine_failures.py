@@ -19,7 +19,7 @@ import time
 import pytest
 import torch
 
-from tests.dist import free_port, run_distributed
+from harness.dist import free_port, run_distributed
 from tests.tds import common, harness
 from tests.tds.common import D_IN, D_OUT
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import common, harness, layers
 from tests.tds.common import D_IN, D_OUT
 from tests.tds.harness import Recorder

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import harness, layers
 from tests.tds.common import D_IN, D_OUT, H
 from tests.tds.harness import Recorder

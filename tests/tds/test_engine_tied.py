@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import harness, layers
 from tests.tds.common import D_IN
 

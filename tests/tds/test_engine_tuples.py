@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import harness, layers
 from tests.tds.common import D_IN, D_OUT
 from tests.tds.harness import Recorder

@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import common, harness
 
 STEPS, MBS, GAS = 10, 2, 4

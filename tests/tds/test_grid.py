@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 
 
 def _comparable(value):

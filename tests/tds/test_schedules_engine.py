@@ -14,7 +14,7 @@ import itertools
 import pytest
 import torch
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import common, harness
 
 STEPS, MBS, GAS, HIDDEN = 4, 2, 4, 6

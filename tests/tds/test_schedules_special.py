@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.cpu_fp16 import allow_cpu_fp16
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.tds import common, harness, layers
 
 MBS, GAS, STEPS = 2, 4, 3

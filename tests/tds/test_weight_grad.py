@@ -299,6 +299,6 @@ def _tp_check():
 def test_tensor_parallel_linears_defer_locally():
     """tp = 2: the input gradients (with f's all-reduce) come in B, W needs no collective, and B+W equals
     the unchanged layers' full backward bitwise on every rank."""
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     for same, calls in run_distributed(_tp_check, 2, timeout=120):
         assert same and calls == []

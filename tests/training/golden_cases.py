@@ -13,7 +13,7 @@ import subprocess
 import sys
 from typing import List, Sequence, Tuple
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import train_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -8,7 +8,7 @@ import os
 import pytest
 
 import megatron.checkpointing as ck
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import small_argv, train_losses
 
 PIPE = dict(tp=1, pp=2)

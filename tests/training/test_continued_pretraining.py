@@ -32,7 +32,7 @@ def _hub_model(family: str, folder: str) -> None:
     import torch
     import transformers
     from megatron.tokenizer import build_tokenizer
-    from tests.data.corpus import make_llama_like
+    from harness.corpus import make_llama_like
     source = os.path.join(os.path.dirname(os.path.dirname(folder)), f"tokenizer_src_{os.getpid()}")
     os.makedirs(source, exist_ok=True)
     tok_dir = make_llama_like(source)
@@ -53,7 +53,7 @@ def _hub_model(family: str, folder: str) -> None:
 def _parquet(path: str) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from tests.data.corpus import make_texts
+    from harness.corpus import make_texts
     texts = make_texts(400)
     pq.write_table(pa.table({"id": list(range(len(texts))), "text": texts}), path, row_group_size=64)
 
@@ -69,7 +69,7 @@ def _transformers_first_loss(folder: str, hub: str, imported: str, run: str) -> 
     import transformers
     from megatron.checkpointing import read_checkpoint_args
     from tests.checkpoint.common import first_iteration_batches, mean_loss
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     saved = read_checkpoint_args(run)
     assert not os.path.isabs(saved["data_path"][0]), saved["data_path"]  # as the user wrote it
     args = ["--use-checkpoint-args", "--pretrained-checkpoint", imported, "--num-workers", "0", "--lr", "1e-3",

@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from megatron.checkpointing import read_latest
-from tests.dist import free_port
-from tests.training.conftest import own_copy
+from harness.dist import free_port
+from harness.example_data import own_copy
 from tests.training.test_user_errors import _assert_one_line, _env, _run_script
 
 pytestmark = pytest.mark.long

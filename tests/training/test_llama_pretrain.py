@@ -12,7 +12,7 @@ The golden file (tests/golden/llama_losses.json, dropout off) is checked by test
 import numpy as np
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.golden_cases import argv as golden_argv
 from tests.training.golden_cases import preprocess
 

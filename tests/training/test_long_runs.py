@@ -9,7 +9,7 @@ import pytest
 from megatron.checkpointing import read_latest
 from pretrain_gpt2 import DEFAULTS as GPT_DEFAULTS, SPEC as GPT_SPEC
 from tests.cpu_fp16 import allow_cpu_fp16
-from tests.dist import rank_raised, run_distributed
+from harness.dist import rank_raised, run_distributed
 from tests.training.runner import small_argv, train_state
 
 

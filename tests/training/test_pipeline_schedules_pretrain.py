@@ -16,7 +16,7 @@ import os
 import numpy as np
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.golden_cases import argv as golden_argv
 from tests.training.golden_cases import preprocess
 

@@ -10,7 +10,7 @@ import pytest
 
 from megatron.logging_utils import LOSS_RECORD, recorded_losses
 from pretrain_gpt2 import DEFAULTS as GPT_DEFAULTS, SPEC as GPT_SPEC
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import small_argv, train_losses
 
 pytestmark = pytest.mark.long

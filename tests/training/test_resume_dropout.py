@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import small_argv, train_state
 
 K, N = 3, 3

@@ -23,7 +23,7 @@ import pytest
 
 from megatron.config.batch_schedule import BatchSchedule
 from megatron.training.learning_rates import annealed_lr
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import small_argv, train_state
 
 RAMP = ["--rampup-batch-size", "4", "4", "24"]

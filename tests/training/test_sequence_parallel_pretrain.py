@@ -16,7 +16,7 @@ import json
 import numpy as np
 import pytest
 
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.golden_cases import golden_path, preprocess, run
 from tests.training.runner import small_argv, train_state
 

@@ -18,7 +18,7 @@ from megatron.config.arguments import parse_args
 from megatron.model.t5_model import T5Model
 from megatron.model.specs import spec_for
 from pretrain_t5 import DEFAULTS
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import train_state
 
 V11 = ["--feed-forward-proj", "gated-gelu", "--untie-embeddings-and-output-weights", "--decoder-num-layers", "3",

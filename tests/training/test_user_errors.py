@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tests.dist import free_port
+from harness.dist import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHECK_CPU_SECONDS = 2.5  # half of the 5 s promise; CPU time does not grow with other processes' load

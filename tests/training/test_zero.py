@@ -8,7 +8,7 @@ import torch
 
 from megatron.config.arguments import parse_args
 from megatron.training.pretrain import initialize_and_build
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import GPT_DEFAULTS, small_argv
 
 

@@ -1,4 +1,4 @@
-"""A fault plan for the training ranks (installed by tests/faults/inject/sitecustomize.py), as JSON in FAULTS:
+"""A fault plan for the training ranks (installed by harness/faults/inject/sitecustomize.py), as JSON in FAULTS:
 
     {"kills": [{"attempt": 0, "rank": 3, "iteration": 6, "at": "start"}, ...],   SIGKILL this rank, in torchrun's
                             restart `attempt` (TORCHELASTIC_RESTART_COUNT), when iteration N starts ("start"),

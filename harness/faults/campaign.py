@@ -1,6 +1,6 @@
-"""The mutation campaign: every kind of file the project reads (tests/faults/kinds.py), mutated one file per case
-(tests/faults/mutations.py) and driven through the user's command (tests/faults/drivers.py); each case ends in
-one of the statuses tests/faults/judge.py decides:
+"""The mutation campaign: every kind of file the project reads (harness/faults/kinds.py), mutated one file per case
+(harness/faults/mutations.py) and driven through the user's command (harness/faults/drivers.py); each case ends in
+one of the statuses harness/faults/judge.py decides:
 
     refused      the command refused in one line naming the mutated file
     unchanged    the whole result equals the pristine run's, under the normalization rule of results.py (the
@@ -32,11 +32,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from tests.faults import drivers, owners
-from tests.faults.judge import OwnerView, judge, names_file, same_outcome
-from tests.faults.kinds import BY_NAME, KINDS, LOAD, READS, FileKind, mutations_of, says
-from tests.faults.mutations import Mutation, apply
-from tests.faults.results import TEXT, normalized
+from harness.faults import drivers, owners
+from harness.faults.judge import OwnerView, judge, names_file, same_outcome
+from harness.faults.kinds import BY_NAME, KINDS, LOAD, READS, FileKind, mutations_of, says
+from harness.faults.mutations import Mutation, apply
+from harness.faults.results import TEXT, normalized
 
 ROOT = drivers.ROOT
 STATUSES = ("refused", "unchanged", "as written", "traceback", "hang", "silent", "unnamed")
@@ -78,8 +78,8 @@ def _tool(folder: str, *argv: str) -> None:
 def build_inputs(root: str) -> Inputs:
     """The pristine files, made with the project's own tools from inside the pristine folder, so that no file
     holds an absolute path (a few seconds, plus a 2-iteration training)."""
-    from tests.dist import run_distributed
-    from tests.training.conftest import build_data
+    from harness.dist import run_distributed
+    from harness.example_data import build_data
     inputs = Inputs(root)
     top = inputs.path()
     build_data(inputs.path("data"))
@@ -256,7 +256,7 @@ def _through_command(inputs: Inputs, case: Case, folder: str, pristine: Any) -> 
         return "traceback", f"exit {proc.returncode}: {' | '.join(lines[-3:])[:300]}"
     if step == "preflight":
         return "accepted", ""
-    from tests.faults.results import folder_result
+    from harness.faults.results import folder_result
     result = folder_result(os.path.join(folder, drivers.OUT))
     return _judged(inputs, case, folder, ("ok", result, ""), pristine).status, ""
 

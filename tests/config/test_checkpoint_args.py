@@ -12,7 +12,7 @@ import pytest
 
 from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
 from megatron.errors import UserError
-from tests.checkpoint.synthetic import resolved_args
+from harness.synthetic import resolved_args
 from tests.training.golden_cases import DATA
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -15,9 +15,10 @@ from megatron.checkpointing.names import ModelTable, model_config
 from megatron.checkpointing.optim import default_extras
 from megatron.checkpointing.reshape import write_checkpoint
 from megatron.model.config import padded_vocab_size
-from tests.training.golden_cases import DATA
+from harness import ROOT
 
 TAG = "iter_0000010"
+DATA = os.path.join(ROOT, "tests", "golden", "data")  # the golden runs' committed tokenizer
 
 
 def resolved_args(model: str, layout: Sequence[int], vocab_size: int, layers: int = 2, hidden: int = 32,

@@ -1,12 +1,12 @@
-"""A small tokenized corpus (stdlib docstrings -> BPE tokenizer -> .bin/.idx), built once per session."""
+"""The example script's data, small: a corpus (stdlib docstrings) -> BPE tokenizer -> .bin/.idx, by the same three
+scripts as examples/ds_pretrain_gpt2.sh, run in the checkout (tests/conftest.py's `gpt_data` builds it once per
+session; bench scripts build their own sizes)."""
 import os
 import shutil
 import subprocess
 import sys
 
-import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import ROOT
 
 
 def build_data(out_dir: str, max_mb: float = 0.3, vocab_size: int = 512) -> dict:
@@ -34,8 +34,3 @@ def own_copy(data: dict, folder) -> dict:
     for ext in (".bin", ".idx", ".crc.json"):
         shutil.copy(data["data_prefix"] + ext, os.path.join(str(folder), "docs") + ext)
     return dict(data, data_prefix=os.path.join(str(folder), "docs"))
-
-
-@pytest.fixture(scope="session")
-def gpt_data(tmp_path_factory) -> dict:
-    return build_data(str(tmp_path_factory.mktemp("gpt_data")))

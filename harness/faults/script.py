@@ -1,5 +1,5 @@
 """Running examples/ds_pretrain_gpt2.sh as a user does, with faults: a small layout, every loss logged, a plan of
-injected faults (tests/faults/plan.py), and actions taken when a line of the log appears (a signal to the whole
+injected faults (harness/faults/plan.py), and actions taken when a line of the log appears (a signal to the whole
 process group, to one rank, to the script).
 
     run_script(env, when={r"^iteration 5/": action}, ...) -> Run(rc, log, losses)
@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
+from harness import ROOT
 from megatron.logging_utils import LOSS_RECORD, recorded_losses
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-INJECT = os.path.join(ROOT, "tests", "faults", "inject")
+INJECT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "inject")  # a sitecustomize for PYTHONPATH
 ITERS = 16
 # (tp, pp, dp) = (1, 2, 2) on 4 processes, a tiny GPT-2; a checkpoint every 4 iterations, evaluation too
 LAYOUT = dict(NPROC="4", TP="1", PP="2", NUM_LAYERS="2", HIDDEN="32", HEADS="4", SEQ_LEN="32", MICRO_BATCH="2",

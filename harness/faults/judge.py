@@ -1,5 +1,5 @@
 """How the campaign decides a case's status, from what the command did with the mutated file, what the pristine
-run gave, and what the file's owner reads in it (tests/faults/owners.py). The rules, tried in this order:
+run gave, and what the file's owner reads in it (harness/faults/owners.py). The rules, tried in this order:
 
     refused     the command refused in one line naming the file: in this process a UserError whose message
                 names the mutated file; through the user's command (the subprocess subset) exit 2 and one
@@ -29,7 +29,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
-from tests.faults.results import MISSING, changes, describe, same
+from harness.faults.results import MISSING, changes, describe, same
 
 Change = Tuple[Tuple, Any, Any]
 

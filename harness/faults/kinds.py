@@ -16,10 +16,10 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from tests.faults import owners
-from tests.faults.judge import follow_tokenizer, follow_values
-from tests.faults.mutations import Mutation, bin_mutations, flips, idx_mutations, truncations
-from tests.faults.results import changes, describe
+from harness.faults import owners
+from harness.faults.judge import follow_tokenizer, follow_values
+from harness.faults.mutations import Mutation, bin_mutations, flips, idx_mutations, truncations
+from harness.faults.results import changes, describe
 
 READS, LOAD, RESHAPE, EXPORT, IMPORT = "preflight + reads", "--load", "reshape", "export-hf", "import-hf"
 CHECKPOINT_COMMANDS = (LOAD, RESHAPE, EXPORT)

@@ -13,7 +13,7 @@ from megatron.config.arguments import parse_args
 from megatron.training.pretrain import settle_config
 from pretrain_gpt2 import DEFAULTS as GPT_DEFAULTS, SPEC as GPT_SPEC
 from pretrain_t5 import DEFAULTS as T5_DEFAULTS, SPEC as T5_SPEC
-from tests.dist import run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import small_argv, train_state
 
 

@@ -1,5 +1,5 @@
 """How a mutated file reaches the project: each command runs in its case folder (the working directory), on
-relative paths, and returns its result (tests/faults/results.py) to compare with the pristine run's. A UserError
+relative paths, and returns its result (harness/faults/results.py) to compare with the pristine run's. A UserError
 propagates (the command's `error:` line, exit 2); any other exception is a traceback.
 
     steps(command, run_as, texts)    the command in this process, as (step, function) pairs:
@@ -25,10 +25,10 @@ from typing import Any, Callable, Dict, Iterator, List, Sequence, Tuple
 import numpy as np
 import torch
 
-from tests.faults.results import config_result, digest, folder_result, tokenizer_result
+from harness import ROOT
+from harness.faults.results import config_result, digest, folder_result, tokenizer_result
 
 CASE_TIMEOUT_S = 60
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DATA = os.path.join("data", "docs_text_document")
 OUT = "out"  # where a tool writes, inside the case folder
 MODEL = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", "--micro-batch-size", "2",
@@ -154,17 +154,17 @@ def _engine_state(engine) -> dict:
 
 
 def load_cases(argv: Sequence[str], world_size: int, pristine: str, folders: List[Tuple[str, str]]) -> List[tuple]:
-    """Rank function (tests.dist.run_distributed, world size 1): build the engine of `argv` once in the pristine
+    """Rank function (harness.dist.run_distributed, world size 1): build the engine of `argv` once in the pristine
     folder, load its checkpoint twice (the results must agree), then in each (case id, case folder): (case id, "ok",
     result) | (case id, "UserError", line) | (case id, "Hang" | exception class, message)."""
     from megatron.checkpointing import load_checkpoint
-    from megatron.config.arguments import parse_args
+    from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
     from megatron.errors import UserError, one_line
+    from megatron.model.specs import spec_for
     from megatron.training.pretrain import initialize_and_build
-    from pretrain_gpt2 import DEFAULTS, SPEC
     os.chdir(pristine)
-    args = parse_args(list(argv) + ["--load", "ckpt"], defaults=DEFAULTS, world_size=world_size)
-    engine, _, cfg, _ = initialize_and_build(args, SPEC)
+    args = parse_args(list(argv) + ["--load", "ckpt"], defaults=ENTRY_DEFAULTS["gpt"], world_size=world_size)
+    engine, _, cfg, _ = initialize_and_build(args, spec_for("gpt"))  # as pretrain_gpt2.py builds it
 
     def load(folder: str) -> dict:
         os.chdir(folder)
@@ -189,7 +189,7 @@ def load_cases(argv: Sequence[str], world_size: int, pristine: str, folders: Lis
 
 
 def run_load_cases(pristine: str, folders: List[Tuple[str, str]]) -> Dict[str, tuple]:
-    from tests.dist import run_distributed
+    from harness.dist import run_distributed
     results = run_distributed(load_cases, 1, gpt_argv(extra=["--zero-stage", "1"]), 1, pristine, folders,
                               timeout=120 + CASE_TIMEOUT_S * max(1, len(folders)) // 4)[0]
     return {case: (status, value) for case, status, value in results}
@@ -197,7 +197,9 @@ def run_load_cases(pristine: str, folders: List[Tuple[str, str]]) -> Dict[str, t
 
 def train_checkpoint(argv: Sequence[str], world_size: int, folder: str) -> List[float]:
     """Rank function: in `folder`, train and save the campaign's checkpoint (pretrain, as pretrain_gpt2.py does)."""
-    from tests.training.runner import train_losses
-    from pretrain_gpt2 import DEFAULTS, SPEC
+    from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
+    from megatron.model.specs import spec_for
+    from megatron.training.pretrain import pretrain
     os.chdir(folder)
-    return train_losses(argv, world_size, SPEC, DEFAULTS)
+    args = parse_args(list(argv), defaults=ENTRY_DEFAULTS["gpt"], world_size=world_size)
+    return pretrain(args, spec_for("gpt")).losses

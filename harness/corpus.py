@@ -9,6 +9,10 @@
 
 make_bpe's vocab has exactly vocab_size entries (<|endoftext|> = 0); make_spm's model may have fewer pieces
 than asked on this small corpus (hard_vocab_limit=False; 600 gives 467): read the size from the tokenizer.
+
+The tokenizers are trained in this process by tools/train_tokenizer.py's functions: this module imports the
+checkout's tools/ package, which is on sys.path where pytest runs (not in a bench script: bench uses
+harness.example_data, which runs the tools as scripts).
 """
 import json
 import os

@@ -22,7 +22,7 @@ import os
 import zlib
 from typing import Any, Dict, List, Optional, Sequence
 
-from tests.faults.results import SPECIAL, spm_pieces
+from harness.faults.results import SPECIAL, spm_pieces
 
 
 class OwnerRefuses(Exception):
