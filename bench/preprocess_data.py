@@ -23,16 +23,12 @@ import json
 import os
 import random
 import shutil
-import sys
 import sysconfig
 import tempfile
 from typing import Callable, Dict, List
 
-# the repository root, for the tools' modules: tools/ is a checkout's command line, not installed with the package, and
-# this benchmark times the tool's own code in process (the one sys.path edit of bench/ until that code is the library's)
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), os.path.pardir)))
-
-from tools import preprocess_data, train_tokenizer  # noqa: E402
+from megatron.data import preprocessing as preprocess_data  # the code of tools/preprocess_data.py
+from megatron.tokenizer import training as train_tokenizer  # the code of tools/train_tokenizer.py
 
 
 def stdlib_documents() -> List[str]:

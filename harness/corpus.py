@@ -19,7 +19,7 @@ import os
 import random
 from typing import List, Tuple
 
-from tools.train_tokenizer import iter_texts, train_bpe, train_hf_bpe, train_sentencepiece
+from megatron.tokenizer.training import iter_texts, train_bpe, train_hf_bpe, train_sentencepiece
 
 WORDS = ("the model data parallel pipeline tensor stage gradient token layer attention batch "
          "optimizer schedule checkpoint memory throughput sequence embedding vocabulary").split()

@@ -23,11 +23,12 @@ instead of printing a traceback (gloo's "Connection closed by peer" and the like
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import sys
 import tempfile
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 ERROR_FILE_ENV = "MEGATRON_ERROR_FILE"
 USER_ERROR_STATUS = 2
@@ -35,6 +36,13 @@ USER_ERROR_STATUS = 2
 
 class UserError(ValueError):
     """A mistake in the user's input; the message is the whole report (one line, with the values)."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes (unknown flag, bad value) are one-line UserErrors, not the usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UserError(f"{message} ({self.prog} --help lists the arguments)")
 
 
 def require(condition: bool, message: str) -> None:

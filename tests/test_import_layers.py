@@ -5,9 +5,9 @@
 - no library module imports an entry script, a tool, a benchmark, the harness or a test;
 - tds never imports megatron (users copy tds/ alone);
 - no import cycle between modules;
-- the harness (harness/) imports the library and itself, never tests/, bench/ or an entry script (harness.corpus
-  alone imports tools/); bench/ imports the library, the harness and its own folder's scripts, never tests/;
-  neither bench/ nor tools/ edits sys.path (but bench/preprocess_data.py, for tools/).
+- the harness (harness/) imports the library and itself, never tests/, bench/, tools/ or an entry script; bench/
+  imports the library, the harness and its own folder's scripts, never tests/ or tools/ (a tool's code is the
+  library's: tools/ are thin command lines); neither bench/ nor tools/ edits sys.path.
 """
 import ast
 import os
@@ -128,15 +128,14 @@ def test_no_import_cycle():
 
 def test_the_harness_imports_the_library_and_itself_only():
     imports = _first_party(_library(("harness",)))
-    assert {m: sorted(n) for m, n in imports.items() if n - {"megatron", "tds", "harness"}} == \
-        {"harness.corpus": ["tools"]}  # its tokenizers are trained by tools/train_tokenizer.py's code
+    assert {m: sorted(n) for m, n in imports.items() if n - {"megatron", "tds", "harness"}} == {}
 
 
 def test_bench_imports_the_library_the_harness_and_its_own_scripts_never_tests():
     modules = _library(("bench",))
     assert modules  # the walk found the scripts
     offenders = {m: sorted(n & set(OUTSIDE) - {"harness"}) for m, n in _first_party(modules).items()}
-    assert {m: n for m, n in offenders.items() if n} == {"bench.preprocess_data": ["tools"]}  # it times the tool
+    assert {m: n for m, n in offenders.items() if n} == {}
 
 
 def _sys_path_edits(paths) -> List[str]:
@@ -153,11 +152,8 @@ def _sys_path_edits(paths) -> List[str]:
 
 
 def test_neither_bench_nor_tools_edits_sys_path():
-    """They import the installed project (`pip install -e .`): megatron, tds and the harness. The one edit left
-    puts the checkout's root on the path for tools/, which is not installed: bench/preprocess_data.py times the
-    tool's own code in process."""
-    edits = _sys_path_edits(sorted(_library(("bench", "tools")).values()))
-    assert [e.split(":")[0] for e in edits] == ["bench/preprocess_data.py"], edits
+    """They import the installed project (`pip install -e .`): megatron, tds and the harness."""
+    assert _sys_path_edits(sorted(_library(("bench", "tools")).values())) == []
 
 
 def _assignments_to(name: str, paths) -> List[str]:

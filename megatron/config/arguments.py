@@ -15,10 +15,10 @@ unknown flag included, is a one-line `megatron.errors.UserError`.
 from __future__ import annotations
 
 import argparse
-from typing import Callable, Dict, NoReturn, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from megatron.config.resolution import PIPELINE_SCHEDULES, resolve_args
-from megatron.errors import UserError
+from megatron.errors import ArgumentParser
 from megatron.tokenizer import TOKENIZER_TYPES
 
 ExtraArgsProvider = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
@@ -29,13 +29,6 @@ ENTRY_DEFAULTS: Dict[str, Dict[str, object]] = {
     "t5": dict(model_type="t5", tokenizer_type="SentencePieceTokenizer", vocab_extra_ids=100,
                layernorm_epsilon=1e-6),
 }
-
-
-class ArgumentParser(argparse.ArgumentParser):
-    """argparse whose mistakes (unknown flag, bad value) are one-line UserErrors, not the usage text."""
-
-    def error(self, message: str) -> NoReturn:
-        raise UserError(f"{message} ({self.prog} --help lists the arguments)")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import pytest
 
+from megatron.data import preprocessing
 from megatron.data.indexed_dataset import MMapIndexedDataset
 from megatron.errors import UserError
 from megatron.tokenizer import build_tokenizer
@@ -247,7 +248,7 @@ def test_bounded_feeder_limits_read_ahead():
             for i in range(2000):
                 pulled[0] += 1
                 yield i
-        feeder = preprocess_data.BoundedFeeder(items(), limit) if limit else items()
+        feeder = preprocessing.BoundedFeeder(items(), limit) if limit else items()
         with multiprocessing.Pool(2) as pool:
             for consumed, _ in enumerate(pool.imap(_square, feeder, 25), start=1):
                 ahead = max(ahead, pulled[0] - consumed)
