@@ -20,8 +20,8 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        released (DeepSpeed's clear_lp_grads). Checked on CPU (bench/memory_error.py) and on an
                        H100 (bench/gpu_throughput.py: GPT-2 medium, within +2.3 to +4.4 %)
 
-Rotary positions: each layer's cos / sin tables (2 s r e_a, `rotary_tables`) are held from the first forward on and
-counted with the weights.
+What a layer caches from its first forward on (the spec's `layer_cache_bytes`: GPT's rotary cos / sin tables,
+2 s r e_a) is counted with the weights.
 
 Activations: `activations.spec_activation_bytes` per chunk and micro-batch, run through this stage's
 compute units (`tds.pipe.instructions.compute_order`, the order its `train_schedule` list runs them): + at each
@@ -152,13 +152,12 @@ def _logits_grad(m: ModelShape, lay: Layout, s_out: int) -> float:
 
 
 def _weight_grad_hold(m: ModelShape, lay: Layout, layers, head: bool) -> float:
-    """ZB-H1: what a micro-batch keeps between its B and its W: each linear's input and output gradient
-    (GPT/T5 layer ~ (4h + (w + 2g + w + f_in + f)/t) b s e, GPT-2's (4h + 4w/t + 2f/t) b s e; the head its input
-    and the logits' gradient)."""
+    """ZB-H1: what a micro-batch keeps between its B and its W: each linear's input and output gradient, over the
+    head's length s (the spec's `linear_widths`: a layer ~ (4h + (qkv + dense + fc1 + fc2)/t) b s e, GPT-2's
+    (4h + 4w/t + 2f/t) b s e; the head its input and the logits' gradient)."""
     e, b, t, h = ELEMENT_BYTES[lay.precision], lay.micro_batch, lay.tp, m.hidden
-    s = m.decoder_seq if m.model_type == "t5" else m.seq
-    f_in = 2 * m.ffn if m.gated and m.model_type == "gpt" else m.ffn  # T5's as before: not measured gated
-    per_layer = b * s * e * (4 * h + (2 * m.width + 2 * m.kv_width + f_in + m.ffn) / t)
+    s, widths = m.output_length, m.linear_widths
+    per_layer = b * s * e * (4 * h + (widths.qkv + widths.dense + widths.fc1 + widths.fc2) / t)
     return len(layers) * per_layer + (b * s * e * (h + m.padded_vocab(t) / t) if head else 0.0)
 
 
@@ -166,18 +165,16 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
     """(bytes held per in-flight micro-batch, backward working set, held from B to W under ZB-H1) of a chunk."""
     o = _activation_options(lay)
     chosen = specs[chunk[0]:chunk[1]]
-    layers = [s for s in chosen if s.kind in ("layer", "enc", "dec")]
-    others = sum(spec_activation_bytes(s, m, o) for s in chosen if s.kind not in ("layer", "enc", "dec"))
+    layers = [s for s in chosen if s.transformer]
+    others = sum(spec_activation_bytes(s, m, o) for s in chosen if not s.transformer)
     saved = {s: layer_bytes(s, m, o) for s in set(layers)}  # a chunk's layers are mostly one spec
     per_layer = [saved[s] for s in layers]
     e, b, h, t = o.element_bytes, lay.micro_batch, m.hidden, lay.tp
-    s_out = m.decoder_seq if m.model_type == "t5" else m.seq
-    tokens = m.seq + m.decoder_seq if m.model_type == "t5" else m.seq  # T5 sends enc_h and dec_h
-    boundary = 0.0 if last else b * tokens * h * e  # the output kept for backward
+    s_out = m.output_length
+    boundary = 0.0 if last else b * m.tokens * h * e  # the output kept for backward (T5: both stacks' states)
     if lay.sequence_parallel:
         boundary /= t  # each tp rank holds s / t of the sequence
-    if any(s.kind == "dec" for s in layers):
-        others += b * m.seq * h * e  # the encoder output every decoder layer attends to, once per chunk
+    others += m.spec.chunk_bytes({s.kind for s in layers}, m.config, o)  # T5: the encoder output, once per chunk
     biggest = max(per_layer, default=0.0)
     # backward working set: a layer's activation gradients (about 3 MLP-sized tensors, measured), or on the
     # last stage the logits' gradient (`_logits_grad`)
@@ -212,14 +209,13 @@ def _zb_hold_in_backward(m: ModelShape, lay: Layout, per_layer: List[float]) -> 
     the column linears' inputs re-gathered whole (the held part is s/t of them). Measured (bench/memory_error.py,
     gpt tp2 pp2 sp selective zb-h1): stage 0 was 12% under without this term."""
     e, b, t, h = ELEMENT_BYTES[lay.precision], lay.micro_batch, lay.tp, m.hidden
-    s = m.decoder_seq if m.model_type == "t5" else m.seq
-    f_in = 2 * m.ffn if m.gated and m.model_type == "gpt" else m.ffn
+    s, widths = m.output_length, m.linear_widths
     sp = lay.sequence_parallel and t > 1
-    grads = b * s * e * ((m.width + 2 * m.kv_width + f_in) / t + 2 * h)  # dY of qkv, fc1 (split), dense, fc2
+    grads = b * s * e * ((widths.qkv + widths.fc1) / t + 2 * h)  # dY of qkv, fc1 (split), dense, fc2
     gathered = 2 * b * s * h * e if sp else 0.0  # the inputs of qkv and fc1, all-gathered again in B
-    kept = b * s * e * ((m.width + m.ffn) / t + (0 if sp else 2 * h))  # the inputs the held bytes already hold
+    kept = b * s * e * ((widths.dense + widths.fc2) / t + (0 if sp else 2 * h))  # inputs the held bytes hold
     later = sum(max(0.0, grads + gathered - (size - kept)) for size in per_layer[1:])
-    first = b * s * e * (2 * h + f_in / t) + (b * s * h * e if sp else 0.0)  # dY of fc2, fc1, dense; fc1's input
+    first = b * s * e * (2 * h + widths.fc1 / t) + (b * s * h * e if sp else 0.0)  # dY of fc2, fc1, dense; its input
     return later + first
 
 
@@ -257,18 +253,22 @@ def compute_orders(lay: Layout, shared: SharedTerms) -> list:
     return shared.get("orders", key, lambda: _compute_orders(*key))
 
 
-def stage_params(specs, chunks, tied: bool) -> int:
-    """Parameters of this rank's chunks; a tied embedding and head on one stage are one module."""
-    held = [i for a, b in chunks for i in range(a, b)]
-    kinds = {specs[i].kind for i in held}
-    shared = tied and {"embed", "head"} <= kinds
-    return sum(specs[i].params for i in held if not (shared and specs[i].kind == "head"))
+def stage_params(specs, chunks) -> int:
+    """Parameters of this rank's chunks; layer specs tied to one module (a tied embedding and head) on one stage
+    are that module once."""
+    total, tied = 0, set()
+    for i in (i for a, b in chunks for i in range(a, b)):
+        if specs[i].tie and specs[i].tie in tied:
+            continue
+        tied.add(specs[i].tie)
+        total += specs[i].params
+    return total
 
 
-def rotary_tables(m: ModelShape, lay: Layout, layers: int) -> float:
-    """Rotary positions: each layer's RotaryEmbedding caches cos and sin (s, r) in the activations' dtype from its
-    first forward on (megatron.model.position), held like the weights."""
-    return layers * 2 * m.seq * m.rotary_dim * ELEMENT_BYTES[lay.precision]
+def layer_caches(m: ModelShape, lay: Layout, layers: int) -> float:
+    """What `layers` transformer layers cache from their first forward on, held like the weights (the spec's
+    `layer_cache_bytes`: GPT's rotary cos / sin tables, (s, r) each in the activations' dtype)."""
+    return layers * m.spec.layer_cache_bytes(m.config, ELEMENT_BYTES[lay.precision])
 
 
 def _specs_and_chunks(m: ModelShape, lay: Layout, stage: int, shared: SharedTerms) -> tuple[list, list]:
@@ -284,16 +284,16 @@ def _specs_and_chunks(m: ModelShape, lay: Layout, stage: int, shared: SharedTerm
 def stage_parameters(m: ModelShape, lay: Layout, shared: Optional[SharedTerms] = None) -> List[int]:
     """Parameters on one rank of each stage (`StageMemory.params`), without the rest of the prediction."""
     shared = shared or SharedTerms()
-    return [stage_params(*_specs_and_chunks(m, lay, s, shared), m.tied) for s in range(lay.pp)]
+    return [stage_params(*_specs_and_chunks(m, lay, s, shared)) for s in range(lay.pp)]
 
 
 def stage_memory(m: ModelShape, lay: Layout, stage: int, shared: Optional[SharedTerms] = None) -> StageMemory:
     """One rank of pipeline stage `stage`; `shared`: the terms other layouts of a ranking computed already."""
     shared = shared or SharedTerms()
     specs, chunks = _specs_and_chunks(m, lay, stage, shared)
-    psi = stage_params(specs, chunks, m.tied)
+    psi = stage_params(specs, chunks)
     weights, grads, opt, buffers = _state_bytes(psi, lay)
-    weights += rotary_tables(m, lay, sum(specs[i].kind == "layer" for a, b in chunks for i in range(a, b)))
+    weights += layer_caches(m, lay, sum(specs[i].transformer for a, b in chunks for i in range(a, b)))
     n = len(chunks)
     per_chunk = tuple(_chunk_bytes(m, lay, specs, ch, last=(stage == lay.pp - 1 and c == n - 1))
                       for c, ch in enumerate(chunks))

@@ -1,16 +1,23 @@
 """The planner's memory model on hand-computed small cases (the activation formulas against the tensors autograd
 saves: test_activations.py)."""
+from dataclasses import replace
+
 import pytest
 import torch
 
+from megatron.model.config import GPTConfig, T5Config
 from megatron.planning.activations import ActivationOptions, layer_bytes, recomputed_core_bytes
 from megatron.planning.memory import Layout, predict_memory
-from megatron.planning.model_shape import ModelShape, Spec, layer_specs, partition
+from megatron.planning.model_shape import ModelShape, PipeLayer, layer_specs, partition
 from megatron.planning.speed import Cluster, predict_step
 from tests.dist import run_distributed
 
-GPT = ModelShape("gpt", num_layers=4, hidden=64, heads=4, kv_channels=16, ffn=256, vocab=1000, seq=64,
-                 max_positions=64)
+GPT = ModelShape.of(GPTConfig(num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=64))
+LAYER = PipeLayer("layer", 0, transformer=True)
+
+
+def _with(shape: ModelShape, **fields) -> ModelShape:
+    return ModelShape.of(replace(shape.config, **fields))
 
 
 def test_gpt_parameters_by_hand():
@@ -53,7 +60,7 @@ def test_zero1_reduce_buckets_counted():
 def test_in_flight_follows_the_schedule():
     one = predict_memory(GPT, Layout(pp=4, gas=8, zero_stage=0))
     assert [s.in_flight for s in one] == [4, 3, 2, 1]  # 1F1B: p - s
-    inter = predict_memory(ModelShape(**{**GPT.__dict__, "num_layers": 8}),
+    inter = predict_memory(_with(GPT, num_layers=8),
                            Layout(pp=2, gas=4, schedule="interleaved", virtual_stages=2, zero_stage=0))
     assert inter[0].in_flight == 2 * (2 - 0 - 1) + (2 - 1) * 2 + 1  # Megatron's warm-up + 1 units
 
@@ -79,30 +86,30 @@ def test_gpu_hidden_dropout_masks_counted_as_bool_outside_sequence_parallel():
     for e in (4, 2):
         gpu = ActivationOptions(b, 1, e, attention="fused")
         slices = ActivationOptions(b, 1, e, sequence_parallel=True, attention="fused")  # at t = 1: masks only
-        assert layer_bytes(Spec("layer", 0), GPT, slices) - layer_bytes(Spec("layer", 0), GPT, gpu) \
+        assert layer_bytes(LAYER, GPT, slices) - layer_bytes(LAYER, GPT, gpu) \
             == 2 * b * s * h * (e - 1)
-        assert spec_activation_bytes(Spec("embed", 0), GPT, gpu) == 8 * b * s + 8 * s + b * s * h
-        assert spec_activation_bytes(Spec("embed", 0), GPT, ActivationOptions(b, 1, e)) \
+        assert spec_activation_bytes(PipeLayer("embed", 0), GPT, gpu) == 8 * b * s + 8 * s + b * s * h
+        assert spec_activation_bytes(PipeLayer("embed", 0), GPT, ActivationOptions(b, 1, e)) \
             == 8 * b * s + 8 * s + b * s * h * e
 
 
 def test_selective_recomputation_working_set_is_the_recomputed_core():
     """CPU's math path: in backward one layer's attention core is recomputed (what selective did not save, plus
     the whole (a, b, s, s) fp32 dropout mask drawn before a tp rank keeps its heads); GPUs' fused kernels: none."""
-    b, s, a = 2, GPT.seq, GPT.heads
+    b, s, a = 2, GPT.seq, GPT.config.num_attention_heads
     core = 3 * a * b * s * s * 4 / 2  # probabilities, mask, dropped probabilities; this rank's heads at tp = 2
     cpu = predict_memory(GPT, Layout(tp=2, micro_batch=b, recompute="selective", zero_stage=0, attention="math"))[0]
-    assert recomputed_core_bytes(Spec("layer", 0), GPT, ActivationOptions(b, 2, 4, recompute="selective")) \
+    assert recomputed_core_bytes(LAYER, GPT, ActivationOptions(b, 2, 4, recompute="selective")) \
         == core + a * b * s * s * 4
     assert cpu.working >= core + a * b * s * s * 4
     gpu = ActivationOptions(b, 2, 4, recompute="selective", attention="fused")
-    assert recomputed_core_bytes(Spec("layer", 0), GPT, gpu) == 0
+    assert recomputed_core_bytes(LAYER, GPT, gpu) == 0
 
 
-T5 = ModelShape("t5", num_layers=2, hidden=64, heads=4, kv_channels=16, ffn=256, vocab=1000, seq=64, decoder_layers=2,
-                decoder_seq=32, divisible_by=8)
-T5G = ModelShape(**{**T5.__dict__, "tied": False, "gated": True})
-GPT8 = ModelShape(**{**GPT.__dict__, "divisible_by": 8})
+T5 = ModelShape.of(T5Config(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=64,
+                            decoder_seq_length=32, make_vocab_size_divisible_by=8))
+T5G = _with(T5, tie_word_embeddings=False, feed_forward_proj="gated-gelu")
+GPT8 = _with(GPT, make_vocab_size_divisible_by=8)
 UNCHANGED_LAYOUTS = [
     Layout(micro_batch=2, gas=2, zero_stage=0, attention="math"),
     Layout(tp=2, micro_batch=2, gas=2, zero_stage=0, attention="math"),
@@ -180,7 +187,7 @@ def test_gpt_layer_options_parameters_equal_the_built_modules(name):
     from megatron.model.config import GPT2Config
     from megatron.model.gpt2_model import GPT2Model
     cfg = GPT2Config(**GPT_LAYERS[name])
-    shape = ModelShape.from_config("gpt", cfg, cfg.vocab_size)
+    shape = ModelShape.of(cfg)
     specs = [s.params for s in layer_specs(shape, 1)]
     assert specs == _built_parameters(GPT_LAYERS[name], 1)
     whole = sum(p.numel() for p in GPT2Model(cfg).parameters())
@@ -190,7 +197,7 @@ def test_gpt_layer_options_parameters_equal_the_built_modules(name):
 def test_gpt_layer_options_parameters_equal_the_built_modules_at_tp2():
     for name, options in GPT_LAYERS.items():
         from megatron.model.config import GPT2Config
-        shape = ModelShape.from_config("gpt", GPT2Config(**options), options["vocab_size"])
+        shape = ModelShape.of(GPT2Config(**options))
         expected = [s.params for s in layer_specs(shape, 2)]
         for built in run_distributed(_built_parameters, 2, options, 2, timeout=300):
             assert built == expected, name
@@ -198,8 +205,9 @@ def test_gpt_layer_options_parameters_equal_the_built_modules_at_tp2():
 
 def test_llama_parameters_by_hand():
     # h = 64, a = 4, G = 2, d = 16, f = 128 (SwiGLU's default), V_p = 1024, tp = 2
-    shape = ModelShape("gpt", 2, 64, 4, 16, 128, 1000, 16, max_positions=16, gated=True, query_groups=2,
-                       add_bias_linear=False, normalization="RMSNorm", position_embedding_type="rope", tied=False)
+    shape = ModelShape.of(GPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=16,
+                                    ffn_hidden_size=128, swiglu=True, num_query_groups=2, add_bias_linear=False,
+                                    normalization="RMSNorm", position_embedding_type="rope", tie_word_embeddings=False))
     qkv, dense, mlp = 64 * (4 + 2 * 2) * 16, 64 * 64, 64 * 2 * 128 + 128 * 64
     assert [s.params for s in layer_specs(shape, 2)] == [1024 * 64 // 2, *[(qkv + dense + mlp) // 2 + 2 * 64] * 2,
                                                         64, 1024 * 64 // 2]
