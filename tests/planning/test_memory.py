@@ -65,6 +65,20 @@ def test_in_flight_follows_the_schedule():
     assert inter[0].in_flight == 2 * (2 - 0 - 1) + (2 - 1) * 2 + 1  # Megatron's warm-up + 1 units
 
 
+def test_gradients_the_first_backward_makes_are_not_at_its_peak():
+    """fp32 and ZeRO-1 ranks start an iteration without gradients (the first backward makes param.grad): with as
+    many micro-batches as stages, stage 0's peak is that backward, without them; with more, a later backward with
+    as many in flight holds them. BF16_Optimizer's flat bf16 gradients exist before the first backward."""
+    lay = Layout(pp=2, gas=2, micro_batch=4, zero_stage=0, attention="math")
+    first = predict_memory(GPT, lay)[0]
+    assert first.unmade_gradients == first.gradients > 0 and first.in_flight == 2
+    assert first.peak == pytest.approx(first.weights + first.optimizer + first.activations + first.working)
+    later = predict_memory(GPT, replace(lay, gas=4))[0]
+    assert later.unmade_gradients == 0 and later.activations == first.activations
+    assert later.peak - first.peak == pytest.approx(first.gradients)
+    assert predict_memory(GPT, replace(lay, precision="bf16"))[0].unmade_gradients == 0
+
+
 def test_recompute_and_sequence_parallel_reduce_activations():
     for attention in ("math", "fused"):
         base = predict_memory(GPT, Layout(tp=2, zero_stage=0, attention=attention))[0]
