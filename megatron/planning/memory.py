@@ -32,7 +32,8 @@ activations (~ one layer's saved bytes), with full recomputation one checkpointe
 selective recomputation one layer's attention core recomputed (CPU's math path; nothing on GPUs; under ZB-H1 with
 the deferred linears' gradients kept beside it, `_zb_hold_in_backward`).
 Boundary buffers: the stage output kept for backward (b s h e / t per in-flight micro-batch, not on the last
-stage) and the received gradient.
+stage) and the received gradient; with gloo (CPU) every activation message the stage sends in an iteration
+(`send_buffers`, counted with the weights: they live through the iteration).
 
 The peak is the largest of three moments: the activation peak (weights, optimizer state, gradients, activations),
 the gradient reduction (weights, optimizer, gradients, reduce buffers) and the optimizer step. Gradients that
@@ -111,10 +112,11 @@ class StageMemory:
     peak_moment: str = ""
     parts: Dict[str, float] = field(default_factory=dict)
     unmade_gradients: float = 0.0    # of `gradients`, what does not exist yet at the activation peak
+    send_buffers: float = 0.0        # the pipeline's send messages held through the iteration (gloo)
 
     @property
     def static(self) -> float:
-        return self.weights + self.gradients + self.optimizer
+        return self.weights + self.gradients + self.optimizer + self.send_buffers
 
     @property
     def peak(self) -> float:
@@ -258,6 +260,19 @@ def _peak_moment(first: tuple, later: tuple, unmade: float) -> tuple[tuple, floa
     return first, unmade
 
 
+def _send_buffers(m: ModelShape, lay: Layout, stage: int) -> float:
+    """gloo (CPU processes; `attention="math"` stands for them): a send completes only when waited for at the end
+    of the batch, so every activation message of an iteration stays alive, and tds.pipe.boundary reuses them in
+    the next: one per micro-batch and chunk that sends (every chunk but the model's last), each the hidden states
+    of b x tokens positions this tp rank sends (its 1 / t part; T5's masks are not counted). Measured: the stage's
+    storages at the start of an iteration hold all but one of them. On GPUs a send completes as it goes and its
+    message is reused: not counted (not measured there)."""
+    if lay.attention != "math" or lay.pp == 1:
+        return 0.0
+    sends = lay.gas * (lay.virtual_stages - (1 if stage == lay.pp - 1 else 0))
+    return sends * lay.micro_batch * m.tokens * m.hidden * ELEMENT_BYTES[lay.precision] / lay.tp
+
+
 def _unmade_gradients(grads: float, lay: Layout) -> float:
     """The gradient bytes the stage's first backward allocates (param.grad is None before it: torch's AdamW, the
     ZeRO-1 optimizer); BF16_Optimizer's bf16 gradients are views of one flat buffer made before it (measured with
@@ -328,7 +343,8 @@ def stage_memory(m: ModelShape, lay: Layout, stage: int, shared: Optional[Shared
     (act, units, work), unmade = _peak_moment(first, later, _unmade_gradients(grads, lay))
     if lay.ds_zero_stage >= 1:
         work += buffers / 2  # ZeRO-1: one of the two reduce buckets exists from the first backward on
-    out = StageMemory(stage, psi, weights, grads, opt, act, units, work, buffers, unmade_gradients=unmade)
+    out = StageMemory(stage, psi, weights, grads, opt, act, units, work, buffers, unmade_gradients=unmade,
+                      send_buffers=_send_buffers(m, lay, stage))
     out.peak_moment = "activations" if act + work - unmade >= buffers else "gradient reduction"
     return out
 
