@@ -209,7 +209,20 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
         if recomputed and lay.schedule == "zb-h1":  # the last stage's head and final norm bytes are freed by then
             recomputed += max(0.0, _zb_hold_in_backward(m, lay, per_layer) - (others if last else 0.0))
         held, working = others + sum(per_layer) + boundary, max(mlp_grads, recomputed, logits_grad)
+    if chosen and chosen[0].lookup:  # the chunk's last backward: its embedding's
+        working = max(working, _lookup_backward(m, lay, chosen[0]) + hold - held)
     return held, working, hold
+
+
+def _lookup_backward(m: ModelShape, lay: Layout, embedding) -> float:
+    """The moment an embedding runs its backward, the micro-batch's last: besides the ZB-H1 share its layers keep
+    for W, only the embedding's own saved bytes, the gradient it receives (b s h e, T5: both stacks') and the
+    dense gradient of its whole table (its parameters, in their dtype) that the backward makes before adding it
+    to .grad are alive. Measured (bench/memory_error.py, tiny tp2 pp2 sp selective zb-h1): the first stage's peak,
+    where the table is large against the activations (2 x V_p / t x h x 4 bytes live then: .grad and this one)."""
+    o = _activation_options(lay)
+    received = lay.micro_batch * m.tokens * m.hidden * o.element_bytes / (lay.tp if lay.sequence_parallel else 1)
+    return spec_activation_bytes(embedding, m, o) + received + embedding.params * ELEMENT_BYTES[lay.precision]
 
 
 def _zb_hold_in_backward(m: ModelShape, lay: Layout, per_layer: List[float]) -> float:

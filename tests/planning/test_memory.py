@@ -177,6 +177,19 @@ def test_gloo_send_buffers_live_through_the_iteration():
     assert [x.send_buffers for x in predict_memory(GPT, replace(cpu, attention="fused"))] == [0, 0]
 
 
+def test_an_embeddings_backward_makes_its_tables_gradient():
+    """The first stage's last backward is its embedding's: it makes a dense gradient of the whole table before
+    adding it to .grad. Where the table outweighs a layer's activations (a small model, a large vocabulary), that
+    moment is the stage's peak: the working set is counted beside what the micro-batch no longer holds then (its
+    layers' activations are freed), so the table shows in activations + working."""
+    lay = Layout(pp=2, micro_batch=1, gas=4, zero_stage=0, attention="math")
+    big_vocab = _with(GPT, vocab_size=64000)
+    table = layer_specs(big_vocab, 1)[0].params * 4
+    first, small = predict_memory(big_vocab, lay)[0], predict_memory(GPT, lay)[0]
+    assert first.activations + first.working > table > small.activations + small.working
+    assert first.working > 10 * small.working
+
+
 LLAMA = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=16,
              position_embedding_type="rope", normalization="RMSNorm", swiglu=True, num_query_groups=2,
              add_bias_linear=False, tie_word_embeddings=False)

@@ -212,7 +212,8 @@ class GPTSpec(ModelSpec):
         embed = V * h // tp + positions * h
         tie = "word embeddings" if c.tie_word_embeddings else ""
         head = PipeLayer("head", embed, tie=tie) if tie else PipeLayer("head", V * h // tp)
-        return [PipeLayer("embed", embed, tie=tie), *[PipeLayer("layer", layer, transformer=True)] * c.num_layers,
+        return [PipeLayer("embed", embed, tie=tie, lookup=True),
+                *[PipeLayer("layer", layer, transformer=True)] * c.num_layers,
                 PipeLayer("norm", norm), head]
 
     def saved_bytes(self, layer: PipeLayer, config, o: ActivationOptions) -> float:

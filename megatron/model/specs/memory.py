@@ -7,7 +7,7 @@ activation element (4 fp32, 2 bf16).
     PipeLayer           one layer spec of the Pipe model as the planner sees it: the spec's own name for it (its
                         tables dispatch on it), its parameters on one tensor-parallel rank, whether it is a
                         transformer layer (what 'type:transformer' balances and recomputation checkpoints), the
-                        module it is tied to (a tied embedding and head on one stage are one module)
+                        module it is tied to (a tied embedding and head on one stage are one module), whether it is a table lookup
     ActivationOptions   how one micro-batch runs (what its saved bytes depend on besides the model)
     LinearWidths        the output widths of a transformer layer's four linears (ZB-H1 keeps their inputs and
                         output gradients from B to W)
@@ -29,12 +29,15 @@ STATS = 4  # LayerNorm mean / rstd and RMSNorm rstd are kept in fp32
 @dataclass(frozen=True)
 class PipeLayer:
     """One layer spec of the Pipe model: its kind (the spec's name: embed, layer, enc, dec, norm, head), its
-    parameters on one tp rank, whether it is a transformer layer, and the module it is tied to ('' if none)."""
+    parameters on one tp rank, whether it is a transformer layer, the module it is tied to ('' if none), and
+    whether it is a table lookup (an embedding: its backward makes a dense gradient of its whole table, then adds
+    it to the parameters' .grad)."""
     kind: str
     params: int
     first_of_stack: bool = False
     transformer: bool = False
     tie: str = ""
+    lookup: bool = False
 
 
 @dataclass(frozen=True)

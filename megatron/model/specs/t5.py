@@ -156,7 +156,7 @@ class T5Spec(ModelSpec):
         dec = enc + 4 * h * w // tp + h
         bias = c.relative_attention_num_buckets * c.num_attention_heads // tp
         tie = "word embeddings" if c.tie_word_embeddings else ""
-        layers = [PipeLayer("embed", V * h // tp, tie=tie)]
+        layers = [PipeLayer("embed", V * h // tp, tie=tie, lookup=True)]
         layers += [PipeLayer("enc", enc + (bias if i == 0 else 0), i == 0, True) for i in range(c.num_layers)]
         layers += [PipeLayer("norm", h)]
         layers += [PipeLayer("dec", dec + (bias if i == 0 else 0), i == 0, True) for i in range(c.num_decoder_layers)]
