@@ -1,7 +1,8 @@
 """The planner's memory error: predicted vs measured peak bytes per rank on small layouts (CPU, gloo).
 
 GPT-2, a GPT with the Llama family's layer (rope, RMSNorm, SwiGLU, grouped-query attention, no biases, untied head)
-and T5.
+and T5; the main job's GPT-2 (micro-batch 4, a 2048-token vocabulary) and a GPT-2 so small that the terms every
+rank holds whatever the model (communication buffers, the word table's gradient) weigh in its peak.
 
     python bench/memory_error.py [--only NAME ...] [--results bench/results/memory_error.jsonl] [--report-only]
 
@@ -36,8 +37,15 @@ T5 = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", 
 LLAMA = GPT + ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
                "--num-query-groups", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights",
                "--hidden-dropout", "0", "--attention-dropout", "0"]
-MODELS = {"gpt": ("gpt", GPT), "t5": ("t5", T5), "llama": ("gpt", LLAMA)}  # name: (model type, flags)
+# the main job's GPT-2 (examples/ds_pretrain_gpt2.sh on CPU: micro-batch 4, its 2048-token vocabulary), and a GPT-2
+# so small (2 layers, h 32, s 32, micro-batch 1) that the terms every rank holds whatever the model dominate its peak
+MAIN = GPT + ["--micro-batch-size", "4"]
+TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
+        "--micro-batch-size", "1", "--train-iters", "10", "--make-vocab-size-divisible-by", "8"]
 VOCAB = 1000
+# name: (model type, flags, vocabulary)
+MODELS = {"gpt": ("gpt", GPT, VOCAB), "t5": ("t5", T5, VOCAB), "llama": ("gpt", LLAMA, VOCAB),
+          "main": ("gpt", MAIN, 2048), "tiny": ("gpt", TINY, VOCAB)}
 BUCKET = 1_000_000
 
 # name: (model, world size, extra flags)
@@ -106,6 +114,23 @@ LAYOUTS = {
                                                        "--tensor-model-parallel-size", "2", "--pipe-parallel-size", "2",
                                                        "--sequence-parallel", "--recompute-granularity", "selective",
                                                        "--pipeline-schedule", "zb-h1", "--zero-stage", "0"]),
+    # issue 40: the main job's layout (its model, ZeRO-1, the fused loss, weight decay and clipping as it runs),
+    # sequence parallelism + selective recomputation + ZB-H1 on that GPT-2, and a GPT-2 whose fixed terms dominate
+    "main job tp2 pp2 dp2 zero1": ("main", 8, ["--gas", "2", "--tensor-model-parallel-size", "2",
+                                               "--pipe-parallel-size", "2", "--zero-stage", "1",
+                                               "--cross-entropy-loss-fusion", "--weight-decay", "0.01",
+                                               "--clip-grad", "1.0"]),
+    "main tp2 pp2 sp selective zb-h1": ("main", 4, ["--gas", "4", "--tensor-model-parallel-size", "2",
+                                                    "--pipe-parallel-size", "2", "--sequence-parallel",
+                                                    "--recompute-granularity", "selective", "--pipeline-schedule",
+                                                    "zb-h1", "--zero-stage", "0"]),
+    "tiny tp1 pp1 dp1 fp32": ("tiny", 1, ["--gas", "2", "--zero-stage", "0"]),
+    "tiny tp2 pp2 dp2 zero1": ("tiny", 8, ["--gas", "4", "--tensor-model-parallel-size", "2", "--pipe-parallel-size",
+                                           "2", "--zero-stage", "1"]),
+    "tiny tp2 pp2 sp selective zb-h1": ("tiny", 4, ["--gas", "4", "--tensor-model-parallel-size", "2",
+                                                    "--pipe-parallel-size", "2", "--sequence-parallel",
+                                                    "--recompute-granularity", "selective", "--pipeline-schedule",
+                                                    "zb-h1", "--zero-stage", "0"]),
 }
 
 
@@ -123,13 +148,13 @@ def argv_of(model: str, extra, ds_config: str) -> list:
 def predict(model: str, world: int, argv) -> list:
     """Per pipeline stage, the planner's peak per rank (bytes)."""
     from megatron.training.memory_probe import predicted_peaks
-    return predicted_peaks(argv, world, MODELS[model][0], VOCAB)
+    return predicted_peaks(argv, world, MODELS[model][0], MODELS[model][2])
 
 
 def measure(model: str, world: int, argv) -> list:
     from megatron.training.memory_probe import measure_rank
     from harness.dist import run_distributed
-    out = run_distributed(measure_rank, world, list(argv), world, MODELS[model][0], VOCAB, timeout=1500)
+    out = run_distributed(measure_rank, world, list(argv), world, MODELS[model][0], MODELS[model][2], timeout=1500)
     return [dict(tp=r["tp_rank"], pp=r["pp_rank"], dp=r["dp_rank"], peak=r["peak"].peak,
                  parts=dict(parameters=r["peak"].parameters, gradients=r["peak"].gradients,
                             optimizer=r["peak"].optimizer, other=r["peak"].other, rise=r["peak"].rise)) for r in out]

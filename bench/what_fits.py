@@ -11,24 +11,24 @@ from __future__ import annotations
 
 import argparse
 
+from megatron.model.config import GPTConfig, T5Config
 from megatron.planning.model_shape import ModelShape
 from megatron.planning.search import rank_layouts
 from megatron.planning.speed import GPUS, Cluster
 
-MODELS = {  # (type, layers, hidden, heads, kv channels, ffn, vocab, decoder layers)
-    "GPT-2 medium (355M)": ("gpt", 24, 1024, 16, 64, 4096, 50257, 0),
-    "GPT-2 large (774M)": ("gpt", 36, 1280, 20, 64, 5120, 50257, 0),
-    "GPT-2 XL (1.5B)": ("gpt", 48, 1600, 25, 64, 6400, 50257, 0),
-    "T5 base (220M)": ("t5", 12, 768, 12, 64, 3072, 32128, 12),
-    "T5 large (770M)": ("t5", 24, 1024, 16, 64, 4096, 32128, 24),
+MODELS = {  # configuration class and its fields, the sequence length set by --seq
+    "GPT-2 medium (355M)": (GPTConfig, dict(num_layers=24, hidden_size=1024, num_attention_heads=16, vocab_size=50257)),
+    "GPT-2 large (774M)": (GPTConfig, dict(num_layers=36, hidden_size=1280, num_attention_heads=20, vocab_size=50257)),
+    "GPT-2 XL (1.5B)": (GPTConfig, dict(num_layers=48, hidden_size=1600, num_attention_heads=25, vocab_size=50257)),
+    "T5 base (220M)": (T5Config, dict(num_layers=12, hidden_size=768, num_attention_heads=12, vocab_size=32128)),
+    "T5 large (770M)": (T5Config, dict(num_layers=24, hidden_size=1024, num_attention_heads=16, vocab_size=32128)),
 }
 CLUSTERS = {"8 x 80 GB (H100)": "h100", "8 x 24 GB (RTX 4090 class)": "rtx4090"}
 
 
 def shape(model: tuple, seq: int) -> ModelShape:
-    kind, layers, h, heads, kv, f, vocab, dec = model
-    return ModelShape(kind, layers, h, heads, kv, f, vocab, seq, decoder_layers=dec, decoder_seq=seq if dec else 0,
-                      max_positions=seq)
+    config_class, fields = model
+    return ModelShape.of(config_class(**fields, seq_length=seq))
 
 
 def main() -> None:

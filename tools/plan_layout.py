@@ -18,25 +18,31 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import replace
 
+from megatron.checkpointing.hf_config import gpt2_args, read_json, t5_args
 from megatron.checkpointing.hf_llama import ARCHITECTURES, llama_args
-from megatron.model.config import swiglu_ffn_size
 from megatron.config.arguments import build_parser
+from megatron.config.checkpoint_args import ARCHITECTURE, SEQUENCE
+from megatron.config.resolution import resolve_model
 from megatron.errors import UserError, exit_on_user_error
-from megatron.planning.model_shape import ModelShape, gpt_layer_options
+from megatron.model.specs import SPECS, spec_for
+from megatron.model.specs.gpt import GPT_DEFAULTS
+from megatron.planning.model_shape import ModelShape
 from megatron.planning.report import as_json, table
 from megatron.planning.search import rank_layouts
 from megatron.planning.speed import GPUS, Cluster
 
-VOCAB = {"gpt": 50257, "t5": 32128}
+# config.json's model_type -> the arguments import-hf gives its model (megatron/checkpointing/hf.py's readers)
+HF_READERS = {"gpt2": gpt2_args, "t5": t5_args, **{kind: llama_args for kind in ARCHITECTURES}}
+DEFAULT_SEQ = 1024
 
 
 def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = p.add_argument_group("planner")
-    g.add_argument("--model", choices=["gpt", "t5"], default="gpt", help="model type of the flags")
+    g.add_argument("--model", choices=sorted(SPECS), default="gpt", help="model type of the flags")
     g.add_argument("--hf-config", default=None, help="a Hugging Face config.json (gpt2, t5, llama, mistral, qwen2)")
-    g.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (GPT-2 50257, T5 32128)")
+    g.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default: the family's "
+                   f"reference tokenizer: {', '.join(f'{k} {v.reference_vocab_size}' for k, v in SPECS.items())})")
     g.add_argument("--nodes", type=int, default=1)
     g.add_argument("--gpus-per-node", type=int, default=8)
     g.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="memory, peak and links (below)")
@@ -101,44 +107,48 @@ def _grouped_help(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def _from_hf(path: str, vocab) -> ModelShape:
-    with open(path) as f:
-        c = json.load(f)
-    if c.get("model_type") in ARCHITECTURES:  # Llama, Mistral, Qwen2: the flags import-hf would give
-        args = argparse.Namespace(**{"make_vocab_size_divisible_by": 128, **llama_args(c, path)})
-        return ModelShape.from_args(args, vocab or c.get("vocab_size") or VOCAB["gpt"])
-    if c.get("model_type") == "t5":
-        return ModelShape("t5", c["num_layers"], c["d_model"], c["num_heads"], c["d_kv"], c["d_ff"],
-                          vocab or c["vocab_size"], 512, decoder_layers=c.get("num_decoder_layers") or c["num_layers"],
-                          decoder_seq=512, tied=c.get("tie_word_embeddings", True),
-                          gated="gated" in c.get("feed_forward_proj", "relu"))
-    h = c["n_embd"]
-    return ModelShape("gpt", c["n_layer"], h, c["n_head"], h // c["n_head"], c.get("n_inner") or 4 * h,
-                      vocab or c["vocab_size"], c["n_positions"], max_positions=c["n_positions"])
+def _hf_fields(a: argparse.Namespace) -> dict:
+    """The arguments import-hf gives the model of config.json (`HF_READERS`) and its vocabulary; the sequence
+    lengths the command line gives replace its (T5's decoder: --decoder-seq-length, else the encoder's)."""
+    cfg = read_json(a.hf_config)
+    reader = HF_READERS.get(cfg.get("model_type"))
+    if reader is None:
+        raise UserError(f"--hf-config {a.hf_config}: model_type {cfg.get('model_type')!r}; the planner reads "
+                        f"{', '.join(HF_READERS)}")
+    fields = dict(reader(cfg, a.hf_config), vocab_size=cfg.get("vocab_size"))
+    given = a.encoder_seq_length or a.seq_length
+    if given:
+        fields.update(seq_length=given, encoder_seq_length=given, decoder_seq_length=a.decoder_seq_length or given,
+                      max_position_embeddings=max(fields["max_position_embeddings"], given))
+    return fields
 
 
-def _from_flags(a: argparse.Namespace) -> ModelShape:
-    if a.load:
-        with open(os.path.join(a.load, "megatron_args.json")) as f:
-            saved = json.load(f)
-        merged = {k: v for k, v in saved.items() if k in vars(a)}
-        a = argparse.Namespace(**{**vars(a), **merged, "model": saved.get("model_type", a.model)})
+def _checkpoint_fields(a: argparse.Namespace) -> dict:
+    """A checkpoint's model from its megatron_args.json, as --use-checkpoint-args takes it (its architecture;
+    values the resolution fills alike are left to it), with its vocabulary and dropout; its sequence lengths
+    where the command line gives none."""
+    with open(os.path.join(a.load, "megatron_args.json")) as f:
+        saved = json.load(f)
+    fields = {k: saved[k] for k in ARCHITECTURE if saved.get(k) not in (None, False) and saved[k] != GPT_DEFAULTS.get(k)}
+    fields.update({k: saved[k] for k in ("model_type", "vocab_size", "make_vocab_size_divisible_by", "hidden_dropout",
+                                         "attention_dropout") if saved.get(k) is not None})
+    fields.update({k: saved[k] for k in SEQUENCE if getattr(a, k) is None and saved.get(k) is not None})
+    return fields
+
+
+def model_of(a: argparse.Namespace) -> ModelShape:
+    """The model of the flags, of --load's checkpoint or of --hf-config's config.json, resolved as pretrain_*.py
+    resolves its flags (`resolve_model`: the family's defaults and checks) into the spec's configuration."""
+    fields = _hf_fields(a) if a.hf_config else _checkpoint_fields(a) if a.load else {}
+    merged = {**vars(a), "model_type": a.model, **fields}
     for flag in ("num_layers", "hidden_size", "num_attention_heads"):
-        if getattr(a, flag) is None:
+        if merged[flag] is None:
             raise UserError(f"--{flag.replace('_', '-')} is required (or --load CKPT, or --hf-config config.json)")
-    h, heads = a.hidden_size, a.num_attention_heads
-    seq = a.encoder_seq_length or a.seq_length or 1024
-    t5 = a.model == "t5"
-    gpt = {} if t5 else gpt_layer_options(a)  # the GPT layer's flags (--swiglu, --group-query-attention, ...)
-    ffn = a.ffn_hidden_size or (swiglu_ffn_size(h) if gpt.get("gated") else 4 * h)
-    return ModelShape(a.model, a.num_layers, h, heads, a.kv_channels or h // heads, ffn,
-                      a.vocab_size or getattr(a, "padded_vocab_size", None) or VOCAB[a.model], seq,
-                      decoder_layers=(a.decoder_num_layers or a.num_layers) if t5 else 0,
-                      decoder_seq=(a.decoder_seq_length or seq) if t5 else 0,
-                      max_positions=a.max_position_embeddings or seq,
-                      divisible_by=a.make_vocab_size_divisible_by,
-                      tied=not a.untie_embeddings_and_output_weights, hidden_dropout=a.hidden_dropout,
-                      attention_dropout=a.attention_dropout, **({"gated": a.feed_forward_proj == "gated-gelu"} if t5 else gpt))
+    spec = spec_for(merged["model_type"])
+    merged["vocab_size"] = a.vocab_size or merged["vocab_size"] or spec.reference_vocab_size
+    if not (merged["seq_length"] or merged["encoder_seq_length"]):
+        merged["seq_length"] = DEFAULT_SEQ
+    return ModelShape(spec, spec.config(resolve_model(argparse.Namespace(**merged))))
 
 
 def cluster_of(a: argparse.Namespace) -> Cluster:
@@ -151,11 +161,7 @@ def cluster_of(a: argparse.Namespace) -> Cluster:
 
 def main(argv=None) -> None:
     a = build_parser(_planner_args, prog="plan_layout.py").parse_args(argv)
-    shape = _from_hf(a.hf_config, a.vocab_size) if a.hf_config else _from_flags(a)
-    if a.hf_config and (a.seq_length or a.encoder_seq_length):
-        s = a.encoder_seq_length or a.seq_length
-        shape = replace(shape, seq=s, max_positions=max(shape.max_positions, s),
-                        decoder_seq=(a.decoder_seq_length or s) if shape.model_type == "t5" else 0)
+    shape = model_of(a)
     if a.global_batch_size is None:
         raise UserError("--global-batch-size is required: the planner divides it into micro-batch x gas x dp")
     c = cluster_of(a)
@@ -163,12 +169,12 @@ def main(argv=None) -> None:
     cands = rank_layouts(shape, c, a.global_batch_size, precision,
                          sequence_parallel_available=not a.no_sequence_parallel)
     if a.json:
-        json.dump(dict(model=vars(shape), cluster=vars(c), candidates=as_json(cands)), sys.stdout, indent=1,
+        json.dump(dict(model=shape.record(), cluster=vars(c), candidates=as_json(cands)), sys.stdout, indent=1,
                   default=str)
         print()
         return
     fitting = sum(x.fits for x in cands)
-    print(f"{shape.model_type} {shape.num_layers + shape.decoder_layers} layers, hidden {shape.hidden}, seq "
+    print(f"{shape.spec.model_type} {shape.transformer_layers} layers, hidden {shape.hidden}, seq "
           f"{shape.seq}; {c.nodes} x {c.gpus_per_node} GPUs of {c.memory_gb:g} GB ({c.peak_tflops:g} TFLOP/s, "
           f"efficiency {c.efficiency:g}, allocator overhead {c.allocator_overhead:.0%}); global batch "
           f"{a.global_batch_size}, {precision}; {fitting} of {len(cands)} layouts fit (predictions; memory per "

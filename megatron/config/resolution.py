@@ -143,6 +143,13 @@ def _resolve_model(args: argparse.Namespace) -> None:
     _resolve_family(args)
 
 
+def resolve_model(args: argparse.Namespace) -> argparse.Namespace:
+    """The model's part of the resolution alone (its derived sizes, the family's defaults and checks by its spec),
+    for a tool that describes a model without a run (tools/plan_layout.py); `args` as the parser gives them."""
+    _resolve_model(args)
+    return args
+
+
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved", "zb-h1")  # tds.pipe.schedule.SCHEDULES
 
 

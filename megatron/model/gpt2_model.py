@@ -33,7 +33,9 @@ from .transformer import TransformerLayer, run_layers, sequence_parallel_norm, s
 
 class GPT2Embedding(nn.Module):
     """(b, s) token ids [, (b, s) position ids] -> (b, s, h); the word table is also the LM head when tied.
-    Position ids are used only by the learned table ('learned_absolute')."""
+    Position ids are used only by the learned table ('learned_absolute'). `weight_grad_store`: the tied head's,
+    as `OutputLayer`'s."""
+    weight_grad_store = None
 
     def __init__(self, config: GPTConfig, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
@@ -66,7 +68,8 @@ class GPT2Embedding(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(b, s, h) -> (b, s, V_r) against the word table (hidden (b, s/t, h) with sequence parallelism)."""
-        return lm_logits(hidden, self.word_embeddings.weight, self.vocab_size, self.tp_group, self.sequence_parallel)
+        return lm_logits(hidden, self.word_embeddings.weight, self.vocab_size, self.tp_group, self.sequence_parallel,
+                         self.weight_grad_store)
 
 
 def final_layernorm(config: GPTConfig, tp_group=None, sequence_parallel: bool = False) -> nn.Module:

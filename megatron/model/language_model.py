@@ -31,11 +31,11 @@ def mask_padded_vocab(logits: torch.Tensor, vocab_size: int, tp_group=None) -> t
 
 
 def lm_logits(hidden: torch.Tensor, word_embeddings_weight: torch.Tensor, vocab_size: int,
-              tp_group=None, sequence_parallel: bool = False) -> torch.Tensor:
+              tp_group=None, sequence_parallel: bool = False, store=None) -> torch.Tensor:
     """(b, s, h) -> vocab-parallel logits (b, s, V_r) with padded ids masked; with sequence_parallel hidden is
-    this rank's part of the sequence (b, s/t, h), all-gathered first."""
+    this rank's part of the sequence (b, s/t, h), all-gathered first (`store`: ZB-H1's, `mpu.parallel_lm_logits`)."""
     logits = mpu.parallel_lm_logits(hidden, word_embeddings_weight, parallel_output=True, tp_group=tp_group,
-                                    sequence_parallel=sequence_parallel)
+                                    sequence_parallel=sequence_parallel, store=store)
     return mask_padded_vocab(logits, vocab_size, tp_group)
 
 
@@ -45,7 +45,9 @@ class OutputLayer(nn.Module):
     `weight` is this rank's rows of a (V_pad, h) table drawn N(0, std^2) from the CPU generator under module
     number `module_number` (`rng.init_rng`), then cut by vocabulary rows as the word table is (partition_dim 0,
     stride 1). With sequence_parallel the hidden state is this rank's part of the sequence, gathered first.
+    `weight_grad_store`: set from outside by `tds.pipe.weight_grad.attach` (ZB-H1 defers the weight gradient).
     """
+    weight_grad_store = None
 
     def __init__(self, vocab_size: int, padded_vocab_size: int, hidden_size: int, std: float, seed: int,
                  module_number: int, dtype: torch.dtype, tp_group=None, sequence_parallel: bool = False):
@@ -60,7 +62,8 @@ class OutputLayer(nn.Module):
         mpu.set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return lm_logits(hidden, self.weight, self.vocab_size, self.tp_group, self.sequence_parallel)
+        return lm_logits(hidden, self.weight, self.vocab_size, self.tp_group, self.sequence_parallel,
+                         self.weight_grad_store)
 
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor, loss_mask: torch.Tensor,

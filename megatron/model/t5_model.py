@@ -42,7 +42,9 @@ from .transformer import T5TransformerLayer, run_layers, sequence_parallel_norm,
 
 
 class T5Embedding(nn.Module):
-    """Shared word table for encoder and decoder ids; (b, s) -> (b, s, h). Also the (tied) LM head."""
+    """Shared word table for encoder and decoder ids; (b, s) -> (b, s, h). Also the (tied) LM head
+    (`weight_grad_store`: the head's, as `OutputLayer`'s)."""
+    weight_grad_store = None
 
     def __init__(self, config: T5Config, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
@@ -68,7 +70,7 @@ class T5Embedding(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Decoder output (b, sd, h) -> (b, sd, V_r), scaled by h^-0.5 first (tied-embedding T5)."""
         return lm_logits(hidden * self.hidden_size ** -0.5, self.word_embeddings.weight, self.vocab_size,
-                         self.tp_group, self.sequence_parallel)
+                         self.tp_group, self.sequence_parallel, self.weight_grad_store)
 
 
 class T5LMHead(OutputLayer):

@@ -257,12 +257,15 @@ class RowParallelLinear(_TensorParallelModule):
 
 
 def parallel_lm_logits(input_: torch.Tensor, word_embeddings_weight: torch.Tensor, parallel_output: bool,
-                       bias: Optional[torch.Tensor] = None, tp_group=None,
-                       sequence_parallel: bool = False) -> torch.Tensor:
+                       bias: Optional[torch.Tensor] = None, tp_group=None, sequence_parallel: bool = False,
+                       store: Optional[WeightGradStore] = None) -> torch.Tensor:
     """Logits against the vocab-parallel embedding: (b, s, h) -> (b, s, V/p), or (b, s, V) if gathered.
-    With sequence_parallel the input is this rank's part (b, s/p, h), all-gathered along the sequence first."""
+    With sequence_parallel the input is this rank's part (b, s/p, h), all-gathered along the sequence first, and
+    `store` (ZB-H1's, the head module's `weight_grad_store`) defers the GEMM's weight gradient to W as the other
+    linears' (without sequence parallelism the engine routes this F.linear to the store itself)."""
     if sequence_parallel:
-        logits_parallel = sequence_parallel_linear(input_, word_embeddings_weight, bias, resolve_group(tp_group)[0])
+        logits_parallel = sequence_parallel_linear(input_, word_embeddings_weight, bias, resolve_group(tp_group)[0],
+                                                   store)
     else:
         logits_parallel = F.linear(copy_to_tensor_model_parallel_region(input_, tp_group), word_embeddings_weight, bias)
     if parallel_output:

@@ -20,8 +20,8 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        released (DeepSpeed's clear_lp_grads). Checked on CPU (bench/memory_error.py) and on an
                        H100 (bench/gpu_throughput.py: GPT-2 medium, within +2.3 to +4.4 %)
 
-Rotary positions: each layer's cos / sin tables (2 s r e_a, `rotary_tables`) are held from the first forward on and
-counted with the weights.
+What a layer caches from its first forward on (the spec's `layer_cache_bytes`: GPT's rotary cos / sin tables,
+2 s r e_a) is counted with the weights.
 
 Activations: `activations.spec_activation_bytes` per chunk and micro-batch, run through this stage's
 compute units (`tds.pipe.instructions.compute_order`, the order its `train_schedule` list runs them): + at each
@@ -32,10 +32,14 @@ activations (~ one layer's saved bytes), with full recomputation one checkpointe
 selective recomputation one layer's attention core recomputed (CPU's math path; nothing on GPUs; under ZB-H1 with
 the deferred linears' gradients kept beside it, `_zb_hold_in_backward`).
 Boundary buffers: the stage output kept for backward (b s h e / t per in-flight micro-batch, not on the last
-stage) and the received gradient.
+stage) and the received gradient; with gloo (CPU) every activation message the stage sends in an iteration
+(`send_buffers`, counted with the weights: they live through the iteration).
 
 The peak is the largest of three moments: the activation peak (weights, optimizer state, gradients, activations),
-the gradient reduction (weights, optimizer, gradients, reduce buffers) and the optimizer step.
+the gradient reduction (weights, optimizer, gradients, reduce buffers) and the optimizer step. Gradients that
+param.grad holds (fp32, ZeRO-1) are made by the stage's first backward: at that moment they do not exist yet
+(`unmade_gradients`), which decides the peak where no later backward has as many micro-batches in flight (as
+many micro-batches as stages: the main job's layout, 7.6 % over before).
 """
 from __future__ import annotations
 
@@ -107,14 +111,16 @@ class StageMemory:
     buffers: float                   # reduce buckets / flat all-reduce copy at the gradient reduction
     peak_moment: str = ""
     parts: Dict[str, float] = field(default_factory=dict)
+    unmade_gradients: float = 0.0    # of `gradients`, what does not exist yet at the activation peak
+    send_buffers: float = 0.0        # the pipeline's send messages held through the iteration (gloo)
 
     @property
     def static(self) -> float:
-        return self.weights + self.gradients + self.optimizer
+        return self.weights + self.gradients + self.optimizer + self.send_buffers
 
     @property
     def peak(self) -> float:
-        return max(self.static + self.activations + self.working, self.static + self.buffers)
+        return max(self.static - self.unmade_gradients + self.activations + self.working, self.static + self.buffers)
 
     def as_dict(self) -> dict:
         """The fields and the peak (`dataclasses.asdict` without its deep copies, which cost a ranking's output)."""
@@ -152,13 +158,12 @@ def _logits_grad(m: ModelShape, lay: Layout, s_out: int) -> float:
 
 
 def _weight_grad_hold(m: ModelShape, lay: Layout, layers, head: bool) -> float:
-    """ZB-H1: what a micro-batch keeps between its B and its W: each linear's input and output gradient
-    (GPT/T5 layer ~ (4h + (w + 2g + w + f_in + f)/t) b s e, GPT-2's (4h + 4w/t + 2f/t) b s e; the head its input
-    and the logits' gradient)."""
+    """ZB-H1: what a micro-batch keeps between its B and its W: each linear's input and output gradient, over the
+    head's length s (the spec's `linear_widths`: a layer ~ (4h + (qkv + dense + fc1 + fc2)/t) b s e, GPT-2's
+    (4h + 4w/t + 2f/t) b s e; the head its input and the logits' gradient)."""
     e, b, t, h = ELEMENT_BYTES[lay.precision], lay.micro_batch, lay.tp, m.hidden
-    s = m.decoder_seq if m.model_type == "t5" else m.seq
-    f_in = 2 * m.ffn if m.gated and m.model_type == "gpt" else m.ffn  # T5's as before: not measured gated
-    per_layer = b * s * e * (4 * h + (2 * m.width + 2 * m.kv_width + f_in + m.ffn) / t)
+    s, widths = m.output_length, m.linear_widths
+    per_layer = b * s * e * (4 * h + (widths.qkv + widths.dense + widths.fc1 + widths.fc2) / t)
     return len(layers) * per_layer + (b * s * e * (h + m.padded_vocab(t) / t) if head else 0.0)
 
 
@@ -166,18 +171,16 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
     """(bytes held per in-flight micro-batch, backward working set, held from B to W under ZB-H1) of a chunk."""
     o = _activation_options(lay)
     chosen = specs[chunk[0]:chunk[1]]
-    layers = [s for s in chosen if s.kind in ("layer", "enc", "dec")]
-    others = sum(spec_activation_bytes(s, m, o) for s in chosen if s.kind not in ("layer", "enc", "dec"))
+    layers = [s for s in chosen if s.transformer]
+    others = sum(spec_activation_bytes(s, m, o) for s in chosen if not s.transformer)
     saved = {s: layer_bytes(s, m, o) for s in set(layers)}  # a chunk's layers are mostly one spec
     per_layer = [saved[s] for s in layers]
     e, b, h, t = o.element_bytes, lay.micro_batch, m.hidden, lay.tp
-    s_out = m.decoder_seq if m.model_type == "t5" else m.seq
-    tokens = m.seq + m.decoder_seq if m.model_type == "t5" else m.seq  # T5 sends enc_h and dec_h
-    boundary = 0.0 if last else b * tokens * h * e  # the output kept for backward
+    s_out = m.output_length
+    boundary = 0.0 if last else b * m.tokens * h * e  # the output kept for backward (T5: both stacks' states)
     if lay.sequence_parallel:
         boundary /= t  # each tp rank holds s / t of the sequence
-    if any(s.kind == "dec" for s in layers):
-        others += b * m.seq * h * e  # the encoder output every decoder layer attends to, once per chunk
+    others += m.spec.chunk_bytes({s.kind for s in layers}, m.config, o)  # T5: the encoder output, once per chunk
     biggest = max(per_layer, default=0.0)
     # backward working set: a layer's activation gradients (about 3 MLP-sized tensors, measured), or on the
     # last stage the logits' gradient (`_logits_grad`)
@@ -195,14 +198,31 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
             # activations of that micro-batch are freed: only what they add beyond those counts
             inputs, kept = min(k, len(layers)) * b * m.seq * h * e, sum(per_layer[k:])
             recomputed = max(0.0, sum(per_layer[:k]) - kept - head)
-            return others + inputs + kept + boundary, max(logits_grad, recomputed + mlp_grads), hold
-        inputs = -(-len(layers) // k) * b * m.seq * h * e
-        return others + inputs + boundary, max(logits_grad, k * biggest + mlp_grads - head), hold
-    # selective: a layer's attention core is recomputed while its backward runs, after the MLP's gradients are freed
-    recomputed = max((recomputed_core_bytes(s, m, o) for s in layers), default=0.0)
-    if recomputed and lay.schedule == "zb-h1":  # on the last stage the head's and final norm's bytes are freed by then
-        recomputed += max(0.0, _zb_hold_in_backward(m, lay, per_layer) - (others if last else 0.0))
-    return others + sum(per_layer) + boundary, max(mlp_grads, recomputed, logits_grad), hold
+            held, working = others + inputs + kept + boundary, max(logits_grad, recomputed + mlp_grads)
+        else:
+            inputs = -(-len(layers) // k) * b * m.seq * h * e
+            held, working = others + inputs + boundary, max(logits_grad, k * biggest + mlp_grads - head)
+    else:
+        # selective: a layer's attention core is recomputed while its backward runs, after the MLP's gradients
+        # are freed
+        recomputed = max((recomputed_core_bytes(s, m, o) for s in layers), default=0.0)
+        if recomputed and lay.schedule == "zb-h1":  # the last stage's head and final norm bytes are freed by then
+            recomputed += max(0.0, _zb_hold_in_backward(m, lay, per_layer) - (others if last else 0.0))
+        held, working = others + sum(per_layer) + boundary, max(mlp_grads, recomputed, logits_grad)
+    if chosen and chosen[0].lookup:  # the chunk's last backward: its embedding's
+        working = max(working, _lookup_backward(m, lay, chosen[0]) + hold - held)
+    return held, working, hold
+
+
+def _lookup_backward(m: ModelShape, lay: Layout, embedding) -> float:
+    """The moment an embedding runs its backward, the micro-batch's last: besides the ZB-H1 share its layers keep
+    for W, only the embedding's own saved bytes, the gradient it receives (b s h e, T5: both stacks') and the
+    dense gradient of its whole table (its parameters, in their dtype) that the backward makes before adding it
+    to .grad are alive. Measured (bench/memory_error.py, tiny tp2 pp2 sp selective zb-h1): the first stage's peak,
+    where the table is large against the activations (2 x V_p / t x h x 4 bytes live then: .grad and this one)."""
+    o = _activation_options(lay)
+    received = lay.micro_batch * m.tokens * m.hidden * o.element_bytes / (lay.tp if lay.sequence_parallel else 1)
+    return spec_activation_bytes(embedding, m, o) + received + embedding.params * ELEMENT_BYTES[lay.precision]
 
 
 def _zb_hold_in_backward(m: ModelShape, lay: Layout, per_layer: List[float]) -> float:
@@ -212,36 +232,65 @@ def _zb_hold_in_backward(m: ModelShape, lay: Layout, per_layer: List[float]) -> 
     the column linears' inputs re-gathered whole (the held part is s/t of them). Measured (bench/memory_error.py,
     gpt tp2 pp2 sp selective zb-h1): stage 0 was 12% under without this term."""
     e, b, t, h = ELEMENT_BYTES[lay.precision], lay.micro_batch, lay.tp, m.hidden
-    s = m.decoder_seq if m.model_type == "t5" else m.seq
-    f_in = 2 * m.ffn if m.gated and m.model_type == "gpt" else m.ffn
+    s, widths = m.output_length, m.linear_widths
     sp = lay.sequence_parallel and t > 1
-    grads = b * s * e * ((m.width + 2 * m.kv_width + f_in) / t + 2 * h)  # dY of qkv, fc1 (split), dense, fc2
+    grads = b * s * e * ((widths.qkv + widths.fc1) / t + 2 * h)  # dY of qkv, fc1 (split), dense, fc2
     gathered = 2 * b * s * h * e if sp else 0.0  # the inputs of qkv and fc1, all-gathered again in B
-    kept = b * s * e * ((m.width + m.ffn) / t + (0 if sp else 2 * h))  # the inputs the held bytes already hold
+    kept = b * s * e * ((widths.dense + widths.fc2) / t + (0 if sp else 2 * h))  # inputs the held bytes hold
     later = sum(max(0.0, grads + gathered - (size - kept)) for size in per_layer[1:])
-    first = b * s * e * (2 * h + f_in / t) + (b * s * h * e if sp else 0.0)  # dY of fc2, fc1, dense; fc1's input
+    first = b * s * e * (2 * h + widths.fc1 / t) + (b * s * h * e if sp else 0.0)  # dY of fc2, fc1, dense; its input
     return later + first
 
 
-def _activation_peak(order: Sequence[tuple], chunks: Sequence[tuple]) -> tuple[float, int, float]:
-    """(peak activation bytes, units in flight then, working set then) through the stage's compute units `order`
-    (`compute_orders`), `chunks` each chunk's `_chunk_bytes`: a unit's activations from its F to its B; under
-    ZB-H1 the W's share from B to W. The peak is the first moment with the largest activations + working set."""
+def _activation_peak(order: Sequence[tuple], chunks: Sequence[tuple]) -> tuple[tuple, tuple]:
+    """Through the stage's compute units `order` (`compute_orders`), `chunks` each chunk's `_chunk_bytes` (a unit's
+    activations from its F to its B; under ZB-H1 the W's share from B to W): the moment with the largest
+    activations + working set up to the stage's first backward, and the one after it, each (activation bytes,
+    units in flight, working set) at the first moment with its largest sum (`_peak_moment` picks one)."""
     forward, backward_input, weight = Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT  # (enum reads are slow)
-    live, units, best, most = 0.0, 0, (0.0, 0, 0.0), 0.0
+    live, units, k = 0.0, 0, 0  # k: 0 up to the first backward, 1 after it
+    best, most = [(0.0, 0, 0.0), (0.0, 0, 0.0)], [0.0, 0.0]
     for op, _, chunk in order:
         held, working, hold = chunks[chunk]
         if op is forward:
             live, units = live + held, units + 1
-            if live > most:
-                best, most = (live, units, 0.0), live
+            if live > most[k]:
+                best[k], most[k] = (live, units, 0.0), live
         elif op is weight:
             live -= hold
         else:  # a backward, or ZB-H1's B
-            if live + working > most:
-                best, most = (live, units, working), live + working
-            live, units = live - held + (hold if op is backward_input else 0.0), units - 1
-    return best
+            if live + working > most[k]:
+                best[k], most[k] = (live, units, working), live + working
+            live, units, k = live - held + (hold if op is backward_input else 0.0), units - 1, 1
+    return best[0], best[1]
+
+
+def _peak_moment(first: tuple, later: tuple, unmade: float) -> tuple[tuple, float]:
+    """(the activation peak, the gradient bytes not made yet then): the stage's first backward, before it has made
+    the weight gradients that are allocated lazily (`unmade`), unless a later moment holds more."""
+    if later[0] + later[2] > first[0] + first[2] - unmade:
+        return later, 0.0
+    return first, unmade
+
+
+def _send_buffers(m: ModelShape, lay: Layout, stage: int) -> float:
+    """gloo (CPU processes; `attention="math"` stands for them): a send completes only when waited for at the end
+    of the batch, so every activation message of an iteration stays alive, and tds.pipe.boundary reuses them in
+    the next: one per micro-batch and chunk that sends (every chunk but the model's last), each the hidden states
+    of b x tokens positions this tp rank sends (its 1 / t part; T5's masks are not counted). Measured: the stage's
+    storages at the start of an iteration hold all but one of them. On GPUs a send completes as it goes and its
+    message is reused: not counted (not measured there)."""
+    if lay.attention != "math" or lay.pp == 1:
+        return 0.0
+    sends = lay.gas * (lay.virtual_stages - (1 if stage == lay.pp - 1 else 0))
+    return sends * lay.micro_batch * m.tokens * m.hidden * ELEMENT_BYTES[lay.precision] / lay.tp
+
+
+def _unmade_gradients(grads: float, lay: Layout) -> float:
+    """The gradient bytes the stage's first backward allocates (param.grad is None before it: torch's AdamW, the
+    ZeRO-1 optimizer); BF16_Optimizer's bf16 gradients are views of one flat buffer made before it (measured with
+    --log-memory: fp32 and ZeRO-1 ranks start an iteration with no gradient, bf16 ZeRO-0 ranks with all)."""
+    return 0.0 if lay.ds_zero_stage == 0 and ELEMENT_BYTES[lay.precision] == 2 else grads
 
 
 def _compute_orders(schedule: str, pp: int, gas: int, v: int) -> list:
@@ -257,18 +306,22 @@ def compute_orders(lay: Layout, shared: SharedTerms) -> list:
     return shared.get("orders", key, lambda: _compute_orders(*key))
 
 
-def stage_params(specs, chunks, tied: bool) -> int:
-    """Parameters of this rank's chunks; a tied embedding and head on one stage are one module."""
-    held = [i for a, b in chunks for i in range(a, b)]
-    kinds = {specs[i].kind for i in held}
-    shared = tied and {"embed", "head"} <= kinds
-    return sum(specs[i].params for i in held if not (shared and specs[i].kind == "head"))
+def stage_params(specs, chunks) -> int:
+    """Parameters of this rank's chunks; layer specs tied to one module (a tied embedding and head) on one stage
+    are that module once."""
+    total, tied = 0, set()
+    for i in (i for a, b in chunks for i in range(a, b)):
+        if specs[i].tie and specs[i].tie in tied:
+            continue
+        tied.add(specs[i].tie)
+        total += specs[i].params
+    return total
 
 
-def rotary_tables(m: ModelShape, lay: Layout, layers: int) -> float:
-    """Rotary positions: each layer's RotaryEmbedding caches cos and sin (s, r) in the activations' dtype from its
-    first forward on (megatron.model.position), held like the weights."""
-    return layers * 2 * m.seq * m.rotary_dim * ELEMENT_BYTES[lay.precision]
+def layer_caches(m: ModelShape, lay: Layout, layers: int) -> float:
+    """What `layers` transformer layers cache from their first forward on, held like the weights (the spec's
+    `layer_cache_bytes`: GPT's rotary cos / sin tables, (s, r) each in the activations' dtype)."""
+    return layers * m.spec.layer_cache_bytes(m.config, ELEMENT_BYTES[lay.precision])
 
 
 def _specs_and_chunks(m: ModelShape, lay: Layout, stage: int, shared: SharedTerms) -> tuple[list, list]:
@@ -284,26 +337,28 @@ def _specs_and_chunks(m: ModelShape, lay: Layout, stage: int, shared: SharedTerm
 def stage_parameters(m: ModelShape, lay: Layout, shared: Optional[SharedTerms] = None) -> List[int]:
     """Parameters on one rank of each stage (`StageMemory.params`), without the rest of the prediction."""
     shared = shared or SharedTerms()
-    return [stage_params(*_specs_and_chunks(m, lay, s, shared), m.tied) for s in range(lay.pp)]
+    return [stage_params(*_specs_and_chunks(m, lay, s, shared)) for s in range(lay.pp)]
 
 
 def stage_memory(m: ModelShape, lay: Layout, stage: int, shared: Optional[SharedTerms] = None) -> StageMemory:
     """One rank of pipeline stage `stage`; `shared`: the terms other layouts of a ranking computed already."""
     shared = shared or SharedTerms()
     specs, chunks = _specs_and_chunks(m, lay, stage, shared)
-    psi = stage_params(specs, chunks, m.tied)
+    psi = stage_params(specs, chunks)
     weights, grads, opt, buffers = _state_bytes(psi, lay)
-    weights += rotary_tables(m, lay, sum(specs[i].kind == "layer" for a, b in chunks for i in range(a, b)))
+    weights += layer_caches(m, lay, sum(specs[i].transformer for a, b in chunks for i in range(a, b)))
     n = len(chunks)
     per_chunk = tuple(_chunk_bytes(m, lay, specs, ch, last=(stage == lay.pp - 1 and c == n - 1))
                       for c, ch in enumerate(chunks))
     order = compute_orders(lay, shared)[stage]
     schedule = (lay.schedule, lay.pp, stage, lay.gas, lay.virtual_stages)
-    act, units, work = shared.get("peak", (schedule, per_chunk), lambda: _activation_peak(order, per_chunk))
+    first, later = shared.get("peak", (schedule, per_chunk), lambda: _activation_peak(order, per_chunk))
+    (act, units, work), unmade = _peak_moment(first, later, _unmade_gradients(grads, lay))
     if lay.ds_zero_stage >= 1:
         work += buffers / 2  # ZeRO-1: one of the two reduce buckets exists from the first backward on
-    out = StageMemory(stage, psi, weights, grads, opt, act, units, work, buffers)
-    out.peak_moment = "activations" if act + work >= buffers else "gradient reduction"
+    out = StageMemory(stage, psi, weights, grads, opt, act, units, work, buffers, unmade_gradients=unmade,
+                      send_buffers=_send_buffers(m, lay, stage))
+    out.peak_moment = "activations" if act + work - unmade >= buffers else "gradient reduction"
     return out
 
 

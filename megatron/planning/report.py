@@ -26,11 +26,16 @@ def secs(x: float) -> str:
 def stage_lines(stages: List[StageMemory]) -> List[str]:
     """One line per stage: peak per rank and its parts."""
     return [f"  stage {s.stage}: peak {size(s.peak)} per rank = weights {size(s.weights)} + gradients "
-            f"{size(s.gradients)} + optimizer {size(s.optimizer)} + " +
+            f"{size(s.gradients - _unmade(s))} + optimizer {size(s.optimizer)} + " +
             (f"activations {size(s.activations)} ({s.in_flight} micro-batch units in flight) + working "
              f"{size(s.working)}" if s.peak_moment == "activations" else
              f"communication buffers {size(s.buffers)} (at the gradient reduction)") +
             f"; {s.params / 1e6:.2f} M parameters" for s in stages]
+
+
+def _unmade(s: StageMemory) -> float:
+    """The gradients not made yet at the peak (the stage's first backward makes them)."""
+    return s.unmade_gradients if s.peak_moment == "activations" else 0.0
 
 
 HEADER = (f"{'#':>3} {'layout':48s} {'fits':4s} {'peak GB':>8s} {'weights':>8s} {'grads':>7s} {'optim':>7s} "

@@ -57,7 +57,7 @@ def enumerate_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: s
     world = c.world_size
     layers = m.transformer_layers
     for tp in _divisors(min(c.gpus_per_node, world)):
-        if m.heads % tp or m.groups % tp or m.ffn % tp or world % tp:
+        if any(size % tp for size in m.spec.tensor_parallel_sizes(m.config)) or world % tp:
             continue
         for pp in _divisors(world // tp):
             if pp > layers:

@@ -76,15 +76,10 @@ class StepTime:
 
 
 def model_flops(m: ModelShape, lay: Layout) -> float:
-    """FLOPs of one iteration (global batch micro x gas x dp), megatron.training.flops' convention."""
-    from megatron.model.flops import gpt_flops_per_iteration, t5_flops_per_iteration
+    """FLOPs of one iteration (global batch micro x gas x dp), the spec's count (megatron.model.flops' convention)
+    with the layout's full recomputation."""
     B, V = lay.micro_batch * lay.gas * lay.dp, m.padded_vocab(lay.tp)
-    recompute = lay.recompute == "full"
-    common = dict(num_layers=m.num_layers, h=m.hidden, d=m.width, f=m.ffn, vocab=V, recompute=recompute)
-    if m.model_type == "t5":
-        return t5_flops_per_iteration(B, m.seq, m.decoder_seq, num_decoder_layers=m.decoder_layers, gated=m.gated,
-                                      **common)
-    return gpt_flops_per_iteration(B, m.seq, d_kv=m.kv_width, gated=m.gated, **common)
+    return m.spec.flops(m.config, B, V, recompute=lay.recompute == "full")
 
 
 def _schedule_terms(schedule: str, pp: int, gas: int, v: int, instructions: bool = True, orders=None) -> tuple:
@@ -128,13 +123,11 @@ def gemm_efficiency(m: ModelShape, lay: Layout, c: Cluster) -> float:
 
 
 def selective_recompute_flops(m: ModelShape, lay: Layout) -> float:
-    """Selective recomputation runs the attention core forward again: 4 b s^2 w per layer and micro-batch."""
+    """Selective recomputation runs the attention cores' forward again (the spec's `core_flops`: 4 b s^2 w per
+    layer and micro-batch)."""
     if lay.recompute != "selective":
         return 0.0
-    B = lay.micro_batch * lay.gas * lay.dp
-    enc = m.num_layers * 4 * B * m.seq ** 2 * m.width
-    dec = m.decoder_layers * 4 * B * (m.decoder_seq ** 2 + m.decoder_seq * m.seq) * m.width
-    return enc + dec
+    return m.spec.core_flops(m.config, lay.micro_batch * lay.gas * lay.dp)
 
 
 def predict_step(m: ModelShape, lay: Layout, c: Cluster, shared: Optional[SharedTerms] = None) -> StepTime:
@@ -146,7 +139,7 @@ def predict_step(m: ModelShape, lay: Layout, c: Cluster, shared: Optional[Shared
     frac, hops, instructions = _terms(lay, shared, c.instruction_ms != 0) if lay.pp > 1 else (0.0, 0, 0)
     bubble = compute * frac / (1 - frac)
     e, b, h, t = ELEMENT_BYTES[lay.precision], lay.micro_batch, m.hidden, lay.tp
-    tokens = m.seq + (m.decoder_seq if m.model_type == "t5" else 0)
+    tokens = m.tokens  # positions per sample whose hidden states the layers and stages pass on (T5: both stacks')
     layers_per_stage = m.transformer_layers / lay.pp
     tp_bytes = 8 * b * tokens * h * e * (t - 1) / t * layers_per_stage * lay.gas
     tp_comm = tp_bytes / (c.intra_gbps * 1e9) if t > 1 else 0.0

@@ -43,15 +43,20 @@ def schedule_rank(jobs: list) -> list:
 
 
 def _attached_linears(j: dict) -> tuple[int, int]:
-    """(modules attach() gives a store, Column/RowParallelLinear layers) of a stage built like the job's."""
+    """(modules attach() gives a store, Column/RowParallelLinear layers and LM heads: the word table or the
+    untied output layer) of a stage built like the job's."""
     from megatron import mpu
+    from megatron.model.gpt2_model import GPT2Embedding
     from megatron.model.gpt2_pipe import GPT2ModelPipe
+    from megatron.model.language_model import OutputLayer
+    from megatron.model.t5_model import T5Embedding
     from megatron.model.t5_pipe import T5ModelPipe
     from tds.pipe.weight_grad import WeightGradStore, attach
     mpu.initialize_model_parallel(j["tp"], j["pp"])
     try:
         model = (GPT2ModelPipe if j["kind"] == "gpt2" else T5ModelPipe)(common.make_config(j["kind"], **j["config_kw"]))
-        linears = [m for m in model.modules() if isinstance(m, (mpu.ColumnParallelLinear, mpu.RowParallelLinear))]
+        gemms = (mpu.ColumnParallelLinear, mpu.RowParallelLinear, OutputLayer, GPT2Embedding, T5Embedding)
+        linears = [m for m in model.modules() if isinstance(m, gemms)]
         return attach(model, WeightGradStore()), len(linears)
     finally:
         mpu.destroy_model_parallel()

@@ -133,3 +133,36 @@ def test_sequence_parallel_matrix(tp, pp, dp):
     jobs = _matrix_jobs(tp, pp, dp)
     per_rank = run_distributed(common.run_jobs, tp * pp * dp, jobs, timeout=3000)
     _check_against_reference(jobs, per_rank, {})
+
+
+def _lm_head_defers_its_weight_gradient(tp: int) -> bool:
+    """An untied head under sequence parallelism, with ZB-H1's store attached and deferring: B leaves the weight
+    without a gradient, W gives the one a plain backward gives (and B the same input gradient)."""
+    import contextlib
+
+    import torch
+
+    from megatron import mpu
+    from megatron.model.language_model import OutputLayer
+    from tds.pipe.weight_grad import WeightGradStore, attach
+    state = mpu.initialize_model_parallel(tp)
+    runs = []
+    for store in (None, WeightGradStore()):
+        head = OutputLayer(50, 64, 8, 0.02, 1234, 3, torch.float32, state.tp_group, sequence_parallel=True)
+        attach(head, store)
+        x = torch.randn(2, 8 // tp, 8, generator=torch.Generator().manual_seed(state.tp_rank)).requires_grad_()
+        with store.defer("mb") if store else contextlib.nullcontext():
+            head(x).pow(2).sum().backward()  # (b, s, V_r)
+        unset = head.weight.grad is None
+        if store:
+            store.run("mb")
+        runs.append((unset, head.weight.grad, x.grad))
+    mpu.destroy_model_parallel()
+    (plain_unset, plain_w, plain_dx), (unset, w, dx) = runs
+    return not plain_unset and unset and torch.equal(w, plain_w) and torch.equal(dx, plain_dx)
+
+
+def test_lm_head_defers_its_weight_gradient_under_sequence_parallelism():
+    """ZB-H1 defers every linear's weight gradient to W; the LM head's sequence-parallel GEMM too (before, its
+    store was not passed: the head computed dW in B, and the planner's ZB-H1 term for it held nothing)."""
+    assert run_distributed(_lm_head_defers_its_weight_gradient, 2, 2) == [True, True]

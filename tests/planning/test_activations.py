@@ -6,10 +6,11 @@ import pytest
 import torch
 
 from megatron.planning.activations import ActivationOptions, layer_bytes
-from megatron.planning.model_shape import ModelShape, Spec
 from harness.dist import run_distributed
+from megatron.planning.model_shape import ModelShape, PipeLayer
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+LAYER = PipeLayer("layer", 0, transformer=True)
 
 
 def _saved_bytes(layer, *inputs):
@@ -33,13 +34,13 @@ def _saved_bytes(layer, *inputs):
 def test_gpt_layer_formula_matches_saved_tensors(dtype, b, s, h, a):
     from megatron.model.config import GPT2Config
     from megatron.model.transformer import TransformerLayer
-    layer = TransformerLayer(GPT2Config(num_layers=2, hidden_size=h, num_attention_heads=a, vocab_size=64,
-                                        seq_length=s, params_dtype=dtype), 1)
+    cfg = GPT2Config(num_layers=2, hidden_size=h, num_attention_heads=a, vocab_size=64, seq_length=s,
+                     params_dtype=dtype)
+    layer = TransformerLayer(cfg, 1)
     x = torch.randn(b, s, h, dtype=dtype, requires_grad=True)
     seen = _saved_bytes(layer, x, torch.ones(s, s, dtype=torch.bool).triu(1)[None, None])
-    shape = ModelShape("gpt", 2, h, a, h // a, 4 * h, 64, s, max_positions=s)
     e = torch.tensor([], dtype=dtype).element_size()
-    assert sum(n for n, _ in seen.values()) == layer_bytes(Spec("layer", 0), shape, ActivationOptions(b, 1, e))
+    assert sum(n for n, _ in seen.values()) == layer_bytes(LAYER, ModelShape.of(cfg), ActivationOptions(b, 1, e))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -49,7 +50,7 @@ def test_t5_layer_formulas_match_saved_tensors(dtype):
     b, se, sd, h, a = 2, 16, 8, 32, 4
     cfg = T5Config(num_layers=2, hidden_size=h, num_attention_heads=a, vocab_size=64, seq_length=se,
                    decoder_seq_length=sd, params_dtype=dtype)
-    shape = ModelShape("t5", 2, h, a, h // a, 4 * h, 64, se, decoder_layers=2, decoder_seq=sd)
+    shape = ModelShape.of(cfg)
     e = torch.tensor([], dtype=dtype).element_size()
     enc = torch.randn(b, se, h, dtype=dtype, requires_grad=True)
     dec = torch.randn(b, sd, h, dtype=dtype, requires_grad=True)
@@ -59,12 +60,12 @@ def test_t5_layer_formulas_match_saved_tensors(dtype):
     dp_ = torch.randn(a, 2 * sd - 1, dtype=dtype, requires_grad=True)
     o = ActivationOptions(b, 1, e)
     saved = _saved_bytes(T5EncoderTransformerLayerPipe(cfg, 2, False), (enc, masks[0], dec, *masks[1:], ep, dp_))
-    assert sum(n for n, _ in saved.values()) == layer_bytes(Spec("enc", 0), shape, o)
+    assert sum(n for n, _ in saved.values()) == layer_bytes(PipeLayer("enc", 0, transformer=True), shape, o)
     saved = _saved_bytes(T5DecoderTransformerLayerPipe(cfg, 4, False), (enc, masks[0], dec, *masks[1:], ep, dp_))
     # the encoder output it attends to is held once per stage, not per layer; in fp32 RMSNorm keeps the
     # layer's input itself (in bf16 an fp32 copy, already among the non-inputs)
     own = sum(n for n, is_input in saved.values() if not is_input) + (b * sd * h * 4 if e == 4 else 0)
-    assert own == layer_bytes(Spec("dec", 0), shape, o)
+    assert own == layer_bytes(PipeLayer("dec", 0, transformer=True), shape, o)
 
 
 # the Llama family's layer: rope, RMSNorm, SwiGLU (f = 128 for h = 64), G = 2 groups of 2 heads, no biases
@@ -103,10 +104,10 @@ def _llama_layer_saved(cases: list, tp: int) -> list:
 
 def _llama_predicted(case, tp: int) -> float:
     dtype, dropout, sp, recompute = case
-    shape = ModelShape.from_config("gpt", _llama_config(dtype, dropout, recompute), LLAMA["vocab_size"])
+    shape = ModelShape.of(_llama_config(dtype, dropout, recompute))
     e = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     o = ActivationOptions(B, tp, e, sequence_parallel=sp, recompute=recompute, attention="math")
-    return layer_bytes(Spec("layer", 0), shape, o)
+    return layer_bytes(LAYER, shape, o)
 
 
 TP1 = [(dtype, dropout, False, recompute) for dtype in DTYPES for dropout in (0.0, 0.1)
@@ -141,7 +142,7 @@ def test_gpt2_layer_formula_matches_saved_tensors_without_dropout():
     x = torch.randn(3, 24, 48, requires_grad=True)
     seen = _saved_bytes(TransformerLayer(cfg, 1), x)
     o = ActivationOptions(3, 1, 4, attention="math")
-    assert sum(n for n, _ in seen.values()) == layer_bytes(Spec("layer", 0), ModelShape.from_config("gpt", cfg, 64), o)
+    assert sum(n for n, _ in seen.values()) == layer_bytes(LAYER, ModelShape.of(cfg), o)
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -161,6 +162,8 @@ def test_loss_formula_matches_saved_tensors(dtype, fused):
             return masked_lm_loss(x, labels, mask, fused=fused)
     seen = _saved_bytes(Loss(), logits)
     counted = sum(n for n, _ in seen.values() if n > 4)  # not the loss's scalar denominator
-    shape = ModelShape("gpt", 2, 32, 4, 8, 128, v, s, max_positions=s, divisible_by=8)
+    from megatron.model.config import GPTConfig
+    shape = ModelShape.of(GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=v, seq_length=s,
+                                    make_vocab_size_divisible_by=8))
     e = torch.tensor([], dtype=dtype).element_size()
-    assert counted == spec_activation_bytes(Spec("head", 0), shape, ActivationOptions(b, 1, e, loss_fusion=fused))
+    assert counted == spec_activation_bytes(PipeLayer("head", 0), shape, ActivationOptions(b, 1, e, loss_fusion=fused))

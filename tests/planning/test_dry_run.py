@@ -113,7 +113,7 @@ def test_dry_run_with_the_llama_layer_at_tp2_pp2(data, monkeypatch, capsys):
     vocab = build_tokenizer_from_args(args).vocab_size
     own, _ = plan_for_args(args, vocab, 80.0, attention="math")
     cfg = spec_for("gpt").config(with_vocabulary(args, vocab))
-    assert ModelShape.from_args(args, vocab) == ModelShape.from_config("gpt", cfg, vocab)
+    assert ModelShape.from_args(args, vocab) == ModelShape.of(cfg)
     assert (cfg.swiglu, cfg.num_query_groups, cfg.tie_word_embeddings) == (True, 2, False)
     for stage in own.stages:
         assert f"stage {stage.stage}: peak" in out and f"{stage.params / 1e6:.2f} M parameters" in out

@@ -1,16 +1,23 @@
 """The planner's memory model on hand-computed small cases (the activation formulas against the tensors autograd
 saves: test_activations.py)."""
+from dataclasses import replace
+
 import pytest
 import torch
 
+from megatron.model.config import GPTConfig, T5Config
 from megatron.planning.activations import ActivationOptions, layer_bytes, recomputed_core_bytes
 from megatron.planning.memory import Layout, predict_memory
-from megatron.planning.model_shape import ModelShape, Spec, layer_specs, partition
+from megatron.planning.model_shape import ModelShape, PipeLayer, layer_specs, partition
 from megatron.planning.speed import Cluster, predict_step
 from harness.dist import run_distributed
 
-GPT = ModelShape("gpt", num_layers=4, hidden=64, heads=4, kv_channels=16, ffn=256, vocab=1000, seq=64,
-                 max_positions=64)
+GPT = ModelShape.of(GPTConfig(num_layers=4, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=64))
+LAYER = PipeLayer("layer", 0, transformer=True)
+
+
+def _with(shape: ModelShape, **fields) -> ModelShape:
+    return ModelShape.of(replace(shape.config, **fields))
 
 
 def test_gpt_parameters_by_hand():
@@ -53,9 +60,23 @@ def test_zero1_reduce_buckets_counted():
 def test_in_flight_follows_the_schedule():
     one = predict_memory(GPT, Layout(pp=4, gas=8, zero_stage=0))
     assert [s.in_flight for s in one] == [4, 3, 2, 1]  # 1F1B: p - s
-    inter = predict_memory(ModelShape(**{**GPT.__dict__, "num_layers": 8}),
+    inter = predict_memory(_with(GPT, num_layers=8),
                            Layout(pp=2, gas=4, schedule="interleaved", virtual_stages=2, zero_stage=0))
     assert inter[0].in_flight == 2 * (2 - 0 - 1) + (2 - 1) * 2 + 1  # Megatron's warm-up + 1 units
+
+
+def test_gradients_the_first_backward_makes_are_not_at_its_peak():
+    """fp32 and ZeRO-1 ranks start an iteration without gradients (the first backward makes param.grad): with as
+    many micro-batches as stages, stage 0's peak is that backward, without them; with more, a later backward with
+    as many in flight holds them. BF16_Optimizer's flat bf16 gradients exist before the first backward."""
+    lay = Layout(pp=2, gas=2, micro_batch=4, zero_stage=0, attention="math")
+    first = predict_memory(GPT, lay)[0]
+    assert first.unmade_gradients == first.gradients > 0 and first.in_flight == 2
+    assert first.peak == pytest.approx(first.static - first.gradients + first.activations + first.working)
+    later = predict_memory(GPT, replace(lay, gas=4))[0]
+    assert later.unmade_gradients == 0 and later.activations == first.activations
+    assert later.peak - later.send_buffers - (first.peak - first.send_buffers) == pytest.approx(first.gradients)
+    assert predict_memory(GPT, replace(lay, precision="bf16"))[0].unmade_gradients == 0
 
 
 def test_recompute_and_sequence_parallel_reduce_activations():
@@ -79,30 +100,30 @@ def test_gpu_hidden_dropout_masks_counted_as_bool_outside_sequence_parallel():
     for e in (4, 2):
         gpu = ActivationOptions(b, 1, e, attention="fused")
         slices = ActivationOptions(b, 1, e, sequence_parallel=True, attention="fused")  # at t = 1: masks only
-        assert layer_bytes(Spec("layer", 0), GPT, slices) - layer_bytes(Spec("layer", 0), GPT, gpu) \
+        assert layer_bytes(LAYER, GPT, slices) - layer_bytes(LAYER, GPT, gpu) \
             == 2 * b * s * h * (e - 1)
-        assert spec_activation_bytes(Spec("embed", 0), GPT, gpu) == 8 * b * s + 8 * s + b * s * h
-        assert spec_activation_bytes(Spec("embed", 0), GPT, ActivationOptions(b, 1, e)) \
+        assert spec_activation_bytes(PipeLayer("embed", 0), GPT, gpu) == 8 * b * s + 8 * s + b * s * h
+        assert spec_activation_bytes(PipeLayer("embed", 0), GPT, ActivationOptions(b, 1, e)) \
             == 8 * b * s + 8 * s + b * s * h * e
 
 
 def test_selective_recomputation_working_set_is_the_recomputed_core():
     """CPU's math path: in backward one layer's attention core is recomputed (what selective did not save, plus
     the whole (a, b, s, s) fp32 dropout mask drawn before a tp rank keeps its heads); GPUs' fused kernels: none."""
-    b, s, a = 2, GPT.seq, GPT.heads
+    b, s, a = 2, GPT.seq, GPT.config.num_attention_heads
     core = 3 * a * b * s * s * 4 / 2  # probabilities, mask, dropped probabilities; this rank's heads at tp = 2
     cpu = predict_memory(GPT, Layout(tp=2, micro_batch=b, recompute="selective", zero_stage=0, attention="math"))[0]
-    assert recomputed_core_bytes(Spec("layer", 0), GPT, ActivationOptions(b, 2, 4, recompute="selective")) \
+    assert recomputed_core_bytes(LAYER, GPT, ActivationOptions(b, 2, 4, recompute="selective")) \
         == core + a * b * s * s * 4
     assert cpu.working >= core + a * b * s * s * 4
     gpu = ActivationOptions(b, 2, 4, recompute="selective", attention="fused")
-    assert recomputed_core_bytes(Spec("layer", 0), GPT, gpu) == 0
+    assert recomputed_core_bytes(LAYER, GPT, gpu) == 0
 
 
-T5 = ModelShape("t5", num_layers=2, hidden=64, heads=4, kv_channels=16, ffn=256, vocab=1000, seq=64, decoder_layers=2,
-                decoder_seq=32, divisible_by=8)
-T5G = ModelShape(**{**T5.__dict__, "tied": False, "gated": True})
-GPT8 = ModelShape(**{**GPT.__dict__, "divisible_by": 8})
+T5 = ModelShape.of(T5Config(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=64,
+                            decoder_seq_length=32, make_vocab_size_divisible_by=8))
+T5G = _with(T5, tie_word_embeddings=False, feed_forward_proj="gated-gelu")
+GPT8 = _with(GPT, make_vocab_size_divisible_by=8)
 UNCHANGED_LAYOUTS = [
     Layout(micro_batch=2, gas=2, zero_stage=0, attention="math"),
     Layout(tp=2, micro_batch=2, gas=2, zero_stage=0, attention="math"),
@@ -140,9 +161,33 @@ UNCHANGED = [  # (shape, layout index, peak per stage, step seconds on the defau
 
 @pytest.mark.parametrize("shape,index,peaks,step", UNCHANGED)
 def test_gpt2_and_t5_predictions_unchanged_by_the_gpt_layer_options(shape, index, peaks, step):
-    lay = UNCHANGED_LAYOUTS[index]
-    assert [s.peak for s in predict_memory(shape, lay)] == pytest.approx(peaks, abs=1)
+    lay = UNCHANGED_LAYOUTS[index]  # (gloo's send buffers, counted since, aside: test_gloo_send_buffers_...)
+    assert [s.peak - s.send_buffers for s in predict_memory(shape, lay)] == pytest.approx(peaks, abs=1)
     assert predict_step(shape, lay, Cluster()).total == pytest.approx(step, rel=1e-12)
+
+
+def test_gloo_send_buffers_live_through_the_iteration():
+    """CPU (gloo, `attention="math"`): every activation message of the iteration, b s h e / t each, on every
+    stage but the last (which sends from its chunks but the model's last one only); none on GPUs."""
+    b, s, h = 2, GPT.seq, GPT.hidden
+    cpu = Layout(tp=2, pp=2, micro_batch=b, gas=4, zero_stage=0, attention="math")
+    assert [x.send_buffers for x in predict_memory(GPT, cpu)] == [4 * b * s * h * 4 / 2, 0]
+    inter = replace(cpu, schedule="interleaved", virtual_stages=2)
+    assert [x.send_buffers for x in predict_memory(GPT, inter)] == [8 * b * s * h * 4 / 2, 4 * b * s * h * 4 / 2]
+    assert [x.send_buffers for x in predict_memory(GPT, replace(cpu, attention="fused"))] == [0, 0]
+
+
+def test_an_embeddings_backward_makes_its_tables_gradient():
+    """The first stage's last backward is its embedding's: it makes a dense gradient of the whole table before
+    adding it to .grad. Where the table outweighs a layer's activations (a small model, a large vocabulary), that
+    moment is the stage's peak: the working set is counted beside what the micro-batch no longer holds then (its
+    layers' activations are freed), so the table shows in activations + working."""
+    lay = Layout(pp=2, micro_batch=1, gas=4, zero_stage=0, attention="math")
+    big_vocab = _with(GPT, vocab_size=64000)
+    table = layer_specs(big_vocab, 1)[0].params * 4
+    first, small = predict_memory(big_vocab, lay)[0], predict_memory(GPT, lay)[0]
+    assert first.activations + first.working > table > small.activations + small.working
+    assert first.working > 10 * small.working
 
 
 LLAMA = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=16,
@@ -180,7 +225,7 @@ def test_gpt_layer_options_parameters_equal_the_built_modules(name):
     from megatron.model.config import GPT2Config
     from megatron.model.gpt2_model import GPT2Model
     cfg = GPT2Config(**GPT_LAYERS[name])
-    shape = ModelShape.from_config("gpt", cfg, cfg.vocab_size)
+    shape = ModelShape.of(cfg)
     specs = [s.params for s in layer_specs(shape, 1)]
     assert specs == _built_parameters(GPT_LAYERS[name], 1)
     whole = sum(p.numel() for p in GPT2Model(cfg).parameters())
@@ -190,7 +235,7 @@ def test_gpt_layer_options_parameters_equal_the_built_modules(name):
 def test_gpt_layer_options_parameters_equal_the_built_modules_at_tp2():
     for name, options in GPT_LAYERS.items():
         from megatron.model.config import GPT2Config
-        shape = ModelShape.from_config("gpt", GPT2Config(**options), options["vocab_size"])
+        shape = ModelShape.of(GPT2Config(**options))
         expected = [s.params for s in layer_specs(shape, 2)]
         for built in run_distributed(_built_parameters, 2, options, 2, timeout=300):
             assert built == expected, name
@@ -198,8 +243,9 @@ def test_gpt_layer_options_parameters_equal_the_built_modules_at_tp2():
 
 def test_llama_parameters_by_hand():
     # h = 64, a = 4, G = 2, d = 16, f = 128 (SwiGLU's default), V_p = 1024, tp = 2
-    shape = ModelShape("gpt", 2, 64, 4, 16, 128, 1000, 16, max_positions=16, gated=True, query_groups=2,
-                       add_bias_linear=False, normalization="RMSNorm", position_embedding_type="rope", tied=False)
+    shape = ModelShape.of(GPTConfig(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=16,
+                                    ffn_hidden_size=128, swiglu=True, num_query_groups=2, add_bias_linear=False,
+                                    normalization="RMSNorm", position_embedding_type="rope", tie_word_embeddings=False))
     qkv, dense, mlp = 64 * (4 + 2 * 2) * 16, 64 * 64, 64 * 2 * 128 + 128 * 64
     assert [s.params for s in layer_specs(shape, 2)] == [1024 * 64 // 2, *[(qkv + dense + mlp) // 2 + 2 * 64] * 2,
                                                         64, 1024 * 64 // 2]

@@ -69,7 +69,7 @@ def test_llama_flags_and_hugging_face_config_plan_the_same_model(tmp_path, capsy
     """The GPT layer's flags reach the planner, and a Llama config.json means the flags import-hf would give."""
     flags = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--ffn-hidden-size", "14336",
              "--seq-length", "8192", "--vocab-size", "128256", "--hidden-dropout", "0", "--attention-dropout", "0",
-             *LLAMA_FLAGS]
+             "--rotary-base", "500000", "--norm-epsilon", "1e-6", *LLAMA_FLAGS]
     common = ["--global-batch-size", "32", "--bf16", "--gpus-per-node", "8", "--json"]
     main(flags + common)
     from_flags = json.loads(capsys.readouterr().out)
@@ -78,8 +78,8 @@ def test_llama_flags_and_hugging_face_config_plan_the_same_model(tmp_path, capsy
     main(["--hf-config", str(cfg), "--seq-length", "8192", *common])
     from_hf = json.loads(capsys.readouterr().out)
     model = from_flags["model"]
-    assert (model["query_groups"], model["gated"], model["add_bias_linear"], model["tied"], model["normalization"],
-            model["position_embedding_type"]) == (8, True, False, False, "RMSNorm", "rope")
+    assert (model["num_query_groups"], model["swiglu"], model["add_bias_linear"], model["tie_word_embeddings"],
+            model["normalization"], model["position_embedding_type"]) == (8, True, False, False, "RMSNorm", "rope")
     assert from_hf["model"] == model
     first = from_flags["candidates"][0]
     assert from_hf["candidates"][0] == first

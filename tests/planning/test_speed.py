@@ -3,13 +3,15 @@ from dataclasses import replace
 
 import pytest
 
+from megatron.model.config import GPTConfig
 from megatron.planning.memory import Layout
 from megatron.planning.model_shape import ModelShape
 from megatron.planning.speed import Cluster, bubble_fraction, exposed_hops, predict_step
 from tds.pipe.instructions import train_schedule
 from tds.pipe.schedule_sim import Costs, expected_bubble, simulate_timed
 
-GPT2_MEDIUM = ModelShape("gpt", 24, 1024, 16, 64, 4096, 50257, 1024)
+GPT2_MEDIUM = ModelShape.of(GPTConfig(num_layers=24, hidden_size=1024, num_attention_heads=16, vocab_size=50257,
+                                     seq_length=1024))
 
 
 @pytest.mark.parametrize("schedule,v", [("1f1b", 1), ("interleaved", 2), ("zb-h1", 1)])

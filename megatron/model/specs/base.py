@@ -13,6 +13,12 @@ model type.
                     spec.synthetic_raw(b, data, vocab, gen) a random micro-batch (--log-memory)
     sizes           spec.transformer_layers(args); spec.sequence_flags (what sequence parallelism splits);
                     spec.tokens_per_sample(data); spec.decoder_length(data); spec.flops(config, batch, vocab)
+    planner terms   spec.pipe_layers(config, tp) the layer specs with their parameters on one tp rank;
+                    spec.saved_bytes(layer, config, options) what one micro-batch leaves saved for backward;
+                    spec.chunk_bytes, spec.core_mask_bytes, spec.layer_cache_bytes, spec.linear_widths (the
+                    family's other memory terms); spec.boundary_tokens / spec.output_length (what crosses a stage,
+                    what the head sees); spec.tensor_parallel_sizes; spec.core_flops (megatron.planning asks these;
+                    the records they use: specs/memory.py)
     checkpoints     spec.locations(config): canonical name -> (pipeline layer, name in its file)
     tools           spec.example_script(args); spec.zero_shot (lm-ppl and LAMBADA apply);
                     spec.completion(prompt, text) how generate.py prints one
@@ -23,7 +29,9 @@ from __future__ import annotations
 
 import argparse
 import re
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Set, Tuple
+
+from .memory import ActivationOptions, LinearWidths, PipeLayer
 
 Location = List[Tuple[str, Callable[[re.Match], Tuple[int, str]]]]
 
@@ -35,6 +43,7 @@ class ModelSpec:
     pipe_layer_classes: Tuple[str, ...] = ()
     sequence_flags: Tuple[str, ...] = ()    # the sequence lengths sequence parallelism splits over tp
     zero_shot: bool = False
+    reference_vocab_size: int = 0           # the family's reference tokenizer (the planner's default vocabulary)
 
     # ---- configuration ---------------------------------------------------------------------------------------
     def resolve(self, args: argparse.Namespace) -> None:
@@ -99,8 +108,51 @@ class ModelSpec:
         """The sequence length of the stack that feeds the LM head."""
         raise NotImplementedError
 
-    def flops(self, config, global_batch_size: int, padded_vocab_size: int) -> float:
+    def flops(self, config, global_batch_size: int, padded_vocab_size: int, recompute: Optional[bool] = None
+              ) -> float:
+        """Model FLOPs of one iteration (megatron.model.flops); `recompute` None: the config's full recomputation."""
         raise NotImplementedError
+
+    def core_flops(self, config, global_batch_size: int) -> int:
+        """Forward FLOPs of the attention cores of one iteration: what selective recomputation runs again."""
+        raise NotImplementedError
+
+    # ---- planner terms (megatron.planning) -------------------------------------------------------------------
+    def pipe_layers(self, config, tp: int) -> List[PipeLayer]:
+        """The Pipe model's layer specs in order (`pipe_layer_specs`), with their parameters on one tp rank."""
+        raise NotImplementedError
+
+    def saved_bytes(self, layer: PipeLayer, config, o: ActivationOptions) -> float:
+        """Bytes one micro-batch leaves saved for backward in `layer` (without full recomputation)."""
+        raise NotImplementedError
+
+    def chunk_bytes(self, kinds: Set[str], config, o: ActivationOptions) -> float:
+        """Bytes a pipeline chunk holding layers of `kinds` keeps once per micro-batch beside its layers' own."""
+        return 0.0
+
+    def core_mask_bytes(self, layer: PipeLayer, config, o: ActivationOptions) -> float:
+        """Selective recomputation at tp > 1: the whole fp32 attention dropout mask a rank draws while `layer`'s
+        core is recomputed, before it keeps its own heads (megatron/model/rng.py); 0 without one."""
+        return 0.0
+
+    def layer_cache_bytes(self, config, element_bytes: int) -> int:
+        """Bytes each transformer layer caches from its first forward on, held like the weights."""
+        return 0
+
+    def linear_widths(self, config) -> LinearWidths:
+        raise NotImplementedError
+
+    def boundary_tokens(self, config) -> int:
+        """Positions of one sample whose hidden states a pipeline stage sends on."""
+        raise NotImplementedError
+
+    def output_length(self, config) -> int:
+        """The sequence length of the stack that feeds the LM head (`decoder_length` of a configuration)."""
+        raise NotImplementedError
+
+    def tensor_parallel_sizes(self, config) -> Tuple[int, ...]:
+        """The sizes tensor parallelism splits, each of which tp must divide."""
+        return (config.num_attention_heads, config.ffn_hidden_size)
 
     # ---- checkpoints and tools -------------------------------------------------------------------------------
     def locations(self, config) -> Location:

@@ -22,6 +22,7 @@ from typing import List, Optional
 from megatron.errors import require
 from megatron.model.config import swiglu_ffn_size
 from .base import Location, ModelSpec, given
+from .memory import STATS, ActivationOptions, LinearWidths, PipeLayer, head_bytes, mask_bytes
 
 ROPE_SCALING_DEFAULTS = dict(rope_scaling_factor=8.0, rope_scaling_low_freq_factor=1.0,
                              rope_scaling_high_freq_factor=4.0, rope_scaling_original_max_position_embeddings=8192)
@@ -39,6 +40,7 @@ class GPTSpec(ModelSpec):
                           "GPT2LMHeadPipe")
     sequence_flags = ("seq_length",)
     zero_shot = True
+    reference_vocab_size = 50257  # GPT-2's BPE
 
     @property
     def config_class(self) -> type:
@@ -169,12 +171,84 @@ class GPTSpec(ModelSpec):
     def decoder_length(self, data) -> int:
         return data.seq_length
 
-    def flops(self, config, global_batch_size: int, padded_vocab_size: int) -> float:
+    def flops(self, config, global_batch_size: int, padded_vocab_size: int, recompute: Optional[bool] = None
+              ) -> float:
         from megatron.model.flops import gpt_flops_per_iteration
+        recompute = config.checkpoint_num_layers > 0 if recompute is None else recompute
         return gpt_flops_per_iteration(global_batch_size, config.seq_length, config.num_layers, config.hidden_size,
                                        config.num_attention_heads * config.kv_channels, config.ffn_hidden_size,
-                                       padded_vocab_size, config.checkpoint_num_layers > 0,
+                                       padded_vocab_size, recompute,
                                        d_kv=config.num_query_groups * config.kv_channels, gated=config.swiglu)
+
+    def core_flops(self, config, global_batch_size: int) -> int:
+        """4 B s^2 w per layer: QK^T and the weighted values."""
+        w = config.num_attention_heads * config.kv_channels
+        return config.num_layers * 4 * global_batch_size * config.seq_length ** 2 * w
+
+    # ---- planner terms ---------------------------------------------------------------------------------------
+    def pipe_layers(self, config, tp: int) -> List[PipeLayer]:
+        """Embedding, L layers, final norm, the tied embedding again or an own head; on one tp rank (column / row
+        parallel matrices split by t, row-parallel biases and norms replicated), w = a d, g = G d, f_in = 2f with
+        SwiGLU:
+
+            embedding   V_p h / t  (+ P h replicated with learned positions; none with rope / none)
+            layer       (h (w + 2g) [+ (w + 2g) qkv bias] + wh + h f_in + f h [+ f_in]) / t
+                        + 2 norms (LayerNorm 2h, RMSNorm h) [+ 2h: the dense and fc2 biases]
+                        biases [..] with add_bias_linear; the qkv bias also with add_qkv_bias
+                        GPT-2 (g = w, f_in = f, biases, LayerNorm): (3hw + 3w + wh + hf + f + fh) / t + 6h
+            final norm  2h (LayerNorm) or h (RMSNorm)
+            LM head     tied: the embedding again (TiedLayerSpec builds the whole module on the last stage);
+                        untied: its own V_p h / t
+        """
+        c = config
+        h, w, f, V = c.hidden_size, c.num_attention_heads * c.kv_channels, c.ffn_hidden_size, c.padded_vocab_size(tp)
+        g = c.num_query_groups * c.kv_channels
+        f_in = 2 * f if c.swiglu else f
+        qkv = h * (w + 2 * g) + (w + 2 * g if c.qkv_bias else 0)
+        mlp = h * f_in + f * h + (f_in if c.add_bias_linear else 0)
+        norm = h if c.normalization == "RMSNorm" else 2 * h
+        layer = (qkv + w * h + mlp) // tp + 2 * norm + (2 * h if c.add_bias_linear else 0)
+        positions = c.max_position_embeddings if c.position_embedding_type == "learned_absolute" else 0
+        embed = V * h // tp + positions * h
+        tie = "word embeddings" if c.tie_word_embeddings else ""
+        head = PipeLayer("head", embed, tie=tie) if tie else PipeLayer("head", V * h // tp)
+        return [PipeLayer("embed", embed, tie=tie, lookup=True),
+                *[PipeLayer("layer", layer, transformer=True)] * c.num_layers,
+                PipeLayer("norm", norm), head]
+
+    def saved_bytes(self, layer: PipeLayer, config, o: ActivationOptions) -> float:
+        """What one micro-batch leaves saved for backward, per layer spec (`_saved_layer` for the layers; embedding:
+        tokens and positions int64, no positions with rope / none, and the embedding dropout mask b s h (none
+        without hidden dropout); final norm: LayerNorm's input and output 2 b s h e and stats, RMSNorm's fp32
+        input and normalised input, its output, rstd and in bf16 its fp32 weight, (8 + e) b s h + 4 b s (+ 4h);
+        head: `memory.head_bytes`)."""
+        return _SAVED[layer.kind](config, o)
+
+    def core_mask_bytes(self, layer: PipeLayer, config, o: ActivationOptions) -> float:
+        """a b s^2 x 4 (attention_core's fp32 mask); none without attention dropout (CPU's flash kernel)."""
+        dropout = config.attention_dropout > 0
+        s = config.seq_length
+        return config.num_attention_heads * o.micro_batch * s * s * 4 if o.tp > 1 and dropout else 0
+
+    def layer_cache_bytes(self, config, element_bytes: int) -> int:
+        """Rotary positions: each layer's RotaryEmbedding caches cos and sin (s, r) in the activations' dtype from
+        its first forward on (megatron.model.position)."""
+        rotary = config.rotary_dim() if config.position_embedding_type == "rope" else 0
+        return 2 * config.seq_length * rotary * element_bytes
+
+    def linear_widths(self, config) -> LinearWidths:
+        w, g = config.num_attention_heads * config.kv_channels, config.num_query_groups * config.kv_channels
+        f = config.ffn_hidden_size
+        return LinearWidths(qkv=w + 2 * g, dense=w, fc1=2 * f if config.swiglu else f, fc2=f)
+
+    def boundary_tokens(self, config) -> int:
+        return config.seq_length
+
+    def output_length(self, config) -> int:
+        return config.seq_length
+
+    def tensor_parallel_sizes(self, config) -> tuple:
+        return config.num_attention_heads, config.num_query_groups, config.ffn_hidden_size
 
     # ---- checkpoints and tools -------------------------------------------------------------------------------
     def locations(self, config) -> Location:
@@ -209,3 +283,91 @@ def _resolve_rope(args: argparse.Namespace) -> None:
         require(args.rope_scaling_original_max_position_embeddings >= 1,
                 f"--rope-scaling-original-max-position-embeddings must be >= 1, got "
                 f"{args.rope_scaling_original_max_position_embeddings}")
+
+
+# ---- the layer's saved activations (GPTSpec.saved_bytes) -------------------------------------------------------
+def _saved_layer(c, o: ActivationOptions) -> float:
+    """One GPT layer, b s positions. GPT-2's layer saves
+
+        replicated over tp   its input, LN1 out, LN2 in, LN2 out, 2 dropout masks  6 bsh e    (+ 4 LN stats 4bs x 4 B)
+        split over tp        q, k, v, context 4 bsw e; MLP in and GELU out 2 bsf e  / t
+        attention core       softmax, dropout mask, dropped probabilities        3 a b s^2 e / t
+
+    which is Korthikanti et al. (2022)'s sbh(10 + 24/t + 5as/(ht)) with SDPA's math path on CPU and this code's
+    dtype for the dropout masks (`memory.mask_bytes`). LayerNorm's mean and rstd are fp32 on CUDA, the input's
+    dtype on CPU. The Llama family's options change these terms:
+
+        RMSNorm           each norm keeps its input in fp32 and the normalised input (fp32), 8 bsh, its output
+                          e bsh (the next GEMM's input), its rstd 4 bs and, in bf16, the fp32 copy of its weight
+                          4h: 2 (8 + e) bsh replicated instead of LayerNorm's 4 bsh e
+        SwiGLU            the fused input projection's output (gate and up, 2f), silu(gate) and the product
+                          (fc2's input): 4 bsf e / t instead of GELU's 2 bsf e / t
+        biases            none kept (a linear keeps its input and weight, with or without a bias)
+        hidden dropout 0  no masks (SeededDropout is the identity)
+        attention         `_saved_attention`
+
+    Sequence parallelism (Korthikanti §4.2.2) divides the replicated part by t as well."""
+    b, s, h, f, e, t = o.micro_batch, c.seq_length, c.hidden_size, c.ffn_hidden_size, o.element_bytes, o.tp
+    sp = t if o.sequence_parallel else 1
+    if c.normalization == "RMSNorm":  # fp32 input and normalised input, output at e; rstd fp32, bf16: fp32 weight
+        norms, stats = 2 * (8 + e) * b * s * h, 2 * b * s * STATS / sp + (0 if e == 4 else 2 * 4 * h)
+    else:  # 2 LayerNorm inputs (no fp32 copies: torch's kernels accumulate in fp32), their outputs
+        # LayerNorm's mean and rstd: fp32 on CUDA, the input's dtype on CPU (`attention="math"` stands for CPU)
+        norms, stats = 4 * b * s * h * e, 4 * b * s * (STATS if o.attention == "fused" else e)
+    masks = 2 * b * s * h * mask_bytes(o) if c.hidden_dropout > 0 else 0
+    attention, core = _saved_attention(b, s, c, o)
+    split = (attention + (4 if c.swiglu else 2) * b * s * f * e) / t  # SwiGLU: gate and up, silu(gate), product
+    return (norms + masks) / sp + split + core + stats
+
+
+def _saved_attention(b: int, s: int, c, o: ActivationOptions) -> tuple:
+    """(bytes split over tp before the division by t, attention core bytes on this rank) of GPT's attention.
+
+    CPU with attention dropout (`attention_core`'s explicit form): q, k, v in fp32 with k, v repeated to a heads, so
+    grouped-query attention keeps what multi-head attention keeps: 3 bsw x 4 B + context bsw e, and 3 a b s^2 x 4 B
+    of core. A flash kernel -- CPU's SDPA without attention dropout, a GPU's flash / memory-efficient kernels (their
+    output, laid out (b, s, a, d), is the context itself after the head merge, a view: measured on an H100) --
+    keeps q, k, v as they enter (k, v with G heads: enable_gqa repeats nothing), its output and the log-sum-exp
+    a b s 4, no s^2 tensor. q, k, v enter as views of the fused QKV output, b s (w + 2g) e, which stays alive whole;
+    rotary positions add the rotated q and k, b s (w + g) e (the rotation keeps only its cos / sin tables). For
+    GPT-2's layer (g = w, no rotary) these flash terms are 4 bsw e + a b s 4. Selective recomputation keeps the
+    core's inputs as they enter and the context bsw e; the log-sum-exp too on a GPU (SDPA's fused kernels are not
+    recomputed), none on CPU. With micro-batch 1 SDPA keeps v as a view of the fused qkv output, so its storage
+    (3 bsw) stays alive: the formulas assume b >= 2."""
+    a, e, t = c.num_attention_heads, o.element_bytes, o.tp
+    w, g = a * c.kv_channels, c.num_query_groups * c.kv_channels
+    context = b * s * w * e  # the output projection's input
+    # q, k, v as they enter the core: views of the fused QKV output (b, s, w + 2g), and the rotated q and k
+    rotary = c.position_embedding_type == "rope" and c.rotary_dim()
+    entering = (b * s * (w + 2 * g) + (b * s * (w + g) if rotary else 0)) * e
+    flash = o.attention == "fused" or c.attention_dropout == 0  # no s^2 tensors (CPU: SDPA's flash kernel)
+    recomputed = o.recompute == "selective" and o.attention == "math"  # CPU recomputes even a flash core
+    if flash:
+        return entering + context, 0 if recomputed else a * b * s * STATS / t  # + the log-sum-exp
+    if o.recompute == "selective":
+        return entering + context, 0
+    # the explicit form with dropout: q and k, v repeated to a heads, in fp32; probabilities, mask, dropped
+    return 3 * b * s * w * 4 + context, 3 * a * b * s * s * 4 / t
+
+
+def _saved_embed(c, o: ActivationOptions) -> float:
+    b, s, h = o.micro_batch, c.seq_length, c.hidden_size
+    sp = o.tp if o.sequence_parallel else 1  # sequence parallelism splits the hidden states outside the GEMMs
+    positions = 8 * s if c.position_embedding_type == "learned_absolute" and c.max_position_embeddings else 0
+    mask = b * s * h * mask_bytes(o) / sp if c.hidden_dropout > 0 else 0
+    return 8 * b * s + positions + mask
+
+
+def _saved_norm(c, o: ActivationOptions) -> float:
+    b, s, h, e = o.micro_batch, c.seq_length, c.hidden_size, o.element_bytes
+    sp = o.tp if o.sequence_parallel else 1
+    if c.normalization == "RMSNorm":
+        return ((8 + e) * b * s * h + b * s * STATS) / sp + (0 if e == 4 else 4 * h)
+    return (2 * b * s * h * e + b * s * STATS) / sp
+
+
+def _saved_head(c, o: ActivationOptions) -> float:
+    return head_bytes(c.seq_length, c.padded_vocab_size(o.tp), o)
+
+
+_SAVED = {"embed": _saved_embed, "layer": _saved_layer, "norm": _saved_norm, "head": _saved_head}

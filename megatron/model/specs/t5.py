@@ -13,6 +13,7 @@ from typing import List, Optional
 
 from megatron.errors import require
 from .base import Location, ModelSpec, given
+from .memory import STATS, ActivationOptions, LinearWidths, PipeLayer, head_bytes
 
 T5_DEFAULTS = dict(feed_forward_proj="relu", untie_embeddings_and_output_weights=False,
                    relative_attention_num_buckets=32, relative_attention_max_distance=128)
@@ -26,6 +27,7 @@ class T5Spec(ModelSpec):
     pipe_layer_classes = ("T5EmbeddingPipe", "T5EncoderTransformerLayerPipe", "T5EncoderFinalNormPipe",
                           "T5DecoderTransformerLayerPipe", "T5DecoderFinalNormPipe", "T5LMHead")
     sequence_flags = ("encoder_seq_length", "decoder_seq_length")
+    reference_vocab_size = 32128  # T5's SentencePiece model and its 100 sentinels, padded
 
     @property
     def config_class(self) -> type:
@@ -120,14 +122,78 @@ class T5Spec(ModelSpec):
     def decoder_length(self, data) -> int:
         return data.decoder_seq_length
 
-    def flops(self, config, global_batch_size: int, padded_vocab_size: int) -> float:
+    def flops(self, config, global_batch_size: int, padded_vocab_size: int, recompute: Optional[bool] = None
+              ) -> float:
         from megatron.model.flops import t5_flops_per_iteration
+        recompute = config.checkpoint_num_layers > 0 if recompute is None else recompute
         return t5_flops_per_iteration(global_batch_size, config.seq_length, config.decoder_seq_length,
                                       config.num_layers, config.hidden_size,
                                       config.num_attention_heads * config.kv_channels, config.ffn_hidden_size,
-                                      padded_vocab_size, config.checkpoint_num_layers > 0,
+                                      padded_vocab_size, recompute,
                                       num_decoder_layers=config.num_decoder_layers,
                                       gated=config.feed_forward_proj == "gated-gelu")
+
+    def core_flops(self, config, global_batch_size: int) -> int:
+        """4 B s_e^2 w per encoder layer, 4 B (s_d^2 + s_d s_e) w per decoder layer (self and cross attention)."""
+        B, s_e, s_d = global_batch_size, config.seq_length, config.decoder_seq_length
+        w = config.num_attention_heads * config.kv_channels
+        enc = config.num_layers * 4 * B * s_e ** 2 * w
+        return enc + config.num_decoder_layers * 4 * B * (s_d ** 2 + s_d * s_e) * w
+
+    # ---- planner terms ---------------------------------------------------------------------------------------
+    def pipe_layers(self, config, tp: int) -> List[PipeLayer]:
+        """On one tp rank, w = a d, f_in = 2f with the gated GELU:
+
+            embedding        V_p h / t;  untied head V_p h / t (tied: the embedding again)
+            encoder layer    (hw + 2hw + wh + h f_in + f h) / t + 2h;  the first + buckets a / t (position bias)
+            decoder layer    encoder layer + cross attention (4hw / t + h)
+            final norms      h each
+        """
+        c = config
+        h, w, f, V = c.hidden_size, c.num_attention_heads * c.kv_channels, c.ffn_hidden_size, c.padded_vocab_size(tp)
+        f_in = 2 * f if c.feed_forward_proj == "gated-gelu" else f
+        enc = (4 * h * w + h * f_in + f * h) // tp + 2 * h
+        dec = enc + 4 * h * w // tp + h
+        bias = c.relative_attention_num_buckets * c.num_attention_heads // tp
+        tie = "word embeddings" if c.tie_word_embeddings else ""
+        layers = [PipeLayer("embed", V * h // tp, tie=tie, lookup=True)]
+        layers += [PipeLayer("enc", enc + (bias if i == 0 else 0), i == 0, True) for i in range(c.num_layers)]
+        layers += [PipeLayer("norm", h)]
+        layers += [PipeLayer("dec", dec + (bias if i == 0 else 0), i == 0, True) for i in range(c.num_decoder_layers)]
+        return layers + [PipeLayer("norm", h), PipeLayer("head", V * h // tp, tie=tie)]
+
+    def saved_bytes(self, layer: PipeLayer, config, o: ActivationOptions) -> float:
+        """A T5 layer (RMSNorm saves input and normalised input; the inner dropout of the MLP keeps mask and
+        output) saves 8 bsh e replicated, (4 bsw + 3 bsf) e / t split (gated: 6 bsf), 3 a b s^2 e / t of attention
+        core and the bucket index (s^2 int64) -- RMSNorm computes in fp32, so its input and normalised input are
+        kept at 4 bytes in bf16 too; a decoder layer adds cross attention: 4 b s_d h e replicated,
+        (2 b s_d w + 2 b s_e w) e / t split and 3 a b s_d s_e e / t. The masks are counted at e bytes on CPU and GPU
+        alike (no GPU measurement of T5 yet), and the core as SDPA's math path keeps it (these formulas assume
+        dropout). Embedding: both stacks' tokens and dropped embeddings; final norms: input, output and dropout mask
+        3 bsh e with stats, both sized by the encoder length (approximate); head: `memory.head_bytes`."""
+        return _SAVED[layer.kind](config, o)
+
+    def chunk_bytes(self, kinds, config, o: ActivationOptions) -> float:
+        """The encoder output every decoder layer of the chunk attends to, b s_e h e, once per chunk."""
+        return o.micro_batch * config.seq_length * config.hidden_size * o.element_bytes if "dec" in kinds else 0.0
+
+    def core_mask_bytes(self, layer: PipeLayer, config, o: ActivationOptions) -> float:
+        """a b s^2 x 4 over the layer's own length (self attention)."""
+        s = _LENGTH[layer.kind](config)
+        return config.num_attention_heads * o.micro_batch * s * s * 4 if o.tp > 1 else 0
+
+    def linear_widths(self, config) -> LinearWidths:
+        """Multi-head attention; the gated GELU's input projection counted one f wide (ZB-H1's T5 terms are not
+        measured)."""
+        w, f = config.num_attention_heads * config.kv_channels, config.ffn_hidden_size
+        return LinearWidths(qkv=3 * w, dense=w, fc1=f, fc2=f)
+
+    def boundary_tokens(self, config) -> int:
+        """The encoder's and the decoder's hidden states cross every stage boundary."""
+        return config.seq_length + config.decoder_seq_length
+
+    def output_length(self, config) -> int:
+        return config.decoder_seq_length
 
     # ---- checkpoints and tools -------------------------------------------------------------------------------
     def locations(self, config) -> Location:
@@ -144,3 +210,59 @@ class T5Spec(ModelSpec):
 
     def completion(self, prompt: str, text: str) -> str:
         return f"input:  {prompt}\noutput: {text}"
+
+
+# ---- saved activations (T5Spec.saved_bytes) --------------------------------------------------------------------
+def _core_bytes(a: int, b: int, q: int, k: int, qkv_e: int, t: int, o: ActivationOptions) -> float:
+    """The attention core's own saved bytes. Math path: probabilities, dropout mask, dropped probabilities
+    (3 a b q k, none under selective recomputation). Fused kernels (flash / memory-efficient on a GPU): the
+    log-sum-exp, selective or not (the core is not recomputed there); their output is laid out (b, q, a, d),
+    so the head merge is a view of it and it is the context the output projection keeps (counted there)."""
+    if o.attention == "fused":
+        return a * b * q * 4 / t
+    return 0 if o.recompute == "selective" else 3 * a * b * q * k * qkv_e / t
+
+
+def _self_attention(s: int, c, o: ActivationOptions) -> float:
+    b, h, w, f, a = o.micro_batch, c.hidden_size, c.num_attention_heads * c.kv_channels, c.ffn_hidden_size, \
+        c.num_attention_heads
+    e, t = o.element_bytes, o.tp
+    qkv_e = 4 if o.attention == "math" else e  # CPU's math SDPA keeps fp32 copies of q, k, v in bf16
+    # RMSNorm computes in fp32: input and normalised input kept at 4 bytes; outputs and masks at e
+    replicated = 4 * b * s * h * 4 + 4 * b * s * h * e
+    mlp = (6 if c.feed_forward_proj == "gated-gelu" else 3) * b * s * f
+    # selective: the recomputed core keeps q, k, v as views of the qkv output (e bytes), not SDPA's copies
+    qkv_saved = e if o.recompute == "selective" else qkv_e
+    split = (3 * b * s * w * qkv_saved + (b * s * w + mlp) * e) / t
+    core = _core_bytes(a, b, s, s, qkv_e, t, o)
+    stats = 2 * b * s * STATS + 8 * s * s + (0 if e == 4 else 2 * 4 * h)
+    if o.sequence_parallel:
+        replicated /= t
+    return replicated + split + core + stats
+
+
+def _cross_attention(c, o: ActivationOptions) -> float:
+    b, s_d, s_e, h = o.micro_batch, c.decoder_seq_length, c.seq_length, c.hidden_size
+    w, a, e, t = c.num_attention_heads * c.kv_channels, c.num_attention_heads, o.element_bytes, o.tp
+    qkv_e = 4 if o.attention == "math" else e
+    qkv_saved = e if o.recompute == "selective" else qkv_e
+    replicated = (2 * b * s_d * h * 4 + 2 * b * s_d * h * e) / (t if o.sequence_parallel else 1)
+    split = ((b * s_d * w + 2 * b * s_e * w) * qkv_saved + b * s_d * w * e) / t  # q, k, v; context
+    core = _core_bytes(a, b, s_d, s_e, qkv_e, t, o)
+    return replicated + split + core + b * s_d * STATS + (0 if e == 4 else 4 * h)
+
+
+def _saved_embed(c, o: ActivationOptions) -> float:
+    b, s, h, e = o.micro_batch, c.seq_length + c.decoder_seq_length, c.hidden_size, o.element_bytes
+    return 8 * b * s + b * s * h * e / (o.tp if o.sequence_parallel else 1)
+
+
+def _saved_norm(c, o: ActivationOptions) -> float:
+    b, s, h, e = o.micro_batch, c.seq_length, c.hidden_size, o.element_bytes
+    return (3 * b * s * h * e + b * s * STATS) / (o.tp if o.sequence_parallel else 1)
+
+
+_SAVED = {"embed": _saved_embed, "enc": lambda c, o: _self_attention(c.seq_length, c, o),
+          "dec": lambda c, o: _self_attention(c.decoder_seq_length, c, o) + _cross_attention(c, o),
+          "norm": _saved_norm, "head": lambda c, o: head_bytes(c.decoder_seq_length, c.padded_vocab_size(o.tp), o)}
+_LENGTH = {"enc": lambda c: c.seq_length, "dec": lambda c: c.decoder_seq_length}
