@@ -53,7 +53,7 @@ def _bench(data: dict, iters: int, rounds: int, calls: int) -> dict:
     engine, tokenizer, cfg, parallel = initialize_and_build(args, spec)
     datasets = spec.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, 0))
     batches = BatchIterator(data_loader(datasets[0], 0, cfg, parallel),
-                            lambda raw: spec.get_batch(raw, args=cfg.data, tokenizer=tokenizer,
+                            lambda raw: spec.get_batch(raw, data=cfg.data, tokenizer=tokenizer,
                                                        tp_group=parallel.tp_group))
     state, tb = TrainState(0, 0), TensorBoard(None)
     on, off = ExitConditions(True, 10 ** 6), ExitConditions(False, None)

@@ -137,7 +137,7 @@ def first_iteration_batches(model: str, args: List[str]) -> list:
     cfg, tokenizer = settle_config(parse_args(args, defaults=DEFAULTS, world_size=1), SPEC)
     state = initialize_megatron(cfg)
     datasets = SPEC.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, cfg.logging.eval_iters))
-    batches = BatchIterator(data_loader(datasets[0], 0, cfg, state), partial(SPEC.get_batch, args=cfg.data,
+    batches = BatchIterator(data_loader(datasets[0], 0, cfg, state), partial(SPEC.get_batch, data=cfg.data,
                                                                       tokenizer=tokenizer))
     return [next(batches) for _ in range(cfg.batch.gas)]
 
