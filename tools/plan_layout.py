@@ -18,9 +18,9 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import replace
 
-from megatron.checkpointing.hf_llama import ARCHITECTURES, llama_args
+from megatron.checkpointing.files import read_json
+from megatron.checkpointing.hf import ADAPTERS, adapter_for
 from megatron.model.config import swiglu_ffn_size
 from megatron.config.arguments import build_parser
 from megatron.errors import UserError, exit_on_user_error
@@ -35,7 +35,7 @@ VOCAB = {"gpt": 50257, "t5": 32128}
 def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = p.add_argument_group("planner")
     g.add_argument("--model", choices=["gpt", "t5"], default="gpt", help="model type of the flags")
-    g.add_argument("--hf-config", default=None, help="a Hugging Face config.json (gpt2, t5, llama, mistral, qwen2)")
+    g.add_argument("--hf-config", default=None, help=f"a Hugging Face config.json ({', '.join(ADAPTERS)})")
     g.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (GPT-2 50257, T5 32128)")
     g.add_argument("--nodes", type=int, default=1)
     g.add_argument("--gpus-per-node", type=int, default=8)
@@ -101,20 +101,18 @@ def _grouped_help(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return p
 
 
-def _from_hf(path: str, vocab) -> ModelShape:
-    with open(path) as f:
-        c = json.load(f)
-    if c.get("model_type") in ARCHITECTURES:  # Llama, Mistral, Qwen2: the flags import-hf would give
-        args = argparse.Namespace(**{"make_vocab_size_divisible_by": 128, **llama_args(c, path)})
-        return ModelShape.from_args(args, vocab or c.get("vocab_size") or VOCAB["gpt"])
-    if c.get("model_type") == "t5":
-        return ModelShape("t5", c["num_layers"], c["d_model"], c["num_heads"], c["d_kv"], c["d_ff"],
-                          vocab or c["vocab_size"], 512, decoder_layers=c.get("num_decoder_layers") or c["num_layers"],
-                          decoder_seq=512, tied=c.get("tie_word_embeddings", True),
-                          gated="gated" in c.get("feed_forward_proj", "relu"))
-    h = c["n_embd"]
-    return ModelShape("gpt", c["n_layer"], h, c["n_head"], h // c["n_head"], c.get("n_inner") or 4 * h,
-                      vocab or c["vocab_size"], c["n_positions"], max_positions=c["n_positions"])
+def _from_hf(path: str, vocab, seq, decoder_seq) -> ModelShape:
+    """The model import-hf would make of config.json `path` (its adapter's arguments), at sequence `seq` if given
+    (the learned positions at least as many; T5's decoder at `decoder_seq`, else `seq`)."""
+    c = read_json(path)
+    args = adapter_for(c, path, "--hf-config").project_args(c, path)
+    if seq:
+        args.update(seq_length=seq, encoder_seq_length=seq, decoder_seq_length=decoder_seq or seq,
+                    max_position_embeddings=max(args["max_position_embeddings"], seq))
+    vocab = vocab or c.get("vocab_size")
+    if not isinstance(vocab, int) or vocab < 1:
+        raise UserError(f"{path} has vocab_size {vocab!r}; give the tokenizer's vocabulary with --vocab-size N")
+    return ModelShape.from_args(argparse.Namespace(**{"make_vocab_size_divisible_by": 128, **args}), vocab)
 
 
 def _from_flags(a: argparse.Namespace) -> ModelShape:
@@ -151,11 +149,8 @@ def cluster_of(a: argparse.Namespace) -> Cluster:
 
 def main(argv=None) -> None:
     a = build_parser(_planner_args, prog="plan_layout.py").parse_args(argv)
-    shape = _from_hf(a.hf_config, a.vocab_size) if a.hf_config else _from_flags(a)
-    if a.hf_config and (a.seq_length or a.encoder_seq_length):
-        s = a.encoder_seq_length or a.seq_length
-        shape = replace(shape, seq=s, max_positions=max(shape.max_positions, s),
-                        decoder_seq=(a.decoder_seq_length or s) if shape.model_type == "t5" else 0)
+    shape = (_from_hf(a.hf_config, a.vocab_size, a.encoder_seq_length or a.seq_length, a.decoder_seq_length)
+             if a.hf_config else _from_flags(a))
     if a.global_batch_size is None:
         raise UserError("--global-batch-size is required: the planner divides it into micro-batch x gas x dp")
     c = cluster_of(a)
