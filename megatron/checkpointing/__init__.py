@@ -9,7 +9,8 @@
     reshape       any (tp, pp, dp) -> any other                          weights  weights into any model
     engine_io     save / load during training (reshape on load, --finetune)
     async_save    --async-save: the writes on a background thread, published when every rank's are done
-    hf*           Hugging Face transformers export / import     summary: inspect     fp32: to-fp32
+    hf            Hugging Face transformers export / import: one adapter per architecture (hf/gpt2.py, t5.py,
+                  llama.py) in one table, `hf.ADAPTERS`        summary: inspect     fp32: to-fp32
     ancestors     the ancestors' GPT checkpoints <-> this format: Megatron-LM's legacy files and torch_dist, DeepSpeed
                   pipeline files (Megatron-DeepSpeed, DeepSpeedExamples, CPM-Pretrain); see its __init__
 
@@ -20,7 +21,7 @@ manifest.json lists checked while reading).
 """
 from tds.lazy import lazy_exports
 
-# the names below import on first use (tds/lazy.py): config.json <-> arguments (hf_llama) import without torch
+# the names below import on first use (tds/lazy.py): the HF adapters' config.json <-> arguments import without torch
 __getattr__ = lazy_exports(__name__, {
     "wait_for_saves": "megatron.checkpointing.async_save",
     **dict.fromkeys(("SHAPE_FIELDS", "check_compatible", "commit", "load_checkpoint", "load_model_weights",

@@ -137,7 +137,7 @@ def _export(args) -> None:
     if report.note:
         print(report.note)
     if args.verify:
-        from megatron.checkpointing.hf_verify import verify_export
+        from megatron.checkpointing.hf import verify_export
         difference = verify_export(args.load, args.output, args.tag)
         print(f"verified with transformers: logits max relative difference {difference:.2e}")
 

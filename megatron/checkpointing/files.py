@@ -229,6 +229,26 @@ def write_args(folder: str, args: Dict[str, Any]) -> None:
         json.dump(args, f, indent=1, sort_keys=True)
 
 
+def read_json(path: str) -> Dict[str, Any]:
+    """A JSON object from `path` (a Hugging Face config.json, a tokenizer file); UserError naming the file when it
+    is not one (damaged, cut short)."""
+    try:
+        with open(path, "rb") as f:
+            obj = json.loads(f.read().decode("utf-8"))
+    except ValueError as err:  # JSONDecodeError and UnicodeDecodeError
+        raise UserError(f"{path} is not valid JSON ({type(err).__name__}: {str(err)[:120]}); the file is damaged "
+                        f"or cut short") from None
+    if not isinstance(obj, dict):
+        raise UserError(f"{path} holds a JSON {type(obj).__name__}, not an object")
+    return obj
+
+
+def write_json(path: str, obj: Dict[str, Any]) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
 def folder_bytes(folder: str, names: Optional[Iterable[str]] = None) -> int:
     """Total size of the files in `folder` (or of its files `names`, a listing the caller already has)."""
     return sum(os.path.getsize(os.path.join(folder, f)) for f in (os.listdir(folder) if names is None else names))

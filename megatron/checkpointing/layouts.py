@@ -2,6 +2,7 @@
 
     target_args(args, tp, pp, dp)       the saved arguments of the new layout (padded vocabulary, gas,
                                         DeepSpeed's ZeRO stage, explicit partition boundaries dropped)
+    layout_args(args, tp, pp)           those of an import's weights-only checkpoint at (tp, pp, 1)
     write_layout(ck, folder, args)      layer files, mp_rank files (engine, client and stage-0 optimizer
                                         state) and ZeRO partitions into `folder`
 
@@ -50,6 +51,24 @@ def target_args(args: Dict[str, Any], tp: int, pp: int, dp: int) -> Dict[str, An
     stage = args.get("zero_stage", 1)
     ds.setdefault("zero_optimization", {})["stage"] = 0 if stage == 1 and dp == 1 and not args.get("fp16") else stage
     return new
+
+
+def table_rows(args: Dict[str, Any]) -> int:
+    """Rows of the word table a checkpoint exports: config.json's vocab_size of an imported Hugging Face folder
+    (its padding rows included), else the tokenizer's vocabulary."""
+    return args.get("hf_vocab_size") or args["vocab_size"]
+
+
+def layout_args(args: Dict[str, Any], tp: int, pp: int) -> Dict[str, Any]:
+    """The layout and run fields a saved megatron_args.json has, for a weights-only checkpoint at (tp, pp, 1) written
+    by an import. The padded vocabulary holds every row of the imported table (`table_rows` >= vocab_size)."""
+    divisible = 128
+    return dict(tensor_model_parallel_size=tp, pipe_parallel_size=pp, data_parallel_size=1, world_size=tp * pp,
+                make_vocab_size_divisible_by=divisible,
+                padded_vocab_size=padded_vocab_size(table_rows(args), divisible, tp), partition_method=None,
+                micro_batch_size=1, global_batch_size=1, gas=1, zero_stage=1, fp16=False, bf16=False, seed=1234,
+                checkpoint_activations=False, checkpoint_num_layers=1,
+                ds_config={"zero_optimization": {"stage": 0}, "gradient_accumulation_steps": 1})
 
 
 def check_layout(table: ModelTable, args: Dict[str, Any], tp: int, pp: int) -> None:

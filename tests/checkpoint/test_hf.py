@@ -246,7 +246,7 @@ def test_training_continues_from_hub_t5(tmp_path):
     sentinels: span corruption puts sentinels in every sample, and the first loss is transformers' loss."""
     import subprocess
     import sys
-    from megatron.checkpointing.hf_tokenizer_files import sentinel_order
+    from megatron.checkpointing.hf.tokenizer_files import sentinel_order
     hf_dir, ckpt = _hf_t5(tmp_path, False, "hub"), str(tmp_path / "imported")
     run(["import-hf", "--input", hf_dir, "--save", ckpt, "--tensor-model-parallel-size", "1",
          "--pipe-parallel-size", "1"])

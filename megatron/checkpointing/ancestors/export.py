@@ -30,6 +30,7 @@ import torch
 
 from megatron.errors import UserError
 from megatron.model.config import padded_vocab_size
+from megatron.model.specs.gpt import GPTSpec
 from ..consolidated import has_engine_state, layout_of, read_weights
 from ..files import atomic_folder, mp_rank_file, read_args
 from ..reading import load_file
@@ -84,7 +85,7 @@ def megatron_args(args: Dict[str, Any], tp: int, pp: int, iteration: int, consum
 def _check(args: Dict[str, Any], pp: int, folder: str, fmt: str) -> None:
     if fmt not in FORMATS:
         raise UserError(f"--ckpt-format {fmt!r}: export-megatron writes {' or '.join(FORMATS)}")
-    if args.get("model_type") != "gpt":
+    if args.get("model_type") != GPTSpec.model_type:
         raise UserError(f"export-megatron writes GPT checkpoints; {folder} holds model_type {args.get('model_type')!r}")
     if args["num_layers"] % pp:
         raise UserError(f"--pipe-parallel-size {pp} does not divide the {args['num_layers']} layers (Megatron-LM "

@@ -21,8 +21,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 from megatron.errors import UserError
 from ..consolidated import Consolidated
 from ..files import CheckpointFileError, checkpoint_tag, new_checkpoint, read_args
-from ..hf_config import layout_args
-from ..layouts import check_layout, write_layout
+from ..layouts import check_layout, layout_args, write_layout
 from ..space import tensor_bytes
 from .args import ImportOptions, gpt_args
 from .qkv import ORDERS

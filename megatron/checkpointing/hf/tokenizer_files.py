@@ -22,7 +22,7 @@ import shutil
 from typing import Any, Dict, List, Optional, Tuple
 
 from megatron.errors import UserError
-from .hf_config import read_json, write_json
+from ..files import read_json, write_json
 
 SENTINEL = re.compile(r"<extra_id_(\d+)>")
 T5_DEFAULT_EXTRA_IDS = 100  # transformers' T5Tokenizer(extra_ids=100)

@@ -1,10 +1,12 @@
-"""export-hf / import-hf: this project's GPT-2 / T5 checkpoints <-> Hugging Face transformers folders.
+"""export-hf / import-hf: this project's checkpoints <-> Hugging Face transformers folders, through the adapter
+table (`megatron.checkpointing.hf.ADAPTERS`: config.json and tensor names per architecture).
 
-    export_hf(ckpt, out)    full weights (any tp, pp) -> vocabulary padding removed -> HF names (hf_names.py)
-                            -> out/model.safetensors, config.json, generation_config.json, tokenizer files
+    export_hf(ckpt, out)    full weights (any tp, pp) -> vocabulary padding removed -> HF names (the adapter's
+                            rules) -> out/model.safetensors, config.json, generation_config.json, tokenizer files
                             (none when the checkpoint records no tokenizer)
     import_hf(hf_dir, ckpt, tp, pp)   the reverse, padded for tp, written as a weights-only checkpoint at
-                            (tp, pp, 1): `--load` starts from it at iteration 0 with a fresh optimizer
+                            (tp, pp, 1): `--load` starts from it at iteration 0 with a fresh optimizer; its
+                            arguments record the architecture (`hf_architecture`), which export writes again
 
 Vocabulary rows. An HF table may have more rows than its tokenizer has ids (t5-small: 32128 rows = 32000
 pieces + 100 sentinels + 28 padding rows). Import keeps all of them: vocab_size = the tokenizer's ids (what
@@ -23,21 +25,21 @@ from typing import Dict, List, Optional
 import torch
 
 from megatron.errors import UserError
-from .consolidated import Consolidated, layout_of, read_weights
-from .files import CheckpointFileError, atomic_folder, folder_bytes, publish_latest, read_args
-from .reading import load_file as load_checkpoint_file
-from .space import tensor_bytes
-from .hf_config import (generation_config, gpt2_args, gpt2_hf_config, hf_rows, layout_args, read_json, t5_args,
-                        t5_hf_config, token_ids, write_json)
-from .hf_tokenizer_files import import_tokenizer, sentinel_order, write_tokenizer
-from .hf_llama import ARCHITECTURES, is_llama_family, llama_args, llama_hf_config, llama_rules
-from .hf_names import Rule, gpt2_rules, t5_rules
-from .layouts import check_layout, write_layout
-from .manifest import WEIGHTS, checked_folder
-from .names import ModelTable
-from .tp import resize_rows
+from ..consolidated import Consolidated, layout_of, read_weights
+from ..files import (CheckpointFileError, atomic_folder, folder_bytes, publish_latest, read_args, read_json,
+                     write_json)
+from ..layouts import check_layout, layout_args, table_rows, write_layout
+from ..manifest import WEIGHTS, checked_folder
+from ..names import ModelTable
+from ..reading import load_file as load_checkpoint_file
+from ..space import tensor_bytes
+from ..tp import resize_rows
+from . import adapter_for, exporter
+from .base import Adapter, refuse
+from .tokenizer_files import import_tokenizer, sentinel_order, write_tokenizer
 
 IMPORT_TAG = "iter_0000000"
+TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")  # generation_config.json's
 
 
 @dataclass
@@ -48,22 +50,13 @@ class ExportReport:
     note: str = ""
 
 
-def rules_for(args: Dict) -> List[Rule]:
-    if is_llama_family(args):
-        return llama_rules(args)
-    if args["model_type"] == "gpt":
-        return gpt2_rules(args["num_layers"])
-    return t5_rules(args["num_layers"], args.get("decoder_num_layers") or args["num_layers"],
-                    args.get("feed_forward_proj", "relu") == "gated-gelu",
-                    not args.get("untie_embeddings_and_output_weights", False))
-
-
-def to_hf(weights: Dict[str, torch.Tensor], args: Dict, table: ModelTable) -> Dict[str, torch.Tensor]:
-    """Canonical full weights -> HF state dict (vocabulary rows [0, hf_rows) only, sentinels in HF order)."""
-    rows = hf_rows(args)
+def to_hf(weights: Dict[str, torch.Tensor], args: Dict, table: ModelTable,
+          adapter: Adapter) -> Dict[str, torch.Tensor]:
+    """Canonical full weights -> HF state dict (vocabulary rows [0, table_rows) only, sentinels in HF order)."""
+    rows = table_rows(args)
     order = sentinel_order(args, rows)
     out = {}
-    for rule in rules_for(args):
+    for rule in adapter.rules(table.config):
         full = weights[rule.canonical]
         if table.by_name[rule.canonical].vocab:
             full = resize_rows(full, rows)
@@ -73,18 +66,17 @@ def to_hf(weights: Dict[str, torch.Tensor], args: Dict, table: ModelTable) -> Di
     return out
 
 
-def from_hf(hf: Dict[str, torch.Tensor], args: Dict, table: ModelTable, where: str) -> Dict[str, torch.Tensor]:
+def from_hf(hf: Dict[str, torch.Tensor], args: Dict, table: ModelTable, adapter: Adapter,
+            where: str) -> Dict[str, torch.Tensor]:
     """HF state dict -> canonical full weights: every row of the HF table (sentinels in this project's order),
     padded to args['padded_vocab_size'] with zeros; UserError naming config.json where a tensor's shape is not
     the one the config's model has (a shape field missing from config.json falls back to its default)."""
-    rows = hf_rows(args)
+    rows = table_rows(args)
     order = sentinel_order(args, rows)
     shapes = table.full_shapes()
     weights = {}
-    for rule in rules_for(args):
-        names = rule.hf
-        if rule.canonical == "lm_head.weight" and names[0] not in hf:
-            names = ("shared.weight",)  # transformers >= 5 saves T5's head tied to the table
+    for rule in adapter.rules(table.config):
+        names = rule.tied if rule.tied and rule.hf[0] not in hf else rule.hf
         missing = [n for n in names if n not in hf]
         if missing:
             raise UserError(f"{where}: no tensor {missing[0]} in its weights ({weight_files(where)}; the HF weights do "
@@ -138,31 +130,25 @@ def _export_bytes(tensors: Dict[str, torch.Tensor], args: Dict) -> int:
 
 def export_hf(load_dir: str, output: str, tag: Optional[str] = None,
               tokenizer_overrides: Optional[Dict[str, Optional[str]]] = None) -> ExportReport:
-    """Write the checkpoint as a transformers folder `output` (GPT2LMHeadModel, the Llama family or
-    T5ForConditionalGeneration)."""
+    """Write the checkpoint as a transformers folder `output`, in the architecture `exporter` picks (one line naming
+    each field of the model that architecture's config.json cannot hold)."""
     from safetensors.torch import save_file
     folder = checked_folder(load_dir, tag, (WEIGHTS,))
     args = dict(read_args(folder))
-    if args.get("model_type") not in ("gpt", "t5"):
-        raise UserError(f"export-hf handles GPT-2 and T5 checkpoints; {folder} holds model_type "
-                        f"{args.get('model_type')!r}")
     table = ModelTable(args)
+    adapter = exporter(args, table.config)
+    refuse(adapter.cannot_hold(table.config), f"export-hf: {adapter.architecture} cannot hold this checkpoint's model")
     tokenizer = _tokenizer(args, tokenizer_overrides or {})
-    ids = token_ids(args, tokenizer)
-    if is_llama_family(args):
-        config, max_len = llama_hf_config(args, hf_rows(args), ids), args["max_position_embeddings"]
-    elif args["model_type"] == "gpt":
-        config, max_len = gpt2_hf_config(args, ids), args["max_position_embeddings"]
-    else:
-        config, max_len = t5_hf_config(args, ids), args["encoder_seq_length"]
-    tensors = to_hf(read_weights(folder, table, layout_of(args)[0]), args, table)
+    ids = adapter.token_ids(tokenizer) if tokenizer else dict(args.get("hf_token_ids") or {})
+    config = adapter.hf_config(table.config, table_rows(args), ids)
+    tensors = to_hf(read_weights(folder, table, layout_of(args)[0]), args, table, adapter)
     config["dtype"] = str(next(iter(tensors.values())).dtype).replace("torch.", "")
     with atomic_folder(output, _export_bytes(tensors, args)) as tmp:
         save_file(tensors, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         write_json(os.path.join(tmp, "config.json"), config)
-        write_json(os.path.join(tmp, "generation_config.json"), generation_config(config))
+        write_json(os.path.join(tmp, "generation_config.json"), {k: config[k] for k in TOKEN_IDS if k in config})
         files = ["model.safetensors", "config.json", "generation_config.json"]
-        files += write_tokenizer(tmp, args, tokenizer, max_len) if tokenizer else []
+        files += write_tokenizer(tmp, args, tokenizer, adapter.model_max_length(table.config)) if tokenizer else []
     note = "" if tokenizer else (f"no tokenizer files written: the checkpoint records no tokenizer (imported from "
                                  f"a folder without one); copy the model's tokenizer files into {output}")
     return ExportReport(args["model_type"], files, sum(t.numel() for t in tensors.values()), note)
@@ -202,18 +188,14 @@ def load_hf_state(hf_dir: str) -> Dict[str, torch.Tensor]:
 
 
 def import_hf(hf_dir: str, save_dir: str, tp: int, pp: int) -> Dict:
-    """A transformers GPT-2 / Llama / Mistral / Qwen2 / T5 folder -> a weights-only checkpoint directory at
+    """A transformers folder of an architecture in the adapter table -> a weights-only checkpoint directory at
     (tp, pp, 1); returns its args."""
     config_path = os.path.join(hf_dir, "config.json")
     if not os.path.isfile(config_path):
         raise CheckpointFileError(f"{config_path} is missing: --input must be a transformers model folder")
     cfg = read_json(config_path)
-    kind = cfg.get("model_type")
-    readers = {"gpt2": gpt2_args, "t5": t5_args, **{k: llama_args for k in ARCHITECTURES}}
-    if kind not in readers:
-        raise UserError(f"import-hf handles model_type {', '.join(map(repr, readers))}; {config_path} has "
-                        f"model_type {kind!r}")
-    args = readers[kind](cfg, config_path)
+    adapter = adapter_for(cfg, config_path)
+    args = dict(adapter.project_args(cfg, config_path), hf_architecture=adapter.architecture)
     with atomic_folder(save_dir) as tmp:
         folder = os.path.join(tmp, IMPORT_TAG)
         os.makedirs(folder)
@@ -222,7 +204,7 @@ def import_hf(hf_dir: str, save_dir: str, tp: int, pp: int) -> Dict:
         args.update(layout_args(args, tp, pp))
         table = ModelTable(args)
         check_layout(table, args, tp, pp)
-        weights = from_hf(load_hf_state(hf_dir), args, table, hf_dir)
+        weights = from_hf(load_hf_state(hf_dir), args, table, adapter, hf_dir)
         write_layout(Consolidated(args=args, weights=weights), folder, args, with_optimizer=False)
         publish_latest(tmp, IMPORT_TAG)
         args = read_args(folder)
@@ -241,9 +223,8 @@ def _vocabulary(cfg: Dict, tok_args: Dict, tokenizer, where: str) -> Dict:
         raise UserError(f"{where}: vocab_size {rows} is smaller than the tokenizer's {vocab} ids ({vocab - extra} "
                         f"base ids + {extra} sentinels <extra_id_*>); give the folder the tokenizer its weights "
                         f"were trained with (T5: tokenizer_config.json \"extra_ids\")")
-    keys = ("bos_token_id", "eos_token_id", "pad_token_id", "decoder_start_token_id")
     return dict(vocab_size=vocab, hf_vocab_size=rows,
-                hf_token_ids={k: cfg[k] for k in keys if isinstance(cfg.get(k), int)})
+                hf_token_ids={k: cfg[k] for k in TOKEN_IDS if isinstance(cfg.get(k), int)})
 
 
 def _final_paths(tok_args: Dict, tmp: str, final: str) -> Dict:
