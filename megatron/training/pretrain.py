@@ -194,7 +194,7 @@ def _pretrain(engine, tokenizer, cfg: RunConfig, parallel: mpu.ParallelState, sp
     datasets = spec.datasets(data, tokenizer, split_sample_counts(cfg.batch, cfg.logging.eval_iters))
     if datasets[0] is None:
         raise UserError(f"--split {data.split} leaves no training documents in --data-path {' '.join(data.data_path)}")
-    get_batch = partial(spec.get_batch, args=data, tokenizer=tokenizer, tp_group=parallel.tp_group)
+    get_batch = partial(spec.get_batch, data=data, tokenizer=tokenizer, tp_group=parallel.tp_group)
     loaded = iteration if cfg.checkpoint.load else -1
     state = TrainState(iteration, consumed, saved_iteration=loaded, loaded_iteration=loaded)
     tb = TensorBoard(cfg.logging.tensorboard_dir)
