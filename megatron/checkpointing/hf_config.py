@@ -11,6 +11,7 @@ from typing import Any, Dict, List
 
 from megatron.errors import UserError
 from megatron.model.config import padded_vocab_size
+from megatron.model.specs.gpt import LAYER_SWITCHES
 
 GELU_TANH = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")
 T5_FFN = ("relu", "gated-gelu")
@@ -54,7 +55,7 @@ def token_ids(args: Dict[str, Any], tokenizer) -> Dict[str, int]:
 
 GPT2_LAYER = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
                   group_query_attention=False, disable_bias_linear=False, add_qkv_bias=False,
-                  untie_embeddings_and_output_weights=False, gelu="tanh")
+                  untie_embeddings_and_output_weights=False, gelu="tanh", **dict.fromkeys(LAYER_SWITCHES, False))
 
 
 def gpt2_hf_config(args: Dict[str, Any], ids: Dict[str, int]) -> Dict[str, Any]:

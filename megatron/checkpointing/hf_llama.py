@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List
 
 from megatron.errors import UserError
+from megatron.model.specs.gpt import LAYER_SWITCHES
 
 if TYPE_CHECKING:  # config.json <-> arguments import without torch (tools/plan_layout.py --hf-config)
     from .hf_names import Rule
@@ -109,6 +110,8 @@ def export_architecture(args: Dict[str, Any]) -> str:
         ("--rotary-percent", args.get("rotary_percent"), args.get("rotary_percent", 1.0) == 1.0)) if not ok]
     _refuse([f"{b} (the Llama family needs RMSNorm, SwiGLU, no biases but Qwen2's qkv bias, full rotary)"
              for b in bad], "export-hf")
+    _refuse([f"{flag} (no layer of {', '.join(ARCHITECTURES.values())} has it)"
+             for name, flag in LAYER_SWITCHES.items() if args.get(name)], "export-hf")
     imported = {v: k for k, v in ARCHITECTURES.items()}.get(args.get("hf_architecture"))
     kind = imported or ("qwen2" if args.get("add_qkv_bias") else "llama")
     if (kind == "qwen2") != bool(args.get("add_qkv_bias")):

@@ -108,6 +108,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "--openai-gelu and its fused bias-GELU) or erf (exact; Megatron-LM's F.gelu)")
     g.add_argument("--add-qkv-bias", action="store_true", default=None,
                    help="a bias in the QKV projection even with --disable-bias-linear (Qwen2)")
+    g.add_argument("--qk-layernorm", action="store_true", default=None,
+                   help="normalise each query and key head over its --kv-channels after the projection and before "
+                        "rotary positions, with a norm of --normalization's kind whose weight (kv_channels) all heads "
+                        "share (Megatron-LM's --qk-layernorm; Qwen3's q_norm / k_norm)")
     g = p.add_argument_group("T5 (v1.0 defaults; T5 v1.1: --feed-forward-proj gated-gelu "
                              "--untie-embeddings-and-output-weights)")
     g.add_argument("--decoder-num-layers", type=int, default=None, help="decoder depth, default --num-layers")

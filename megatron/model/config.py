@@ -3,7 +3,7 @@
 
     GPTConfig   decoder-only GPT: GPT-2 by default (learned positions, pre-LayerNorm, GELU-tanh, biases, tied LM
                 head), and the Llama-family layer by its options (rotary positions, RMSNorm, SwiGLU, grouped-query
-                attention, no biases, untied head); `GPTConfig` is its earlier name
+                attention, no biases, untied head, query / key norms); `GPT2Config` is its earlier name
     T5Config    encoder-decoder T5 v1.0 / v1.1 (relative position bias, RMSNorm, no biases)
 
 The parameters' dtype is a name (`params_dtype`, 'float32'), the torch dtype `config.dtype` resolved when modules
@@ -125,7 +125,7 @@ class GPTConfig(TransformerConfig):
         (the default data): attention is plain causal, run as scaled_dot_product_attention(is_causal=True) with
         no mask tensor anywhere, which admits the flash kernel on GPUs.
 
-    The layer of today's open models (Llama, Mistral, Qwen2), Megatron-LM's flags in brackets:
+    The layer of today's open models (Llama, Mistral, Qwen2, Qwen3), Megatron-LM's flags in brackets:
     position_embedding_type: 'learned_absolute' (GPT-2's table), 'rope' (rotary, applied to queries and keys in
         every layer; no table) or 'none'. rotary_base (--rotary-base), rotary_percent: the fraction of each head's
         width that rotates (--rotary-percent). rope_scaling_factor: Llama 3.1's frequency scaling ('llama3',
@@ -142,6 +142,9 @@ class GPTConfig(TransformerConfig):
     gelu: the MLP's GELU without SwiGLU: 'tanh' (GPT-2's 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
         Megatron-LM's --openai-gelu and its fused bias-GELU) or 'erf' (x Phi(x), torch's exact F.gelu, what
         Megatron-LM computes without either) (--gelu).
+    qk_layernorm: a norm of `normalization`'s kind over each query and key head's kv_channels, after the
+        projection and before rotary positions, one weight (kv_channels) per projection shared by every head
+        (Megatron-LM's --qk-layernorm, Qwen3's q_norm / k_norm).
     """
     max_position_embeddings: Optional[int] = None
     init_method_std: float = 0.02
@@ -160,6 +163,7 @@ class GPTConfig(TransformerConfig):
     add_qkv_bias: bool = False
     tie_word_embeddings: bool = True
     gelu: str = "tanh"
+    qk_layernorm: bool = False
 
     def __post_init__(self):
         super().__post_init__()

@@ -42,6 +42,13 @@ The GPT layer's options (the Llama family's layer: `megatron.model.config.GPTCon
                          kernels are not recomputed), none on CPU.
     rotary tables        each layer's RotaryEmbedding caches cos and sin, (s, r) at e bytes, from the first
                          forward on: not per micro-batch, counted with the weights (`memory`)
+    query / key norms    --qk-layernorm's RMSNorm keeps its input in fp32 (in fp32 the fused QKV output itself, in
+                         bf16 a copy, b s (w + g) 4), the normalised input b s (w + g) 4, its rstd b (a + G) s 4 and
+                         in bf16 its weights in fp32 (2 d 4); as LayerNorm its input (the QKV output) and its mean and
+                         rstd (2 b (a + G) s, in fp32 on CUDA, in the input's dtype on CPU). The normalised q and k
+                         enter the core as the rotated ones do (b s (w + g) e), with or without rotary positions,
+                         laid out like the projection's output (so the core's output is still the context). The
+                         explicit form keeps the QKV output besides its own q, k, v where a norm keeps it as input
 
 For GPT-2's layer (G = a, no rotary) the flash terms are 4 bsw e + a b s 4: the `attention="fused"` formula. On
 GPUs these are Korthikanti's; the GPU side of the Llama layer follows the same logic, not measured here.
@@ -115,16 +122,40 @@ def _gpt_attention(b: int, s: int, m: ModelShape, o: ActivationOptions) -> tuple
     """(bytes split over tp before the division by t, attention core bytes on this rank) of GPT's attention."""
     w, a, e, t = m.width, m.heads, o.element_bytes, o.tp
     context = b * s * w * e  # the output projection's input
-    # q, k, v as they enter the core: views of the fused QKV output (b, s, w + 2g), and the rotated q and k
-    entering = (b * s * (w + 2 * m.kv_width) + (b * s * (w + m.kv_width) if m.rotary_dim else 0)) * e
+    qkv = b * s * (w + 2 * m.kv_width)  # the fused QKV output's elements
+    own_qk = bool(m.rotary_dim or m.qk_layernorm)  # q and k enter the core as tensors of their own
+    # q, k, v as they enter the core: views of the fused QKV output, and the rotated (or normalised) q and k
+    entering = (qkv + (b * s * (w + m.kv_width) if own_qk else 0)) * e
+    norms = _qk_norm_bytes(b, s, m, o)
     flash = o.attention == "fused" or m.attention_dropout == 0  # no s^2 tensors (CPU: SDPA's flash kernel)
     recomputed = o.recompute == "selective" and o.attention == "math"  # CPU recomputes even a flash core
     if flash:
-        return entering + context, 0 if recomputed else a * b * s * STATS / t  # + the log-sum-exp
+        return entering + context + norms, 0 if recomputed else a * b * s * STATS / t  # + the log-sum-exp
     if o.recompute == "selective":
-        return entering + context, 0
-    # the explicit form with dropout: q and k, v repeated to a heads, in fp32; probabilities, mask, dropped
-    return 3 * b * s * w * 4 + context, 3 * a * b * s * s * 4 / t
+        return entering + context + norms, 0
+    # the explicit form with dropout: q, k, v in fp32 (k, v repeated to a heads); probabilities, mask, dropped
+    return _explicit_qkv(b, s, m, o) + context + norms, 3 * a * b * s * s * 4 / t
+
+
+def _explicit_qkv(b: int, s: int, m: ModelShape, o: ActivationOptions) -> float:
+    """The q, k, v `attention_core`'s explicit form keeps (CPU with attention dropout): a heads each, in fp32, of
+    their own (the batched matmuls keep contiguous copies of the head-split views), 3 bsw 4; a query / key norm
+    keeps the fused QKV output b s (w + 2g) e as its input besides (RMSNorm in fp32 only: in bf16 its own fp32
+    copy, counted with the norm)."""
+    kept = m.qk_layernorm and (o.element_bytes == 4 or not m.rms_norm)  # the norm's input: the QKV output
+    return 3 * b * s * m.width * 4 + (b * s * (m.width + 2 * m.kv_width) * o.element_bytes if kept else 0)
+
+
+def _qk_norm_bytes(b: int, s: int, m: ModelShape, o: ActivationOptions) -> float:
+    """What the query / key norms keep besides their input (module docstring), split over tp like the heads;
+    bf16's fp32 weight copies are counted as if split too (2 d 4: a few bytes)."""
+    if not m.qk_layernorm:
+        return 0
+    e, rows, heads = o.element_bytes, b * s * (m.width + m.kv_width), b * s * (m.heads + m.groups)
+    if not m.rms_norm:  # mean and rstd
+        return 2 * heads * (STATS if o.attention == "fused" else e)
+    fp32_copy = 0 if e == 4 else rows * 4 + 2 * m.kv_channels * 4 * o.tp
+    return rows * 4 + heads * STATS + fp32_copy
 
 
 def _t5_self_attention(b: int, s: int, m: ModelShape, o: ActivationOptions) -> float:

@@ -12,6 +12,7 @@ row-parallel outputs and norms replicated), exactly what `megatron.model` builds
     GPT layer           (h (w + 2g) [+ (w + 2g) qkv bias] + wh + h f_in + f h [+ f_in]) / t
                         + 2 norms (LayerNorm 2h, RMSNorm h) [+ 2h: the dense and fc2 biases]
                         biases [..] with add_bias_linear; the qkv bias also with add_qkv_bias
+                        + 2 query / key norms of d each (LayerNorm 2d) with --qk-layernorm, replicated
                         GPT-2 (g = w, f_in = f, biases, LayerNorm): (3hw + 3w + wh + hf + f + fh) / t + 6h
     GPT final norm      2h (LayerNorm) or h (RMSNorm)
     GPT LM head         tied: the embedding again (TiedLayerSpec builds the whole module on the last stage);
@@ -59,6 +60,8 @@ class ModelShape:
     rotary_percent: float = 1.0
     hidden_dropout: float = 0.1     # GPT: no masks kept at 0
     attention_dropout: float = 0.1  # GPT on CPU: 0 runs SDPA's flash kernel (no s^2 tensors kept)
+    # --- the GPT layer options of issue 40 (kept here until the planner's model terms move into the specs) ---
+    qk_layernorm: bool = False      # a norm over each query / key head (Qwen3)
 
     @property
     def width(self) -> int:
@@ -115,7 +118,8 @@ class ModelShape:
                    tied=cfg.tie_word_embeddings, gated=cfg.swiglu, query_groups=groups,
                    add_bias_linear=cfg.add_bias_linear, add_qkv_bias=cfg.add_qkv_bias, normalization=cfg.normalization,
                    position_embedding_type=cfg.position_embedding_type, rotary_percent=cfg.rotary_percent,
-                   hidden_dropout=cfg.hidden_dropout, attention_dropout=cfg.attention_dropout)
+                   hidden_dropout=cfg.hidden_dropout, attention_dropout=cfg.attention_dropout,
+                   qk_layernorm=cfg.qk_layernorm)
 
     @classmethod
     def from_args(cls, args, vocab: int) -> "ModelShape":
@@ -143,7 +147,7 @@ def gpt_layer_options(args) -> dict:
                 add_bias_linear=not flag("disable_bias_linear", False), add_qkv_bias=bool(flag("add_qkv_bias", False)),
                 normalization=flag("normalization", "LayerNorm"),
                 position_embedding_type=flag("position_embedding_type", "learned_absolute"),
-                rotary_percent=flag("rotary_percent", 1.0))
+                rotary_percent=flag("rotary_percent", 1.0), qk_layernorm=bool(flag("qk_layernorm", False)))
 
 
 @dataclass(frozen=True)
@@ -177,11 +181,18 @@ def _gpt_specs(m: ModelShape, tp: int) -> List[Spec]:
     qkv = h * (w + 2 * m.kv_width) + (w + 2 * m.kv_width if m.qkv_bias else 0)
     mlp = h * f_in + f * h + (f_in if m.add_bias_linear else 0)
     norm = h if m.rms_norm else 2 * h
-    layer = (qkv + w * h + mlp) // tp + 2 * norm + (2 * h if m.add_bias_linear else 0)
+    layer = (qkv + w * h + mlp) // tp + 2 * norm + (2 * h if m.add_bias_linear else 0) + _qk_norm_params(m, tp)
     embed = V * h // tp + m.positions * h
     head = embed if m.tied else V * h // tp
     return [Spec("embed", embed), *[Spec("layer", layer) for _ in range(m.num_layers)], Spec("norm", norm),
             Spec("head", head)]
+
+
+def _qk_norm_params(m: ModelShape, tp: int) -> int:
+    """The query and key norms' weights on one tp rank: --qk-layernorm's two (d), replicated (LayerNorm: + biases)."""
+    if m.qk_layernorm:
+        return 2 * m.kv_channels * (1 if m.rms_norm else 2)
+    return 0
 
 
 def _uniform(n: int, parts: int) -> List[int]:

@@ -7,7 +7,8 @@ small random models built with transformers and saved with `save_pretrained`).
   transformers loads the exported folder; the imported model's logits equal transformers' (fp32, relative error
   < 1e-5) built at tp = 1 and at tp = 2.
 - What the layer does not implement is refused in one line naming the field: a sliding window shorter than the
-  positions, another rope type, attention biases in a Llama, partial rotary, missing sizes.
+  positions, another rope type, attention biases in a Llama, partial rotary, missing sizes; and what the exported
+  architectures do not have is refused by export-hf (the query / key norms).
 """
 import json
 import os
@@ -211,3 +212,13 @@ def test_hub_tokenizer_json_imports_exports_and_generates_as_transformers(tmp_pa
     new = new[:new.index(tokenizer.eos)] if tokenizer.eos in new else new
     assert len(set(new)) > 2, "greedy text should not be degenerate"
     assert ours == hf_tok.decode(new), f"ours {ours!r} vs transformers {hf_tok.decode(new)!r}"
+
+
+def test_export_refuses_layer_options_the_architectures_lack():
+    from megatron.checkpointing.hf_config import gpt2_hf_config
+    from megatron.checkpointing.hf_llama import export_architecture
+    llama = dict(model_type="gpt", normalization="RMSNorm", swiglu=True, disable_bias_linear=True, qk_layernorm=True)
+    with pytest.raises(UserError, match=r"export-hf: --qk-layernorm \(no layer of LlamaForCausalLM, "):
+        export_architecture(llama)
+    with pytest.raises(UserError, match="qk_layernorm = True is neither GPT2LMHeadModel"):
+        gpt2_hf_config(dict(hidden_size=32, num_attention_heads=4, qk_layernorm=True), {})

@@ -7,8 +7,13 @@ on the TDS engine equals the single-process plain model: per-step losses, first-
                    (1, 1, 2) ZeRO-1 (replica r draws the masks of the single process's micro-batches it holds),
                    (2, 2, 2) ZeRO-1 with sequence parallelism and selective recomputation (long),
 and a Qwen2-style variant (qkv bias only, tied head, one group per head, half the channels rotated, llama3 rope
-scaling) at (2, 2, 1) with full recomputation. Plus the parts on their own: the block-strided QKV partition,
-rotary positions against their definition, and the config's one-line errors.
+scaling) at (2, 2, 1) with full recomputation; Qwen3's layer (the Llama layer with --qk-layernorm and heads of
+width 12, not h / a) at tp 2 with sequence parallelism and selective recomputation and at pp 2 with ZB-H1, and at
+(2, 2, 2) ZeRO-1 with sequence parallelism and full recomputation (long): the query / key norm weights are
+replicated over tp, each rank normalising its own heads, and their gradients (summed over the tp group in
+backward) are compared on every rank. Plus the parts on their own: the block-strided QKV partition, rotary
+positions against their definition, the query / key norm against its definition, and the config's one-line
+errors.
 """
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ LLAMA = dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=Tru
 QWEN = dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=True, add_bias_linear=False,
             add_qkv_bias=True, rotary_percent=0.5, rope_scaling_factor=4.0, rope_original_max_positions=8,
             checkpoint_num_layers=1, **DROPOUT)
+
+
+QWEN3 = dict(LLAMA, qk_layernorm=True, kv_channels=12)
 
 
 def _job(tp, pp, dp, config_kw=LLAMA, schedule="1f1b", **kw):
@@ -63,6 +71,18 @@ def test_llama_layer_at_world_size_two():
 def test_qwen_style_variant_at_tp2_pp2():
     jobs = [_job(2, 2, 1, config_kw=QWEN)]
     _check(jobs, run_distributed(common.run_jobs, 4, jobs, timeout=600))
+
+
+def test_qwen3_query_key_norms_at_world_size_two():
+    jobs = [_job(2, 1, 1, config_kw=dict(QWEN3, recompute_granularity="selective"), sequence_parallel=True),
+            _job(1, 2, 1, config_kw=QWEN3, schedule="zb-h1")]
+    _check(jobs, run_distributed(common.run_jobs, 2, jobs, timeout=600))
+
+
+@pytest.mark.long
+def test_qwen3_query_key_norms_3d_zero1_sequence_parallel_full_recompute():
+    jobs = [_job(2, 2, 2, config_kw=dict(QWEN3, checkpoint_num_layers=1), sequence_parallel=True)]
+    _check(jobs, run_distributed(common.run_jobs, 8, jobs, timeout=900))
 
 
 @pytest.mark.long
@@ -114,6 +134,27 @@ def test_rotary_positions_follow_their_definition():
                                                       original_max_positions=64))
     assert scaled[0] == plain[0] and torch.isclose(scaled[2], plain[2] / 8)
     assert plain[1] / 8 < scaled[1] < plain[1]
+
+
+@pytest.mark.parametrize("normalization", ["RMSNorm", "LayerNorm"])
+def test_query_key_norm_normalises_each_head_with_one_weight(normalization):
+    """--qk-layernorm: every head of (b, n, s, d) is normalised over its own d channels, with one weight (and bias)
+    for all heads, and the result keeps the layout of the head-split view it is given."""
+    from megatron.model.layer_norm import HeadNorm
+    d = 6
+    norm = HeadNorm(normalization, d, 1e-5, torch.float32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(d))
+        if norm.bias is not None:
+            norm.bias.copy_(torch.randn(d))
+    x = torch.randn(2, 5, 3 * d).view(2, 5, 3, d).transpose(1, 2)  # (b, n, s, d) as attention splits heads
+    got = norm(x)
+    centred = x if normalization == "RMSNorm" else x - x.mean(-1, keepdim=True)
+    want = centred / (centred.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt() * norm.weight
+    if norm.bias is not None:
+        want = want + norm.bias
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got.stride() == x.stride()
 
 
 @pytest.mark.parametrize("kw, words", [

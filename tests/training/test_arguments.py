@@ -172,6 +172,7 @@ def test_t5_defaults_and_v11_flags():
     ("gpt", ["--rampup-batch-size", "4", "4", "100"], ["--rampup-batch-size 4 4 100", "--train-samples"]),
     ("gpt", ["--decoder-num-layers", "3"], ["--decoder-num-layers: T5 options"]),
     ("t5", ["--swiglu", "--position-embedding-type", "rope"], ["--position-embedding-type, --swiglu: GPT options"]),
+    ("t5", ["--qk-layernorm"], ["--qk-layernorm: GPT options; pretrain_t5.py does not take them"]),
     ("gpt", ["--partition-method", "0,3,4", "--pipe-parallel-size", "2"], ["rise from 0 to 5"]),
     ("gpt", ["--partition-method", "type:Conv", "--pipe-parallel-size", "2"],
      ["matches none", "GPT2TransformerLayerPipe"]),

@@ -1,5 +1,5 @@
-"""The GPT family: GPT-2's layer by default, the layer of today's open models (Llama, Mistral, Qwen2) by options,
-as Megatron-LM names them:
+"""The GPT family: GPT-2's layer by default, the layer of today's open models (Llama, Mistral, Qwen2, Qwen3) by
+options, as Megatron-LM names them:
 
     --position-embedding-type   learned_absolute (default) | rope | none
     --rotary-base / --rotary-percent / --use-rope-scaling (+ --rope-scaling-*)      rope only
@@ -7,6 +7,7 @@ as Megatron-LM names them:
     --swiglu                    ffn default int(4h x 2/3 / 64) x 64 (Megatron's rule)
     --group-query-attention --num-query-groups G   (G default 1); heads % G == 0 and G % tp == 0
     --disable-bias-linear, --add-qkv-bias, --untie-embeddings-and-output-weights, --gelu tanh|erf
+    --qk-layernorm              a norm (--normalization's) over each query / key head, before rotary (Qwen3)
 
 Every combination that cannot mean anything is a one-line UserError naming the flags and values (`resolve`).
 Micro-batches (b micro-batch, s sequence): ((tokens, position_ids), (labels, loss_mask)), tokens/labels int64
@@ -26,9 +27,12 @@ from .base import Location, ModelSpec, given
 ROPE_SCALING_DEFAULTS = dict(rope_scaling_factor=8.0, rope_scaling_low_freq_factor=1.0,
                              rope_scaling_high_freq_factor=4.0, rope_scaling_original_max_position_embeddings=8192)
 ROPE_DEFAULTS = dict(rotary_base=10000.0, rotary_percent=1.0)
+# The layer's switches that add or move parameters: one flag and one GPTConfig field of the same name each; the
+# checkpoint tools read them from here (the fields a checkpoint must agree on, the flags import-hf prints).
+LAYER_SWITCHES = {"qk_layernorm": "--qk-layernorm"}
 GPT_DEFAULTS = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
                     group_query_attention=False, disable_bias_linear=False, add_qkv_bias=False, use_rope_scaling=False,
-                    **ROPE_DEFAULTS, **ROPE_SCALING_DEFAULTS)
+                    **ROPE_DEFAULTS, **ROPE_SCALING_DEFAULTS, **dict.fromkeys(LAYER_SWITCHES, False))
 OPTIONS = tuple(GPT_DEFAULTS) + ("num_query_groups",)  # flags no other family takes
 
 
@@ -117,7 +121,8 @@ class GPTSpec(ModelSpec):
                          add_bias_linear=not getattr(args, "disable_bias_linear", False),
                          add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
                          tie_word_embeddings=not getattr(args, "untie_embeddings_and_output_weights", False),
-                         gelu=getattr(args, "gelu", None) or "tanh")
+                         gelu=getattr(args, "gelu", None) or "tanh",
+                         **{name: bool(getattr(args, name, False)) for name in LAYER_SWITCHES})
 
     # ---- building --------------------------------------------------------------------------------------------
     @property
