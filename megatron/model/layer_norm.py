@@ -9,8 +9,11 @@ Parameters are replicated across tensor-parallel ranks (their gradients agree ac
 The query / key norms of the GPT layer's options (`attention`) act on this rank's heads, (b, n_r, s, d): b batch,
 s sequence, n_r heads (or key/value groups) on this tp rank, d per-head width (kv_channels).
 
-    HeadNorm   --qk-layernorm (Megatron-LM's; Qwen3's q_norm / k_norm): LayerNorm or RMSNorm over each head's d
-               channels, one weight (d) shared by every head and replicated over tp
+    HeadNorm           --qk-layernorm (Megatron-LM's; Qwen3's q_norm / k_norm): LayerNorm or RMSNorm over each
+                       head's d channels, one weight (d) shared by every head and replicated over tp
+    ProjectionRMSNorm  --qk-layernorm-full (OLMo-2's q_norm / k_norm): RMSNorm over a token's whole query (key)
+                       projection, all n heads' n d channels at once, weight (n d) split over tp with the heads:
+                       y = x / sqrt(sum over every rank's heads of x^2 / (n d) + eps) * w_r
 """
 from __future__ import annotations
 
@@ -108,6 +111,37 @@ class HeadNorm(nn.Module):
         if self.rms:
             return rms_norm_fn(x, weight, self.eps)
         return layer_norm_fn(x.transpose(1, 2), weight, self._shared(self.bias), self.eps).transpose(1, 2)
+
+
+class ProjectionRMSNorm(nn.Module):
+    """--qk-layernorm-full: (b, n_r, s, d) -> (b, n_r, s, d), RMSNorm over the n d channels of all heads of a
+    token's projection (OLMo-2's q_norm over heads x kv_channels, k_norm over groups x kv_channels).
+
+    Rank r holds heads r n/t .. (r+1) n/t - 1 and the same rows of the weight (n d): split along dim 0 with stride 1,
+    marked like a column-parallel weight (`set_tensor_model_parallel_attributes`), so the checkpoint name tables
+    and the reshape rules cut it with the heads. The mean of squares needs every rank's heads: this rank's sum of
+    squares (b, 1, s, 1) is all-reduced over the tp group, forward and backward
+    (`sum_over_tensor_model_parallel_region`): one small all-reduce each way per norm. Queries and keys cover the
+    whole sequence on every rank, with or without sequence parallelism, so the norm is not sequence-parallel.
+    """
+
+    def __init__(self, width: int, heads: int, eps: float, dtype: torch.dtype, tp_group=None):
+        """width: n d of the whole projection; heads: n (query heads or key/value groups)."""
+        super().__init__()
+        self.tp_group, _, self.tp_size = mpu.mappings.resolve_group(tp_group)
+        if heads % self.tp_size:
+            raise ValueError(f"{heads} heads do not split over the tensor-model-parallel size {self.tp_size}")
+        self.eps, self.width, self.local_heads = eps, width, heads // self.tp_size
+        self.weight = nn.Parameter(torch.ones(width // self.tp_size, device=tds_device.device(), dtype=dtype))
+        mpu.set_tensor_model_parallel_attributes(self.weight, True, 0, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        squares = x32.pow(2).sum(dim=(1, 3), keepdim=True)  # (b, 1, s, 1): this rank's heads
+        if self.tp_size > 1:
+            squares = mpu.sum_over_tensor_model_parallel_region(squares, self.tp_group)
+        y = x32 * torch.rsqrt(squares / self.width + self.eps)
+        return (y * self.weight.float().view(self.local_heads, 1, -1)).to(x.dtype)
 
 
 def layer_norm(hidden_size: int, eps: float, dtype: torch.dtype) -> nn.Module:

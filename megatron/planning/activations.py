@@ -48,7 +48,12 @@ The GPT layer's options (the Llama family's layer: `megatron.model.config.GPTCon
                          rstd (2 b (a + G) s, in fp32 on CUDA, in the input's dtype on CPU). The normalised q and k
                          enter the core as the rotated ones do (b s (w + g) e), with or without rotary positions,
                          laid out like the projection's output (so the core's output is still the context). The
-                         explicit form keeps the QKV output besides its own q, k, v where a norm keeps it as input
+                         explicit form keeps the QKV output besides its own q, k, v where a norm keeps it as input.
+                         --qk-layernorm-full's RMSNorm over all heads keeps what RMSNorm keeps, its rstd (b, s) once
+                         per norm on every rank (2 b s 4) and in bf16 its weights' fp32 copy (w + g) 4 / t
+    post-sublayer norms  --post-sublayer-norm keeps the same bytes (measured): a norm's output now goes to the
+                         dropout and the residual add, which keep nothing of it, and the GEMM it fed keeps the
+                         residual stream instead, of the same size
 
 For GPT-2's layer (G = a, no rotary) the flash terms are 4 bsw e + a b s 4: the `attention="fused"` formula. On
 GPUs these are Korthikanti's; the GPU side of the Llama layer follows the same logic, not measured here.
@@ -123,7 +128,7 @@ def _gpt_attention(b: int, s: int, m: ModelShape, o: ActivationOptions) -> tuple
     w, a, e, t = m.width, m.heads, o.element_bytes, o.tp
     context = b * s * w * e  # the output projection's input
     qkv = b * s * (w + 2 * m.kv_width)  # the fused QKV output's elements
-    own_qk = bool(m.rotary_dim or m.qk_layernorm)  # q and k enter the core as tensors of their own
+    own_qk = bool(m.rotary_dim or m.qk_norm)  # q and k enter the core as tensors of their own
     # q, k, v as they enter the core: views of the fused QKV output, and the rotated (or normalised) q and k
     entering = (qkv + (b * s * (w + m.kv_width) if own_qk else 0)) * e
     norms = _qk_norm_bytes(b, s, m, o)
@@ -142,20 +147,22 @@ def _explicit_qkv(b: int, s: int, m: ModelShape, o: ActivationOptions) -> float:
     their own (the batched matmuls keep contiguous copies of the head-split views), 3 bsw 4; a query / key norm
     keeps the fused QKV output b s (w + 2g) e as its input besides (RMSNorm in fp32 only: in bf16 its own fp32
     copy, counted with the norm)."""
-    kept = m.qk_layernorm and (o.element_bytes == 4 or not m.rms_norm)  # the norm's input: the QKV output
+    kept = m.qk_norm and (o.element_bytes == 4 or not m.rms_norm)  # the norm's input: the QKV output
     return 3 * b * s * m.width * 4 + (b * s * (m.width + 2 * m.kv_width) * o.element_bytes if kept else 0)
 
 
 def _qk_norm_bytes(b: int, s: int, m: ModelShape, o: ActivationOptions) -> float:
-    """What the query / key norms keep besides their input (module docstring), split over tp like the heads;
-    bf16's fp32 weight copies are counted as if split too (2 d 4: a few bytes)."""
-    if not m.qk_layernorm:
+    """What the query / key norms keep besides their input (module docstring), before the division by t (split
+    like the heads; --qk-layernorm's bf16 weight copies, 2 d 4 on every rank, are counted as if split too: a few
+    bytes; --qk-layernorm-full's rstd, (b, s) for all heads, is on every rank)."""
+    if not m.qk_norm:
         return 0
-    e, rows, heads = o.element_bytes, b * s * (m.width + m.kv_width), b * s * (m.heads + m.groups)
-    if not m.rms_norm:  # mean and rstd
+    e, t, rows, heads = o.element_bytes, o.tp, b * s * (m.width + m.kv_width), b * s * (m.heads + m.groups)
+    if not m.rms_norm:  # --qk-layernorm as LayerNorm: mean and rstd
         return 2 * heads * (STATS if o.attention == "fused" else e)
-    fp32_copy = 0 if e == 4 else rows * 4 + 2 * m.kv_channels * 4 * o.tp
-    return rows * 4 + heads * STATS + fp32_copy
+    weights = 2 * m.kv_channels * t if m.qk_layernorm else m.width + m.kv_width
+    rstd = heads * STATS if m.qk_layernorm else 2 * b * s * STATS * t
+    return rows * 4 + rstd + (0 if e == 4 else rows * 4 + weights * 4)
 
 
 def _t5_self_attention(b: int, s: int, m: ModelShape, o: ActivationOptions) -> float:

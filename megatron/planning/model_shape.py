@@ -12,7 +12,9 @@ row-parallel outputs and norms replicated), exactly what `megatron.model` builds
     GPT layer           (h (w + 2g) [+ (w + 2g) qkv bias] + wh + h f_in + f h [+ f_in]) / t
                         + 2 norms (LayerNorm 2h, RMSNorm h) [+ 2h: the dense and fc2 biases]
                         biases [..] with add_bias_linear; the qkv bias also with add_qkv_bias
-                        + 2 query / key norms of d each (LayerNorm 2d) with --qk-layernorm, replicated
+                        + 2 query / key norms of d each (LayerNorm 2d) with --qk-layernorm, replicated, or
+                        (w + g) / t with --qk-layernorm-full (split with the heads); --post-sublayer-norm moves the
+                        2 norms, the same parameters
                         GPT-2 (g = w, f_in = f, biases, LayerNorm): (3hw + 3w + wh + hf + f + fh) / t + 6h
     GPT final norm      2h (LayerNorm) or h (RMSNorm)
     GPT LM head         tied: the embedding again (TiedLayerSpec builds the whole module on the last stage);
@@ -62,6 +64,8 @@ class ModelShape:
     attention_dropout: float = 0.1  # GPT on CPU: 0 runs SDPA's flash kernel (no s^2 tensors kept)
     # --- the GPT layer options of issue 40 (kept here until the planner's model terms move into the specs) ---
     qk_layernorm: bool = False      # a norm over each query / key head (Qwen3)
+    qk_layernorm_full: bool = False  # an RMSNorm over the whole query / key projection (OLMo-2)
+    post_sublayer_norm: bool = False  # the norms on the attention / MLP outputs (OLMo-2)
 
     @property
     def width(self) -> int:
@@ -79,6 +83,11 @@ class ModelShape:
     @property
     def qkv_bias(self) -> bool:
         return self.add_bias_linear or self.add_qkv_bias
+
+    @property
+    def qk_norm(self) -> bool:
+        """Whether queries and keys are normalised (--qk-layernorm or --qk-layernorm-full)."""
+        return self.qk_layernorm or self.qk_layernorm_full
 
     @property
     def rms_norm(self) -> bool:
@@ -119,7 +128,8 @@ class ModelShape:
                    add_bias_linear=cfg.add_bias_linear, add_qkv_bias=cfg.add_qkv_bias, normalization=cfg.normalization,
                    position_embedding_type=cfg.position_embedding_type, rotary_percent=cfg.rotary_percent,
                    hidden_dropout=cfg.hidden_dropout, attention_dropout=cfg.attention_dropout,
-                   qk_layernorm=cfg.qk_layernorm)
+                   qk_layernorm=cfg.qk_layernorm, qk_layernorm_full=cfg.qk_layernorm_full,
+                   post_sublayer_norm=cfg.post_sublayer_norm)
 
     @classmethod
     def from_args(cls, args, vocab: int) -> "ModelShape":
@@ -147,7 +157,9 @@ def gpt_layer_options(args) -> dict:
                 add_bias_linear=not flag("disable_bias_linear", False), add_qkv_bias=bool(flag("add_qkv_bias", False)),
                 normalization=flag("normalization", "LayerNorm"),
                 position_embedding_type=flag("position_embedding_type", "learned_absolute"),
-                rotary_percent=flag("rotary_percent", 1.0), qk_layernorm=bool(flag("qk_layernorm", False)))
+                rotary_percent=flag("rotary_percent", 1.0), qk_layernorm=bool(flag("qk_layernorm", False)),
+                qk_layernorm_full=bool(flag("qk_layernorm_full", False)),
+                post_sublayer_norm=bool(flag("post_sublayer_norm", False)))
 
 
 @dataclass(frozen=True)
@@ -189,10 +201,11 @@ def _gpt_specs(m: ModelShape, tp: int) -> List[Spec]:
 
 
 def _qk_norm_params(m: ModelShape, tp: int) -> int:
-    """The query and key norms' weights on one tp rank: --qk-layernorm's two (d), replicated (LayerNorm: + biases)."""
+    """The query and key norms' weights on one tp rank: --qk-layernorm's two (d), replicated (LayerNorm: + biases);
+    --qk-layernorm-full's (w) and (g), split with the heads."""
     if m.qk_layernorm:
         return 2 * m.kv_channels * (1 if m.rms_norm else 2)
-    return 0
+    return (m.width + m.kv_width) // tp if m.qk_layernorm_full else 0
 
 
 def _uniform(n: int, parts: int) -> List[int]:

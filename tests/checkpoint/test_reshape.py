@@ -7,7 +7,8 @@
   (fp32 master weights, Adam moments, steps, hyper-parameters) to the original, GPT-2 and T5, and through
   (2,1,4) for the Llama-style GPT (grouped QKV re-cut over tp); only the RNG states are gone (tp and pp changed
   on the way, see megatron/checkpointing/layouts.py);
-- the GPT layer's norm options (Qwen3's per-head query / key norms, replicated over tp), on synthetic checkpoints
+- the GPT layer's norm options (Qwen3's per-head query / key norms, replicated over tp; OLMo-2's over all heads,
+  split over tp with them, and its norms after the sublayers), on synthetic checkpoints
   (weights as initialised, random optimizer state) written at (2, 2, 2): the Llama chain back to bit-identical
   files, and the same logits from the first and the last;
 - vocabulary padding recomputed for each tp: real rows bit-identical, padding rows zero, same logits;
@@ -24,12 +25,12 @@ from megatron.checkpointing.files import read_args
 from megatron.errors import UserError
 from tests.checkpoint.common import differences, load_all, mask_unused_copies
 from tests.checkpoint.synthetic import TAG, resolved_args, write_synthetic
-from tests.training.golden_cases import LLAMA
+from tests.training.golden_cases import OLMO2, QWEN3
 from tools.convert_checkpoint import run
 
 CHAIN = [(1, 1, 1), (4, 1, 2), (1, 4, 1), (2, 2, 2)]
 LLAMA_CHAIN = [(1, 1, 1), (2, 1, 4), (1, 4, 1), (2, 2, 2)]  # its 2 query groups do not split over tp 4
-NORM_OPTIONS = {"qwen3": [*LLAMA, "--qk-layernorm", "--kv-channels", "12"]}
+NORM_OPTIONS = {"qwen3": QWEN3, "olmo2": OLMO2}
 
 
 def reshape(src: str, dst: str, layout, *extra: str) -> str:

@@ -1,6 +1,6 @@
 """Generation in one process: the key-value cache gives exactly the tokens of recomputing the whole
-sequence (GPT-2, the Llama and Qwen3 layers (whose cache holds normalised keys) and T5, batched prompts of
-different lengths), the recomputing path equals the model's own
+sequence (GPT-2, the Llama, Qwen3 and OLMo-2 layers (whose caches hold normalised keys) and T5, batched prompts
+of different lengths), the recomputing path equals the model's own
 forward on each unpadded prompt, batching and sampling are independent of the batch, stop conditions,
 bad prompts."""
 from __future__ import annotations
@@ -18,12 +18,13 @@ from megatron.inference.sampling import gather_vocab, sample
 from tests.inference import common
 
 STEPS = 16
-GPT_LAYERS = {"gpt2": {}, "llama": common.LLAMA, "qwen3": common.QWEN3}
+GPT_LAYERS = {"gpt2": {}, "llama": common.LLAMA, "qwen3": common.QWEN3, "olmo2": common.OLMO2}
 
 
 def _model(kind: str, spm_model: str):
     """kind: gpt2, llama (rope, RMSNorm, SwiGLU, 2 query groups of 2 heads, no biases, untied head), qwen3 (llama
-    with --qk-layernorm), t5 (v1.0: relu, tied head) or t5v11 (gated GELU, untied head)."""
+    with --qk-layernorm), olmo2 (llama with --qk-layernorm-full --post-sublayer-norm), t5 (v1.0: relu, tied head)
+    or t5v11 (gated GELU, untied head)."""
     if kind in GPT_LAYERS:
         tokenizer = common.bpe_tokenizer()
         return common.gpt2_model(vocab_size=tokenizer.vocab_size, **GPT_LAYERS[kind]), tokenizer, common.PROMPTS
@@ -63,7 +64,7 @@ def test_cache_equals_recompute_and_model_forward(kind, spm_model):
     assert len({len(r) for r in ids}) >= 3, "prompts of different lengths"
     runner = make_runner(model, ids, STEPS, tokenizer.pad, use_cache=True)
     cached, cached_logits = _greedy(runner, STEPS)
-    if kind in ("llama", "qwen3"):  # the cache holds the 2 key/value groups, not the 4 query heads
+    if kind in ("llama", "qwen3", "olmo2"):  # the cache holds the 2 key/value groups, not the 4 query heads
         assert runner.caches[0].self_attention.keys.shape[1] == 2
     full, full_logits = _greedy(make_runner(model, ids, STEPS, tokenizer.pad, use_cache=False), STEPS)
     assert torch.equal(cached, full), f"{kind}: cached {cached.tolist()} vs recomputed {full.tolist()}"

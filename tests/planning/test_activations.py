@@ -2,7 +2,8 @@
 megatron.model's layers (saved_tensors_hooks): GPT-2's and T5's layers, and the Llama family's GPT layer (rotary
 positions, RMSNorm, SwiGLU, grouped-query attention, no biases) at tp 1 and 2, with and without sequence
 parallelism, dropout and selective recomputation, in fp32 and bf16; with the query / key norms (--qk-layernorm
-as Qwen3's RMSNorm, and as LayerNorm on multi-head attention)."""
+as Qwen3's RMSNorm, and as LayerNorm on multi-head attention) and OLMo-2's layer (--qk-layernorm-full,
+--post-sublayer-norm)."""
 import pytest
 import torch
 
@@ -123,16 +124,20 @@ def test_llama_layer_formula_matches_saved_tensors(case):
     assert _llama_layer_saved([case], 1) == [_llama_predicted(case, 1)]
 
 
-# Qwen3's query / key norms on the Llama layer (kv_channels 24: not h / a), and as LayerNorm on multi-head attention
+# Qwen3's query / key norms on the Llama layer (kv_channels 24: not h / a), as LayerNorm on multi-head attention,
+# and OLMo-2's layer (an RMSNorm over all heads, the norms on the sublayers' outputs), also with LayerNorm there
 QK_NORMS = {"qwen3": dict(qk_layernorm=True, kv_channels=24),
-            "layernorm-mha": dict(qk_layernorm=True, normalization="LayerNorm", num_query_groups=None)}
+            "layernorm-mha": dict(qk_layernorm=True, normalization="LayerNorm", num_query_groups=None),
+            "olmo2": dict(qk_layernorm_full=True, post_sublayer_norm=True),
+            "post-layernorm": dict(post_sublayer_norm=True, normalization="LayerNorm")}
 
 
 @pytest.mark.parametrize("options", QK_NORMS)
 @pytest.mark.parametrize("case", TP1, ids=lambda c: f"{c[0]}-dropout{c[1]}-{c[3]}")
 def test_query_key_norm_formulas_match_saved_tensors(case, options):
-    """A norm keeps its input (the fused QKV output; RMSNorm in bf16 an fp32 copy), its normalised input and
-    statistics; the normalised q and k enter the core as the rotated ones do."""
+    """A query / key norm keeps its input (the fused QKV output; RMSNorm in bf16 an fp32 copy), its normalised
+    input and statistics; the normalised q and k enter the core as the rotated ones do. Norms on the sublayers'
+    outputs keep what pre-norms keep."""
     case = (*case, QK_NORMS[options])
     assert _llama_layer_saved([case], 1) == [_llama_predicted(case, 1)]
 
@@ -144,7 +149,8 @@ def test_llama_layer_formula_matches_saved_tensors_at_tp2():
     cases = [("fp32", 0.1, False, "none"), ("fp32", 0.0, False, "none"), ("fp32", 0.1, True, "none"),
              ("bf16", 0.0, True, "none"), ("fp32", 0.1, True, "selective"), ("bf16", 0.1, False, "selective"),
              ("fp32", 0.0, True, "selective"), ("fp32", 0.1, True, "none", qwen3), ("bf16", 0.0, False, "none", qwen3),
-             ("bf16", 0.1, False, "selective", QK_NORMS["layernorm-mha"])]
+             ("bf16", 0.1, False, "selective", QK_NORMS["layernorm-mha"]),
+             ("fp32", 0.1, True, "none", QK_NORMS["olmo2"]), ("bf16", 0.0, True, "selective", QK_NORMS["olmo2"])]
     per_rank = run_distributed(_llama_layer_saved, 2, cases, 2, timeout=300)
     predicted = [_llama_predicted(c, 2) for c in cases]
     for measured in per_rank:

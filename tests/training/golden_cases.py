@@ -1,6 +1,7 @@
 """The golden-loss runs: GPT-2, the Llama-style GPT (`LLAMA`: rope, RMSNorm, SwiGLU, 2 query groups of 2 heads, no
 biases, untied head; through pretrain_gpt2.py), Qwen3's layer (`QWEN3`: LLAMA with per-head query / key norms and heads
-of width 12, not h / a) and T5, 20 iterations, fp32, dropout off, ZeRO-1, global batch 8, gradient
+of width 12, not h / a), OLMo-2's (`OLMO2`: LLAMA with an RMSNorm over all heads' queries and keys, and the norms after
+the sublayers) and T5, 20 iterations, fp32, dropout off, ZeRO-1, global batch 8, gradient
 clipping at 0.3 (active: the norms are ~0.6), on the committed corpus and tokenizer in tests/golden/data
 (so the data does not depend on the Python version or the tokenizers library). The (1, 1, 1) losses are stored in
 tests/golden/{model}_losses.json.
@@ -23,11 +24,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 DATA = os.path.join(GOLDEN, "data")
 ITERS = 20
-MODELS = ("gpt2", "llama", "t5", "qwen3")
+MODELS = ("gpt2", "llama", "t5", "qwen3", "olmo2")
 LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
          "--num-query-groups", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
 QWEN3 = [*LLAMA, "--qk-layernorm", "--kv-channels", "12"]
-GPT_LAYERS = {"gpt2": [], "llama": LLAMA, "qwen3": QWEN3}  # the GPT layer of each GPT model's flags
+OLMO2 = [*LLAMA, "--qk-layernorm-full", "--post-sublayer-norm"]
+GPT_LAYERS = {"gpt2": [], "llama": LLAMA, "qwen3": QWEN3, "olmo2": OLMO2}  # the GPT layer of each GPT model's flags
 
 
 def preprocess(out_dir: str) -> str:

@@ -1,6 +1,8 @@
 """The GPT layer's norm options (issue 40) through `pretrain_gpt2.py`'s path, as test_llama_pretrain.py runs the
 Llama-style GPT (4 layers, hidden and attention dropout on, 20 iterations, clipping active): Qwen3's layer
-(golden_cases.QWEN3: the Llama layer with per-head query / key norms, heads of width 12).
+(golden_cases.QWEN3: the Llama layer with per-head query / key norms, heads of width 12) and OLMo-2's
+(golden_cases.OLMO2: the Llama layer with an RMSNorm over all heads' queries and keys, split over tp, and the
+norms after the sublayers, dropout after them).
 
 - pp = 2 with 1F1B, GPipe, interleaved (2 chunks per stage, full recomputation) and ZB-H1, tp = 2 with
   --sequence-parallel and selective recomputation, and (2, 2, 2) with ZeRO-1 give the per-iteration losses and
@@ -19,7 +21,7 @@ from tests.dist import run_distributed
 from tests.training.golden_cases import preprocess
 from tests.training.test_llama_pretrain import ITERS, K, PP2, _resume, argv, assert_same, runs
 
-MODELS = ("qwen3",)
+MODELS = ("qwen3", "olmo2")
 pytestmark = pytest.mark.long
 
 

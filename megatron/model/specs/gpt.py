@@ -1,5 +1,5 @@
-"""The GPT family: GPT-2's layer by default, the layer of today's open models (Llama, Mistral, Qwen2, Qwen3) by
-options, as Megatron-LM names them:
+"""The GPT family: GPT-2's layer by default, the layer of today's open models (Llama, Mistral, Qwen2, Qwen3, OLMo-2)
+by options, as Megatron-LM names them (where it has a name):
 
     --position-embedding-type   learned_absolute (default) | rope | none
     --rotary-base / --rotary-percent / --use-rope-scaling (+ --rope-scaling-*)      rope only
@@ -8,6 +8,8 @@ options, as Megatron-LM names them:
     --group-query-attention --num-query-groups G   (G default 1); heads % G == 0 and G % tp == 0
     --disable-bias-linear, --add-qkv-bias, --untie-embeddings-and-output-weights, --gelu tanh|erf
     --qk-layernorm              a norm (--normalization's) over each query / key head, before rotary (Qwen3)
+    --qk-layernorm-full         instead, an RMSNorm over each token's whole query / key projection (OLMo-2)
+    --post-sublayer-norm        the two norms on the attention / MLP outputs before the residual add (OLMo-2)
 
 Every combination that cannot mean anything is a one-line UserError naming the flags and values (`resolve`).
 Micro-batches (b micro-batch, s sequence): ((tokens, position_ids), (labels, loss_mask)), tokens/labels int64
@@ -29,7 +31,8 @@ ROPE_SCALING_DEFAULTS = dict(rope_scaling_factor=8.0, rope_scaling_low_freq_fact
 ROPE_DEFAULTS = dict(rotary_base=10000.0, rotary_percent=1.0)
 # The layer's switches that add or move parameters: one flag and one GPTConfig field of the same name each; the
 # checkpoint tools read them from here (the fields a checkpoint must agree on, the flags import-hf prints).
-LAYER_SWITCHES = {"qk_layernorm": "--qk-layernorm"}
+LAYER_SWITCHES = {"qk_layernorm": "--qk-layernorm", "qk_layernorm_full": "--qk-layernorm-full",
+                  "post_sublayer_norm": "--post-sublayer-norm"}
 GPT_DEFAULTS = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
                     group_query_attention=False, disable_bias_linear=False, add_qkv_bias=False, use_rope_scaling=False,
                     **ROPE_DEFAULTS, **ROPE_SCALING_DEFAULTS, **dict.fromkeys(LAYER_SWITCHES, False))
@@ -83,6 +86,13 @@ class GPTSpec(ModelSpec):
             require(groups % tp == 0, f"--num-query-groups {groups} is not divisible by --tensor-model-parallel-size "
                                       f"{tp}: each tensor-parallel rank holds whole key/value groups")
         _resolve_rope(args)
+        require(not (args.qk_layernorm and args.qk_layernorm_full),
+                "--qk-layernorm (a norm over each head, Qwen3's) and --qk-layernorm-full (one over the whole "
+                "projection, OLMo-2's) exclude each other; give one")
+        require(not args.qk_layernorm_full or args.normalization == "RMSNorm",
+                f"--qk-layernorm-full is OLMo-2's RMSNorm over the whole query / key projection, but --normalization "
+                f"is {args.normalization}; give --normalization RMSNorm (or --qk-layernorm: a {args.normalization} "
+                f"over each head)")
         if args.reset_position_ids:
             require(args.position_embedding_type == "learned_absolute",
                     f"--reset-position-ids restarts the learned position table at each document, but "
