@@ -42,6 +42,7 @@ import torch.distributed as dist
 
 from megatron.mpu import rng_states, set_rng_states
 from megatron.logging_utils import print_rank_0
+from megatron.model.specs.gpt import LAYER_SWITCHES
 from tds.safe_load import trusted
 from .async_save import save_async
 from .consolidated import has_engine_state, has_optimizer, layout_of, read_consolidated
@@ -61,7 +62,7 @@ SHAPE_FIELDS = ("model_type", "num_layers", "hidden_size", "ffn_hidden_size", "n
                 "decoder_seq_length", "decoder_num_layers", "feed_forward_proj", "untie_embeddings_and_output_weights",
                 "relative_attention_num_buckets", "position_embedding_type", "rotary_base", "rotary_percent",
                 "use_rope_scaling", "normalization", "swiglu", "group_query_attention", "num_query_groups",
-                "disable_bias_linear", "add_qkv_bias", "gelu")
+                "disable_bias_linear", "add_qkv_bias", "gelu", *LAYER_SWITCHES)
 
 
 def commit(save_dir: str, tag: str) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from megatron.model.specs.gpt import LAYER_SWITCHES
+
 # (argument, flag): given with its value when the checkpoint has it and it is not None / False
 VALUED = (("num_layers", "--num-layers"), ("hidden_size", "--hidden-size"),
           ("num_attention_heads", "--num-attention-heads"), ("kv_channels", "--kv-channels"),
@@ -21,7 +23,7 @@ ROPE_SCALING = (("rope_scaling_factor", "--rope-scaling-factor"),
 SWITCHES = (("swiglu", "--swiglu"), ("group_query_attention", "--group-query-attention"),
             ("disable_bias_linear", "--disable-bias-linear"), ("add_qkv_bias", "--add-qkv-bias"),
             ("untie_embeddings_and_output_weights", "--untie-embeddings-and-output-weights"),
-            ("use_rope_scaling", "--use-rope-scaling"))
+            ("use_rope_scaling", "--use-rope-scaling"), *LAYER_SWITCHES.items())
 
 
 def _value(v: Any) -> str:

@@ -101,6 +101,21 @@ def _model_args(p: argparse.ArgumentParser) -> None:
                         "--openai-gelu and its fused bias-GELU) or erf (exact; Megatron-LM's F.gelu)")
     g.add_argument("--add-qkv-bias", action="store_true", default=None,
                    help="a bias in the QKV projection even with --disable-bias-linear (Qwen2)")
+    g.add_argument("--qk-layernorm", action="store_true", default=None,
+                   help="normalise each query and key head over its --kv-channels after the projection and before "
+                        "rotary positions, with a norm of --normalization's kind whose weight (kv_channels) all heads "
+                        "share (Megatron-LM's --qk-layernorm; Qwen3's q_norm / k_norm)")
+    g.add_argument("--qk-layernorm-full", action="store_true", default=None,
+                   help="instead of --qk-layernorm: an RMSNorm over each token's whole query projection (heads x "
+                        "kv_channels, a weight per channel) and one over its whole key projection (query groups x "
+                        "kv_channels), before rotary positions (OLMo-2's q_norm / k_norm); needs --normalization "
+                        "RMSNorm. Under tensor parallelism its weights split with the heads and each norm all-reduces "
+                        "a (b, s) sum of squares")
+    g.add_argument("--post-sublayer-norm", action="store_true", default=None,
+                   help="the layer's two norms on the attention and MLP outputs, before the dropout and the residual "
+                        "add, instead of on their inputs: x + drop(N(attn(x))), then the same with the MLP (OLMo-2's "
+                        "reordered norm; not Megatron-LM's --apply-residual-connection-post-layernorm); the final norm "
+                        "stays")
     g = p.add_argument_group("T5 (v1.0 defaults; T5 v1.1: --feed-forward-proj gated-gelu "
                              "--untie-embeddings-and-output-weights)")
     g.add_argument("--decoder-num-layers", type=int, default=None, help="decoder depth, default --num-layers")

@@ -17,7 +17,7 @@ import argparse
 import os
 from typing import Dict, Optional
 
-from megatron.model.specs.gpt import GPT_DEFAULTS
+from megatron.model.specs.gpt import GPT_DEFAULTS, LAYER_SWITCHES
 from megatron.errors import UserError
 
 # the fields that make the model's function and its tensors' shapes (GPT and T5)
@@ -27,7 +27,8 @@ ARCHITECTURE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_h
                 "rope_scaling_high_freq_factor", "rope_scaling_original_max_position_embeddings", "normalization",
                 "layernorm_epsilon", "swiglu", "group_query_attention", "num_query_groups", "disable_bias_linear",
                 "add_qkv_bias", "gelu", "untie_embeddings_and_output_weights", "decoder_num_layers",
-                "feed_forward_proj", "relative_attention_num_buckets", "relative_attention_max_distance")
+                "feed_forward_proj", "relative_attention_num_buckets", "relative_attention_max_distance",
+                *LAYER_SWITCHES)
 SEQUENCE = ("seq_length", "encoder_seq_length", "decoder_seq_length")
 
 

@@ -10,7 +10,9 @@ scaled_dot_product_attention wants the opposite for bool masks (True = attend), 
     GPT-2: softmax(Q K^T / sqrt(d) + causal/attention mask) V       fused QKV (stride 3, [Q; K; V] rows)
     GPT with grouped-query attention: query head i attends with key/value group i // (n / G); the fused QKV's
            rows are [Q (n d); K (G d); V (G d)], block stride (n, G, G) (`mpu.utils`). Rotary positions
-           (`position.RotaryEmbedding`) rotate Q and K after the projection.
+           (`position.RotaryEmbedding`) rotate Q and K after the projection; a query / key norm
+           (--qk-layernorm: each head's d channels, `layer_norm.HeadNorm`; --qk-layernorm-full: all heads' n d
+           channels, `layer_norm.ProjectionRMSNorm`) comes between the two.
     T5:    softmax(Q K^T + position bias + mask) V                  no 1/sqrt(d) (folded into T5's init)
 
 Selective recomputation (config.recompute_granularity == 'selective', Korthikanti et al. 2022 section 5): the
@@ -39,6 +41,7 @@ from torch import nn
 
 from megatron import mpu
 from .config import GPTConfig, T5Config
+from .layer_norm import HeadNorm, ProjectionRMSNorm
 from .position import RelativePositionBias, rotary_embedding
 from .rng import SeededDropout, replay_checkpoint
 
@@ -159,7 +162,9 @@ class GPT2SelfAttention(nn.Module):
     q_proj, k_proj, v_proj stacked; the stride gives each rank the queries of its heads and the keys and values
     of its groups (3, or the blocks (n, G, G) with grouped-query attention). Output projection init
     std / sqrt(2 L) (GPT-2's residual scaling). Rotary positions, when configured, rotate q and k of positions
-    0 .. s-1 (continuing after the cached positions when decoding with a kv_cache)."""
+    0 .. s-1 (continuing after the cached positions when decoding with a kv_cache). With --qk-layernorm (per head)
+    or --qk-layernorm-full (over the whole projection), `q_layernorm` and `k_layernorm` normalise q and k after the
+    projection and before the rotation (so the cache holds normalised keys)."""
 
     def __init__(self, config: GPTConfig, module_number: int, tp_group=None, sequence_parallel: bool = False):
         """sequence_parallel: x is this rank's part of the sequence (b, s/t, h), and so is the output."""
@@ -180,6 +185,14 @@ class GPT2SelfAttention(nn.Module):
                                                part=(1, tp_rank, tp_size))  # this rank's heads of (b, n, q, k)
         self.recompute_core = config.recompute_granularity == "selective"
         self.rotary = rotary_embedding(config)
+        self.q_layernorm = self.k_layernorm = None
+        eps, dtype = config.layernorm_epsilon, config.dtype
+        if config.qk_layernorm:
+            norm = dict(normalization=config.normalization, width=d, eps=eps, dtype=dtype, tp_group=group)
+            self.q_layernorm, self.k_layernorm = HeadNorm(**norm), HeadNorm(**norm)
+        elif config.qk_layernorm_full:
+            self.q_layernorm = ProjectionRMSNorm(heads * d, heads, eps, dtype, group)
+            self.k_layernorm = ProjectionRMSNorm(groups * d, groups, eps, dtype, group)
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor], kv_cache=None) -> torch.Tensor:
         qkv, _ = self.query_key_value(x)  # (b, s, (n_r + 2 G_r) d)
@@ -187,6 +200,8 @@ class GPT2SelfAttention(nn.Module):
         sizes = (self.n_local * width, self.g_local * width, self.g_local * width)
         q, k, v = qkv.split(sizes, dim=-1)
         q, k, v = _split_heads(q, self.n_local), _split_heads(k, self.g_local), _split_heads(v, self.g_local)
+        if self.q_layernorm is not None:  # (b, n_r, s, d), (b, G_r, s, d)
+            q, k = self.q_layernorm(q), self.k_layernorm(k)
         if self.rotary is not None:  # (b, n_r, s, d), (b, G_r, s, d) at positions start .. start + s - 1
             start = 0 if kv_cache is None else kv_cache.length
             q, k = self.rotary(q, start), self.rotary(k, start)

@@ -3,7 +3,7 @@
 
     GPTConfig   decoder-only GPT: GPT-2 by default (learned positions, pre-LayerNorm, GELU-tanh, biases, tied LM
                 head), and the Llama-family layer by its options (rotary positions, RMSNorm, SwiGLU, grouped-query
-                attention, no biases, untied head); `GPTConfig` is its earlier name
+                attention, no biases, untied head, query / key norms); `GPT2Config` is its earlier name
     T5Config    encoder-decoder T5 v1.0 / v1.1 (relative position bias, RMSNorm, no biases)
 
 The parameters' dtype is a name (`params_dtype`, 'float32'), the torch dtype `config.dtype` resolved when modules
@@ -125,7 +125,7 @@ class GPTConfig(TransformerConfig):
         (the default data): attention is plain causal, run as scaled_dot_product_attention(is_causal=True) with
         no mask tensor anywhere, which admits the flash kernel on GPUs.
 
-    The layer of today's open models (Llama, Mistral, Qwen2), Megatron-LM's flags in brackets:
+    The layer of today's open models (Llama, Mistral, Qwen2, Qwen3, OLMo-2), Megatron-LM's flags in brackets:
     position_embedding_type: 'learned_absolute' (GPT-2's table), 'rope' (rotary, applied to queries and keys in
         every layer; no table) or 'none'. rotary_base (--rotary-base), rotary_percent: the fraction of each head's
         width that rotates (--rotary-percent). rope_scaling_factor: Llama 3.1's frequency scaling ('llama3',
@@ -142,6 +142,15 @@ class GPTConfig(TransformerConfig):
     gelu: the MLP's GELU without SwiGLU: 'tanh' (GPT-2's 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
         Megatron-LM's --openai-gelu and its fused bias-GELU) or 'erf' (x Phi(x), torch's exact F.gelu, what
         Megatron-LM computes without either) (--gelu).
+    qk_layernorm: a norm of `normalization`'s kind over each query and key head's kv_channels, after the
+        projection and before rotary positions, one weight (kv_channels) per projection shared by every head
+        (Megatron-LM's --qk-layernorm, Qwen3's q_norm / k_norm).
+    qk_layernorm_full: instead, an RMSNorm over each token's whole query projection (heads x kv_channels, one
+        weight element per channel) and one over its whole key projection (groups x kv_channels), at the same place
+        (OLMo-2's q_norm / k_norm; --qk-layernorm-full).
+    post_sublayer_norm: the layer's two norms on the attention and MLP outputs, before the residual add, instead
+        of on their inputs (OLMo-2's reordered norm: x + drop(N(attn(x))); --post-sublayer-norm); the final norm
+        stays.
     """
     max_position_embeddings: Optional[int] = None
     init_method_std: float = 0.02
@@ -160,6 +169,9 @@ class GPTConfig(TransformerConfig):
     add_qkv_bias: bool = False
     tie_word_embeddings: bool = True
     gelu: str = "tanh"
+    qk_layernorm: bool = False
+    qk_layernorm_full: bool = False
+    post_sublayer_norm: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -187,6 +199,11 @@ class GPTConfig(TransformerConfig):
             raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {self.normalization!r}")
         if self.position_embedding_type == "rope":
             self.rotary_dim()
+        if self.qk_layernorm and self.qk_layernorm_full:
+            raise ValueError("qk_layernorm (per head) and qk_layernorm_full (over the whole projection) exclude each "
+                             "other")
+        if self.qk_layernorm_full and self.normalization != "RMSNorm":
+            raise ValueError(f"qk_layernorm_full is an RMSNorm; normalization is {self.normalization!r}")
 
     def rotary_dim(self) -> int:
         """The rotated width of each head: kv_channels x rotary_percent, an even number >= 2."""

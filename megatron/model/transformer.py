@@ -4,6 +4,9 @@ Shape legend: b batch, s / q / k sequence lengths, h hidden, n_r heads on this t
 
     GPT (pre-norm):  x = x + drop(attn(N1(x), mask));                   x = x + drop(mlp(N2(x)))
                      N LayerNorm (GPT-2) or RMSNorm; attention and MLP as configured (`attention`, `mlp`)
+    GPT with --post-sublayer-norm (OLMo-2's reordered norm):
+                     x = x + drop(N1(attn(x, mask)));                   x = x + drop(N2(mlp(x)))
+                     the norms on the sublayers' outputs, before the dropout and the residual add
     T5 (pre-RMS):    x = x + drop(self_attn(RMS1(x), bias));
                      x = x + drop(cross_attn(RMS2(x), enc, cross_bias))   (decoder only)
                      x = x + drop(ff(RMS3(x)))
@@ -46,8 +49,9 @@ def sequence_parallel_norm(module: nn.Module, part: tuple) -> nn.Module:
 
 
 class TransformerLayer(nn.Module):
-    """GPT-2 block: (b, s, h), bool mask (b or 1, 1, s, s) True = masked (None = causal) -> (b, s, h);
-    with sequence_parallel (b, s/t, h) -> (b, s/t, h)."""
+    """GPT block: (b, s, h), bool mask (b or 1, 1, s, s) True = masked (None = causal) -> (b, s, h);
+    with sequence_parallel (b, s/t, h) -> (b, s/t, h). Pre-norm, or with config.post_sublayer_norm the norms on
+    the sublayers' outputs (module docstring)."""
 
     def __init__(self, config: GPTConfig, layer_number: int, tp_group=None, sequence_parallel: bool = False):
         super().__init__()
@@ -55,18 +59,35 @@ class TransformerLayer(nn.Module):
         eps, dtype = config.layernorm_epsilon, config.dtype
         part = sequence_part(tp_group, sequence_parallel)
         sp = part[1] > 1
-        with init_rng(config.seed, layer_number):
-            kind = config.normalization
-            self.input_layernorm = sequence_parallel_norm(norm(kind, config.hidden_size, eps, dtype), part)
-            self.self_attention = GPT2SelfAttention(config, layer_number, tp_group, sequence_parallel=sp)
-            self.post_attention_layernorm = sequence_parallel_norm(norm(kind, config.hidden_size, eps, dtype), part)
-            self.mlp = GPTMLP(config, tp_group, sequence_parallel=sp)
+        self.post_sublayer_norm = config.post_sublayer_norm
+
+        def layer_norm() -> nn.Module:
+            return sequence_parallel_norm(norm(config.normalization, config.hidden_size, eps, dtype), part)
+
+        with init_rng(config.seed, layer_number):  # the norms draw nothing: the same weights in either order
+            if self.post_sublayer_norm:  # Megatron core's names for norms on the sublayers' outputs
+                self.self_attention = GPT2SelfAttention(config, layer_number, tp_group, sequence_parallel=sp)
+                self.post_self_attn_layernorm = layer_norm()
+                self.mlp = GPTMLP(config, tp_group, sequence_parallel=sp)
+                self.post_mlp_layernorm = layer_norm()
+            else:
+                self.input_layernorm = layer_norm()
+                self.self_attention = GPT2SelfAttention(config, layer_number, tp_group, sequence_parallel=sp)
+                self.post_attention_layernorm = layer_norm()
+                self.mlp = GPTMLP(config, tp_group, sequence_parallel=sp)
         self.attention_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 1,
                                                       part=sequence_split(part))
         self.mlp_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 2, part=sequence_split(part))
 
     def forward(self, x: torch.Tensor, attention_mask: Optional[torch.Tensor] = None, kv_cache=None) -> torch.Tensor:
         cache = None if kv_cache is None else kv_cache.self_attention
+        if self.post_sublayer_norm:
+            # OLMo-2's dropout placement: after the norm, on what the residual adds (OLMo-core's
+            # ReorderedNormTransformerBlock.forward: h = x + dropout(attention_norm(attention(x))), the dropout of
+            # its ResidualStream; Megatron core's post_self_attn_layernorm also comes before its bias-dropout-add)
+            y = self.post_self_attn_layernorm(self.self_attention(x, attention_mask, cache))
+            x = x + self.attention_output_dropout(y)
+            return x + self.mlp_output_dropout(self.post_mlp_layernorm(self.mlp(x)))
         x = x + self.attention_output_dropout(self.self_attention(self.input_layernorm(x), attention_mask, cache))
         return x + self.mlp_output_dropout(self.mlp(self.post_attention_layernorm(x)))
 

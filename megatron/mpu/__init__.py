@@ -8,7 +8,7 @@ from .layers import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbed
 from .mappings import (copy_to_tensor_model_parallel_region, gather_from_sequence_parallel_region,
                        gather_from_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region,
                        reduce_scatter_to_sequence_parallel_region, scatter_to_sequence_parallel_region,
-                       scatter_to_tensor_model_parallel_region)
+                       scatter_to_tensor_model_parallel_region, sum_over_tensor_model_parallel_region)
 from .parallel_state import (ParallelDims, ParallelState, destroy_model_parallel, get_data_parallel_group,
                              get_data_parallel_rank, get_data_parallel_world_size, get_model_parallel_group,
                              get_model_parallel_rank, get_model_parallel_src_rank, get_model_parallel_world_size,
@@ -44,7 +44,7 @@ __all__ = [
     "copy_to_tensor_model_parallel_region", "reduce_from_tensor_model_parallel_region",
     "scatter_to_tensor_model_parallel_region", "gather_from_tensor_model_parallel_region",
     "scatter_to_sequence_parallel_region", "gather_from_sequence_parallel_region",
-    "reduce_scatter_to_sequence_parallel_region",
+    "reduce_scatter_to_sequence_parallel_region", "sum_over_tensor_model_parallel_region",
     # layers
     "VocabParallelEmbedding", "ColumnParallelLinear", "RowParallelLinear", "parallel_lm_logits",
     "full_weight", "set_full_weight", "set_tensor_model_parallel_attributes", "mark_sequence_parallel",

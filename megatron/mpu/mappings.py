@@ -4,11 +4,15 @@ With p tensor-parallel ranks and X replicated on every rank (Megatron paper, sec
 
     f = copy_to_tensor_model_parallel_region      forward: identity        backward: all-reduce (sum)
     g = reduce_from_tensor_model_parallel_region  forward: all-reduce      backward: identity
+    sum_over_tensor_model_parallel_region         forward: all-reduce      backward: all-reduce
     scatter_to_tensor_model_parallel_region       forward: X -> X_r        backward: all-gather along last dim
     gather_from_tensor_model_parallel_region      forward: [X_1 .. X_p]    backward: split, keep X_r
 
 so an MLP Y = GeLU(X A) B with A = [A_1, ..., A_p] split by columns and B = [B_1; ...; B_p] split by rows is
     Z = g( GeLU(f(X) A_r) B_r ).
+The third is a statistic of a split tensor, S = sum_r S_r, that each rank then uses on its own part (a norm over
+all heads: `megatron.model.layer_norm.ProjectionRMSNorm`): every rank's part of the loss depends on S, so
+dL/dS_r = sum over ranks of dL_r'/dS.
 Shapes: split/gather act on the last dim, (..., h) <-> (..., h/p).
 
 Sequence parallelism (Korthikanti et al. 2022, section 4.2.2): outside the tensor-parallel regions (LayerNorm,
@@ -212,6 +216,19 @@ class _ReduceFromRegion(torch.autograd.Function):
         return grad, None
 
 
+class _SumOverRegion(torch.autograd.Function):
+    """All-reduce forward and backward: a sum every rank uses on its own part of a split computation."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _all_reduce(grad, ctx.group), None
+
+
 class _ScatterToRegion(torch.autograd.Function):
     """Keep this rank's last-dim chunk forward; all-gather the gradient backward."""
 
@@ -286,6 +303,12 @@ def copy_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.T
 def reduce_from_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
     """g: Y = sum over tp ranks of X_r forward, dL/dX_r = dL/dY backward."""
     return _ReduceFromRegion.apply(x, group)
+
+
+def sum_over_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:
+    """S = sum over tp ranks of S_r forward, on every rank; dL/dS_r = sum over tp ranks of dL/dS backward (each
+    rank's use of S is its own)."""
+    return _SumOverRegion.apply(x, group)
 
 
 def scatter_to_tensor_model_parallel_region(x: torch.Tensor, group=None) -> torch.Tensor:

@@ -7,7 +7,8 @@ small random models built with transformers and saved with `save_pretrained`).
   transformers loads the exported folder; the imported model's logits equal transformers' (fp32, relative error
   < 1e-5) built at tp = 1 and at tp = 2.
 - What the layer does not implement is refused in one line naming the field: a sliding window shorter than the
-  positions, another rope type, attention biases in a Llama, partial rotary, missing sizes.
+  positions, another rope type, attention biases in a Llama, partial rotary, missing sizes; and what the exported
+  architectures do not have is refused by export-hf (the query / key norms).
 """
 import json
 import os
@@ -211,3 +212,17 @@ def test_hub_tokenizer_json_imports_exports_and_generates_as_transformers(tmp_pa
     new = new[:new.index(tokenizer.eos)] if tokenizer.eos in new else new
     assert len(set(new)) > 2, "greedy text should not be degenerate"
     assert ours == hf_tok.decode(new), f"ours {ours!r} vs transformers {hf_tok.decode(new)!r}"
+
+
+@pytest.mark.parametrize("switch", ["qk_layernorm", "qk_layernorm_full", "post_sublayer_norm"])
+def test_export_refuses_layer_options_the_architectures_lack(switch):
+    from megatron.checkpointing.hf import ADAPTERS, exporter
+    from megatron.model.config import GPTConfig
+    config = GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64, seq_length=16,
+                       position_embedding_type="rope", normalization="RMSNorm", swiglu=True, add_bias_linear=False,
+                       tie_word_embeddings=False, **{switch: True})
+    field = f"{switch} = True (reads back as False)"
+    with pytest.raises(UserError, match=r"export-hf: no Hugging Face architecture holds this gpt model \(GPT2LMHeadModel"):
+        exporter(dict(model_type="gpt"), config)
+    for kind in ("gpt2", "llama", "qwen2"):
+        assert field in ADAPTERS[kind].cannot_hold(config), kind

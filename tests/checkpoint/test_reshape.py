@@ -7,6 +7,10 @@
   (fp32 master weights, Adam moments, steps, hyper-parameters) to the original, GPT-2 and T5, and through
   (2,1,4) for the Llama-style GPT (grouped QKV re-cut over tp); only the RNG states are gone (tp and pp changed
   on the way, see megatron/checkpointing/layouts.py);
+- the GPT layer's norm options (Qwen3's per-head query / key norms, replicated over tp; OLMo-2's over all heads,
+  split over tp with them, and its norms after the sublayers), on synthetic checkpoints
+  (weights as initialised, random optimizer state) written at (2, 2, 2): the Llama chain back to bit-identical
+  files, and the same logits from the first and the last;
 - vocabulary padding recomputed for each tp: real rows bit-identical, padding rows zero, same logits;
 - one-line errors: tp that does not divide the heads or the query groups, pp larger than the pipeline, an existing
   output.
@@ -21,10 +25,12 @@ from megatron.checkpointing.files import read_args
 from megatron.errors import UserError
 from tests.checkpoint.common import differences, load_all, mask_unused_copies
 from harness.synthetic import TAG, resolved_args, write_synthetic
+from tests.training.golden_cases import OLMO2, QWEN3
 from tools.convert_checkpoint import run
 
 CHAIN = [(1, 1, 1), (4, 1, 2), (1, 4, 1), (2, 2, 2)]
 LLAMA_CHAIN = [(1, 1, 1), (2, 1, 4), (1, 4, 1), (2, 2, 2)]  # its 2 query groups do not split over tp 4
+NORM_OPTIONS = {"qwen3": QWEN3, "olmo2": OLMO2}
 
 
 def reshape(src: str, dst: str, layout, *extra: str) -> str:
@@ -69,6 +75,19 @@ def test_round_trip_chain_is_bit_identical(kind, request, tmp_path):
     mask_unused_copies(back, args)
     assert sorted(original) == sorted(back)
     assert differences(_without_rng(original), back) == []
+
+
+@pytest.mark.parametrize("name", NORM_OPTIONS)
+def test_norm_options_round_trip_is_bit_identical(name, tmp_path):
+    args = resolved_args("gpt2", (2, 2, 2), 500, extra=NORM_OPTIONS[name])
+    written = write_synthetic(str(tmp_path / "written"), args)
+    source = current = reshape(written, str(tmp_path / "source"), (2, 2, 2))  # as a reshape writes it
+    for i, layout in enumerate(LLAMA_CHAIN):
+        current = reshape(current, str(tmp_path / f"step{i}"), layout)
+    original, back = load_all(_tag_folder(source)), load_all(_tag_folder(current))
+    assert sorted(original) == sorted(back)
+    assert differences(_without_rng(original), back) == []
+    torch.testing.assert_close(_logits(current), _logits(source), rtol=0, atol=0)
 
 
 def _logits(load_dir: str) -> torch.Tensor:

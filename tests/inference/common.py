@@ -30,6 +30,8 @@ def spm_tokenizer(model_file: str):
 
 LLAMA = dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=True, num_query_groups=2,
              add_bias_linear=False, tie_word_embeddings=False, ffn_hidden_size=48)
+QWEN3 = dict(LLAMA, qk_layernorm=True, kv_channels=12)  # per-head query / key norms, heads of width 12 (not h / a)
+OLMO2 = dict(LLAMA, qk_layernorm_full=True, post_sublayer_norm=True)  # norms over all heads, after the sublayers
 
 
 def gpt2_model(tp_group=None, vocab_size: int = 512, **kw):

@@ -1,5 +1,6 @@
 """Generation in one process: the key-value cache gives exactly the tokens of recomputing the whole
-sequence (GPT-2 and T5, batched prompts of different lengths), the recomputing path equals the model's own
+sequence (GPT-2, the Llama, Qwen3 and OLMo-2 layers (whose caches hold normalised keys) and T5, batched prompts
+of different lengths), the recomputing path equals the model's own
 forward on each unpadded prompt, batching and sampling are independent of the batch, stop conditions,
 bad prompts."""
 from __future__ import annotations
@@ -17,15 +18,16 @@ from megatron.inference.sampling import gather_vocab, sample
 from tests.inference import common
 
 STEPS = 16
+GPT_LAYERS = {"gpt2": {}, "llama": common.LLAMA, "qwen3": common.QWEN3, "olmo2": common.OLMO2}
 
 
 def _model(kind: str, spm_model: str):
-    """kind: gpt2, llama (rope, RMSNorm, SwiGLU, 2 query groups of 2 heads, no biases, untied head), t5 (v1.0:
-    relu, tied head) or t5v11 (gated GELU, untied head)."""
-    if kind in ("gpt2", "llama"):
+    """kind: gpt2, llama (rope, RMSNorm, SwiGLU, 2 query groups of 2 heads, no biases, untied head), qwen3 (llama
+    with --qk-layernorm), olmo2 (llama with --qk-layernorm-full --post-sublayer-norm), t5 (v1.0: relu, tied head)
+    or t5v11 (gated GELU, untied head)."""
+    if kind in GPT_LAYERS:
         tokenizer = common.bpe_tokenizer()
-        layer = common.LLAMA if kind == "llama" else {}
-        return common.gpt2_model(vocab_size=tokenizer.vocab_size, **layer), tokenizer, common.PROMPTS
+        return common.gpt2_model(vocab_size=tokenizer.vocab_size, **GPT_LAYERS[kind]), tokenizer, common.PROMPTS
     tokenizer = common.spm_tokenizer(spm_model)
     v11 = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False) if kind == "t5v11" else {}
     return common.t5_model(tokenizer.vocab_size, **v11), tokenizer, common.T5_PROMPTS
@@ -45,7 +47,7 @@ def _greedy(runner, steps: int):
 @torch.no_grad()
 def _reference_logits(model, kind: str, prompt: list, generated: list) -> torch.Tensor:
     """(steps, V_r): the model's own forward on one unpadded sequence."""
-    if kind in ("gpt2", "llama"):
+    if kind in GPT_LAYERS:
         seq = torch.tensor([prompt + generated[:-1]])
         return model(seq)[0, len(prompt) - 1:]
     enc, dec = torch.tensor([prompt]), torch.tensor([[0] + generated[:-1]])
@@ -55,14 +57,14 @@ def _reference_logits(model, kind: str, prompt: list, generated: list) -> torch.
     return model(enc, dec, torch.zeros(1, 1, se, se, dtype=torch.bool), causal, none)[0]
 
 
-@pytest.mark.parametrize("kind", ["gpt2", "llama", "t5", "t5v11"])
+@pytest.mark.parametrize("kind", [*GPT_LAYERS, "t5", "t5v11"])
 def test_cache_equals_recompute_and_model_forward(kind, spm_model):
     model, tokenizer, prompts = _model(kind, spm_model)
     ids = encode_prompts(model.config, tokenizer, prompts)
     assert len({len(r) for r in ids}) >= 3, "prompts of different lengths"
     runner = make_runner(model, ids, STEPS, tokenizer.pad, use_cache=True)
     cached, cached_logits = _greedy(runner, STEPS)
-    if kind == "llama":  # the cache holds the 2 key/value groups, not the 4 query heads
+    if kind in ("llama", "qwen3", "olmo2"):  # the cache holds the 2 key/value groups, not the 4 query heads
         assert runner.caches[0].self_attention.keys.shape[1] == 2
     full, full_logits = _greedy(make_runner(model, ids, STEPS, tokenizer.pad, use_cache=False), STEPS)
     assert torch.equal(cached, full), f"{kind}: cached {cached.tolist()} vs recomputed {full.tolist()}"

@@ -7,8 +7,14 @@ on the TDS engine equals the single-process plain model: per-step losses, first-
                    (1, 1, 2) ZeRO-1 (replica r draws the masks of the single process's micro-batches it holds),
                    (2, 2, 2) ZeRO-1 with sequence parallelism and selective recomputation (long),
 and a Qwen2-style variant (qkv bias only, tied head, one group per head, half the channels rotated, llama3 rope
-scaling) at (2, 2, 1) with full recomputation. Plus the parts on their own: the block-strided QKV partition,
-rotary positions against their definition, and the config's one-line errors.
+scaling) at (2, 2, 1) with full recomputation; Qwen3's layer (the Llama layer with --qk-layernorm and heads of
+width 12, not h / a) and OLMo-2's (the Llama layer with --qk-layernorm-full and --post-sublayer-norm) at tp 2 with
+sequence parallelism (Qwen3's with selective, OLMo-2's with full recomputation), and (long) at pp 2 with ZB-H1 and
+at (2, 2, 2) ZeRO-1 with sequence parallelism: Qwen3's norm weights are replicated over tp, each rank normalising
+its own heads, OLMo-2's are split with the heads and their statistics all-reduced, and every rank's gradients are
+compared with its part of the single process's. Plus the parts on their own: the block-strided QKV partition,
+rotary positions against their definition, the query / key norms and the reordered layer against their
+definitions, and the config's one-line errors.
 """
 from __future__ import annotations
 
@@ -28,6 +34,10 @@ LLAMA = dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=Tru
 QWEN = dict(position_embedding_type="rope", normalization="RMSNorm", swiglu=True, add_bias_linear=False,
             add_qkv_bias=True, rotary_percent=0.5, rope_scaling_factor=4.0, rope_original_max_positions=8,
             checkpoint_num_layers=1, **DROPOUT)
+
+
+QWEN3 = dict(LLAMA, qk_layernorm=True, kv_channels=12)
+OLMO2 = dict(LLAMA, qk_layernorm_full=True, post_sublayer_norm=True)
 
 
 def _job(tp, pp, dp, config_kw=LLAMA, schedule="1f1b", **kw):
@@ -63,6 +73,25 @@ def test_llama_layer_at_world_size_two():
 def test_qwen_style_variant_at_tp2_pp2():
     jobs = [_job(2, 2, 1, config_kw=QWEN)]
     _check(jobs, run_distributed(common.run_jobs, 4, jobs, timeout=600))
+
+
+def test_qwen3_and_olmo2_layers_at_tp2_with_sequence_parallelism():
+    jobs = [_job(2, 1, 1, config_kw=dict(QWEN3, recompute_granularity="selective"), sequence_parallel=True),
+            _job(2, 1, 1, config_kw=dict(OLMO2, checkpoint_num_layers=1), sequence_parallel=True)]
+    _check(jobs, run_distributed(common.run_jobs, 2, jobs, timeout=600))
+
+
+@pytest.mark.long
+def test_qwen3_and_olmo2_layers_at_pp2_with_zb_h1():
+    jobs = [_job(1, 2, 1, config_kw=layer, schedule="zb-h1") for layer in (QWEN3, OLMO2)]
+    _check(jobs, run_distributed(common.run_jobs, 2, jobs, timeout=600))
+
+
+@pytest.mark.long
+def test_qwen3_and_olmo2_layers_3d_zero1_sequence_parallel():
+    jobs = [_job(2, 2, 2, config_kw=dict(QWEN3, checkpoint_num_layers=1), sequence_parallel=True),
+            _job(2, 2, 2, config_kw=dict(OLMO2, recompute_granularity="selective"), sequence_parallel=True)]
+    _check(jobs, run_distributed(common.run_jobs, 8, jobs, timeout=900))
 
 
 @pytest.mark.long
@@ -116,11 +145,67 @@ def test_rotary_positions_follow_their_definition():
     assert plain[1] / 8 < scaled[1] < plain[1]
 
 
+@pytest.mark.parametrize("normalization", ["RMSNorm", "LayerNorm"])
+def test_query_key_norm_normalises_each_head_with_one_weight(normalization):
+    """--qk-layernorm: every head of (b, n, s, d) is normalised over its own d channels, with one weight (and bias)
+    for all heads, and the result keeps the layout of the head-split view it is given."""
+    from megatron.model.layer_norm import HeadNorm
+    d = 6
+    norm = HeadNorm(normalization, d, 1e-5, torch.float32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(d))
+        if norm.bias is not None:
+            norm.bias.copy_(torch.randn(d))
+    x = torch.randn(2, 5, 3 * d).view(2, 5, 3, d).transpose(1, 2)  # (b, n, s, d) as attention splits heads
+    got = norm(x)
+    centred = x if normalization == "RMSNorm" else x - x.mean(-1, keepdim=True)
+    want = centred / (centred.pow(2).mean(-1, keepdim=True) + 1e-5).sqrt() * norm.weight
+    if norm.bias is not None:
+        want = want + norm.bias
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    assert got.stride() == x.stride()
+
+
+def test_projection_norm_normalises_all_heads_together():
+    """--qk-layernorm-full: RMSNorm over a token's n d channels of all heads at once, a weight per channel, given
+    (b, n, s, d) as attention splits heads (OLMo-2's q_norm over the (b, s, n d) projection)."""
+    from megatron.model.layer_norm import ProjectionRMSNorm
+    n, d = 3, 4
+    norm = ProjectionRMSNorm(n * d, n, 1e-6, torch.float32)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(n * d))
+    projection = torch.randn(2, 5, n * d)  # (b, s, n d)
+    got = norm(projection.view(2, 5, n, d).transpose(1, 2)).transpose(1, 2).reshape(2, 5, n * d)
+    want = projection / (projection.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * norm.weight
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_post_sublayer_norm_layer_follows_its_definition():
+    """--post-sublayer-norm: h = x + N1(attn(x)), out = h + N2(mlp(h)) (dropout off); the same attention and MLP
+    weights as the pre-norm layer built from the same seed."""
+    from megatron.model.transformer import TransformerLayer
+    config = common.gpt2_config(**dict(OLMO2, hidden_dropout=0.0, attention_dropout=0.0))
+    layer = TransformerLayer(config, 1).eval()
+    assert not hasattr(layer, "input_layernorm")
+    with torch.no_grad():
+        for norm in (layer.post_self_attn_layernorm, layer.post_mlp_layernorm):
+            norm.weight.copy_(torch.randn(norm.weight.shape))
+        x = torch.randn(2, config.seq_length, config.hidden_size)
+        h = x + layer.post_self_attn_layernorm(layer.self_attention(x, None))
+        torch.testing.assert_close(layer(x), h + layer.post_mlp_layernorm(layer.mlp(h)), rtol=0, atol=0)
+    pre = TransformerLayer(common.gpt2_config(**dict(OLMO2, post_sublayer_norm=False)), 1)
+    same = dict(pre.named_parameters())
+    for name, p in layer.named_parameters():
+        assert "layernorm" in name.split(".")[0] or torch.equal(p, same[name]), name
+
+
 @pytest.mark.parametrize("kw, words", [
     (dict(num_query_groups=3), "num_query_groups (3) must divide num_attention_heads (4)"),
     (dict(position_embedding_type="alibi"), "position_embedding_type must be one of"),
     (dict(normalization="ScaleNorm"), "normalization must be one of"),
     (dict(position_embedding_type="rope", rotary_percent=0.3), "rotary_percent 0.3 of kv_channels 8"),
+    (dict(qk_layernorm=True, qk_layernorm_full=True, normalization="RMSNorm"), "exclude each other"),
+    (dict(qk_layernorm_full=True), "qk_layernorm_full is an RMSNorm; normalization is 'LayerNorm'"),
 ])
 def test_config_refuses_what_cannot_be_built(kw, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):

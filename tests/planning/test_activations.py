@@ -1,7 +1,9 @@
 """The planner's activation formulas (megatron.planning.activations) against the tensors autograd really saves in
 megatron.model's layers (saved_tensors_hooks): GPT-2's and T5's layers, and the Llama family's GPT layer (rotary
 positions, RMSNorm, SwiGLU, grouped-query attention, no biases) at tp 1 and 2, with and without sequence
-parallelism, dropout and selective recomputation, in fp32 and bf16."""
+parallelism, dropout and selective recomputation, in fp32 and bf16; with the query / key norms (--qk-layernorm
+as Qwen3's RMSNorm, and as LayerNorm on multi-head attention) and OLMo-2's layer (--qk-layernorm-full,
+--post-sublayer-norm)."""
 import pytest
 import torch
 
@@ -82,14 +84,15 @@ def _llama_config(dtype: str, dropout: float, recompute: str, **extra):
 
 
 def _llama_layer_saved(cases: list, tp: int) -> list:
-    """Per case (dtype, dropout, sequence parallel, recompute): the bytes one GPT layer saves on this rank, its
-    rotary cos / sin tables left out (held by the layer from its first forward on, not per micro-batch)."""
+    """Per case (dtype, dropout, sequence parallel, recompute[, layer options]): the bytes one GPT layer saves on
+    this rank, its rotary cos / sin tables left out (held by the layer from its first forward on, not per
+    micro-batch)."""
     from megatron import mpu
     from megatron.model.transformer import TransformerLayer
     state = mpu.initialize_model_parallel(tp, 1) if tp > 1 else None
     out = []
-    for dtype, dropout, sp, recompute in cases:
-        cfg = _llama_config(dtype, dropout, recompute)
+    for dtype, dropout, sp, recompute, *options in cases:
+        cfg = _llama_config(dtype, dropout, recompute, **(options[0] if options else {}))
         layer = TransformerLayer(cfg, 1, state.tp_group if state else None, sequence_parallel=sp)
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(B, cfg.seq_length // tp if sp else cfg.seq_length, cfg.hidden_size, generator=gen)
@@ -103,8 +106,8 @@ def _llama_layer_saved(cases: list, tp: int) -> list:
 
 
 def _llama_predicted(case, tp: int) -> float:
-    dtype, dropout, sp, recompute = case
-    shape = ModelShape.of(_llama_config(dtype, dropout, recompute))
+    dtype, dropout, sp, recompute, *options = case
+    shape = ModelShape.of(_llama_config(dtype, dropout, recompute, **(options[0] if options else {})))
     e = torch.tensor([], dtype=DTYPES[dtype]).element_size()
     o = ActivationOptions(B, tp, e, sequence_parallel=sp, recompute=recompute, attention="math")
     return layer_bytes(LAYER, shape, o)
@@ -121,12 +124,33 @@ def test_llama_layer_formula_matches_saved_tensors(case):
     assert _llama_layer_saved([case], 1) == [_llama_predicted(case, 1)]
 
 
+# Qwen3's query / key norms on the Llama layer (kv_channels 24: not h / a), as LayerNorm on multi-head attention,
+# and OLMo-2's layer (an RMSNorm over all heads, the norms on the sublayers' outputs), also with LayerNorm there
+QK_NORMS = {"qwen3": dict(qk_layernorm=True, kv_channels=24),
+            "layernorm-mha": dict(qk_layernorm=True, normalization="LayerNorm", num_query_groups=None),
+            "olmo2": dict(qk_layernorm_full=True, post_sublayer_norm=True),
+            "post-layernorm": dict(post_sublayer_norm=True, normalization="LayerNorm")}
+
+
+@pytest.mark.parametrize("options", QK_NORMS)
+@pytest.mark.parametrize("case", TP1, ids=lambda c: f"{c[0]}-dropout{c[1]}-{c[3]}")
+def test_query_key_norm_formulas_match_saved_tensors(case, options):
+    """A query / key norm keeps its input (the fused QKV output; RMSNorm in bf16 an fp32 copy), its normalised
+    input and statistics; the normalised q and k enter the core as the rotated ones do. Norms on the sublayers'
+    outputs keep what pre-norms keep."""
+    case = (*case, QK_NORMS[options])
+    assert _llama_layer_saved([case], 1) == [_llama_predicted(case, 1)]
+
+
 def test_llama_layer_formula_matches_saved_tensors_at_tp2():
     """Each rank holds G / t groups and a / t heads; with sequence parallelism the norms, masks and the GEMMs'
-    stored inputs hold s / t positions."""
+    stored inputs hold s / t positions (the query / key norms see the whole sequence of this rank's heads)."""
+    qwen3 = QK_NORMS["qwen3"]
     cases = [("fp32", 0.1, False, "none"), ("fp32", 0.0, False, "none"), ("fp32", 0.1, True, "none"),
              ("bf16", 0.0, True, "none"), ("fp32", 0.1, True, "selective"), ("bf16", 0.1, False, "selective"),
-             ("fp32", 0.0, True, "selective")]
+             ("fp32", 0.0, True, "selective"), ("fp32", 0.1, True, "none", qwen3), ("bf16", 0.0, False, "none", qwen3),
+             ("bf16", 0.1, False, "selective", QK_NORMS["layernorm-mha"]),
+             ("fp32", 0.1, True, "none", QK_NORMS["olmo2"]), ("bf16", 0.0, True, "selective", QK_NORMS["olmo2"])]
     per_rank = run_distributed(_llama_layer_saved, 2, cases, 2, timeout=300)
     predicted = [_llama_predicted(c, 2) for c in cases]
     for measured in per_rank:

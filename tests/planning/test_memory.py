@@ -3,7 +3,6 @@ saves: test_activations.py)."""
 from dataclasses import replace
 
 import pytest
-import torch
 
 from megatron.model.config import GPTConfig, T5Config
 from megatron.planning.activations import ActivationOptions, layer_bytes, recomputed_core_bytes
@@ -193,9 +192,14 @@ def test_an_embeddings_backward_makes_its_tables_gradient():
 LLAMA = dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=16,
              position_embedding_type="rope", normalization="RMSNorm", swiglu=True, num_query_groups=2,
              add_bias_linear=False, tie_word_embeddings=False)
-GPT_LAYERS = {  # GPT2Config options: the Llama family's layer, Qwen2's (a qkv bias), and mixtures with GPT-2's
+GPT_LAYERS = {  # GPT2Config options: the Llama family's layer, Qwen2's (a qkv bias), Qwen3's (query / key norms, head
+    # width 24 instead of h / a), OLMo-2's (query / key norms over all heads, split over tp), and mixtures with GPT-2's
     "llama": LLAMA,
     "qwen2": {**LLAMA, "add_qkv_bias": True, "tie_word_embeddings": True},
+    "qwen3": {**LLAMA, "qk_layernorm": True, "kv_channels": 24},
+    "olmo2": {**LLAMA, "qk_layernorm_full": True, "post_sublayer_norm": True},
+    "gpt2-qk-layernorm": dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=16,
+                              qk_layernorm=True),
     "gqa-layernorm-bias-none": dict(LLAMA, position_embedding_type="none", normalization="LayerNorm",
                                     add_bias_linear=True, swiglu=False),
     "gpt2": dict(num_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=1000, seq_length=16),

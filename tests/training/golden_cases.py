@@ -1,11 +1,15 @@
 """The golden-loss runs: GPT-2, the Llama-style GPT (`LLAMA`: rope, RMSNorm, SwiGLU, 2 query groups of 2 heads, no
-biases, untied head; through pretrain_gpt2.py) and T5, 20 iterations, fp32, dropout off, ZeRO-1, global batch 8, gradient
+biases, untied head; through pretrain_gpt2.py), Qwen3's layer (`QWEN3`: LLAMA with per-head query / key norms and heads
+of width 12, not h / a), OLMo-2's (`OLMO2`: LLAMA with an RMSNorm over all heads' queries and keys, and the norms after
+the sublayers) and T5, 20 iterations, fp32, dropout off, ZeRO-1, global batch 8, gradient
 clipping at 0.3 (active: the norms are ~0.6), on the committed corpus and tokenizer in tests/golden/data
-(so the data does not depend on the Python version or the tokenizers library). The (1, 1, 1) losses are stored in tests/golden/{gpt2,llama,t5}_losses.json.
+(so the data does not depend on the Python version or the tokenizers library). The (1, 1, 1) losses are stored in
+tests/golden/{model}_losses.json.
 
-Regenerate (after an intended numerical change, with the reason in the commit message):
+Regenerate (after an intended numerical change, with the reason in the commit message; name models to write only
+theirs):
 
-    .venv/bin/python -m tests.training.golden_cases
+    .venv/bin/python -m tests.training.golden_cases [MODEL ...]
 """
 import json
 import os
@@ -20,9 +24,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 DATA = os.path.join(GOLDEN, "data")
 ITERS = 20
-MODELS = ("gpt2", "llama", "t5")
+MODELS = ("gpt2", "llama", "t5", "qwen3", "olmo2")
 LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
          "--num-query-groups", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
+QWEN3 = [*LLAMA, "--qk-layernorm", "--kv-channels", "12"]
+OLMO2 = [*LLAMA, "--qk-layernorm-full", "--post-sublayer-norm"]
+GPT_LAYERS = {"gpt2": [], "llama": LLAMA, "qwen3": QWEN3, "olmo2": OLMO2}  # the GPT layer of each GPT model's flags
 
 
 def preprocess(out_dir: str) -> str:
@@ -40,7 +47,7 @@ def argv(model: str, data_prefix: str, tp: int, pp: int, iters: int = ITERS, ext
     """The golden runs' small model; `intervals` = (log, eval, eval iterations)."""
     log_interval, eval_interval, eval_iters = intervals
     shape = (["--encoder-seq-length", "32", "--decoder-seq-length", "16", "--vocab-extra-ids", str(extra_ids)]
-             if model == "t5" else ["--seq-length", "32", *(LLAMA if model == "llama" else [])])
+             if model == "t5" else ["--seq-length", "32", *GPT_LAYERS[model]])
     return ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4", *shape,
             "--micro-batch-size", "2", "--global-batch-size", "8", "--train-iters", str(iters),
             "--lr", "1e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--clip-grad", "0.3",
@@ -73,11 +80,11 @@ def golden_path(model: str) -> str:
     return os.path.join(GOLDEN, f"{model}_losses.json")
 
 
-def main() -> None:
+def main(models: Sequence[str] = MODELS) -> None:
     import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         prefix = preprocess(tmp)
-        for model in MODELS:
+        for model in models:
             losses, _ = run(model, prefix, 1, 1, 1)
             record = dict(layout="(tp, pp, dp) = (1, 1, 1)", iterations=ITERS, losses=losses,
                           regenerate=".venv/bin/python -m tests.training.golden_cases",
@@ -88,4 +95,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:] or MODELS)

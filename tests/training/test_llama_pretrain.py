@@ -28,8 +28,9 @@ def data_prefix(tmp_path_factory):
     return preprocess(str(tmp_path_factory.mktemp("llama")))
 
 
-def argv(prefix: str, tp: int, pp: int, extra=(), iters: int = ITERS) -> list:
-    out = golden_argv("llama", prefix, tp, pp)
+def argv(prefix: str, tp: int, pp: int, extra=(), iters: int = ITERS, model: str = "llama") -> list:
+    """golden_cases' run of `model` (a GPT layer of golden_cases.GPT_LAYERS) with 4 layers and dropout on."""
+    out = golden_argv(model, prefix, tp, pp)
     out[out.index("--train-iters") + 1] = str(iters)
     out[out.index("--num-layers") + 1] = "4"
     return out + DROPOUT + list(extra)

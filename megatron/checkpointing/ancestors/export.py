@@ -30,7 +30,7 @@ import torch
 
 from megatron.errors import UserError
 from megatron.model.config import padded_vocab_size
-from megatron.model.specs.gpt import GPTSpec
+from megatron.model.specs.gpt import GPTSpec, LAYER_SWITCHES
 from ..consolidated import has_engine_state, layout_of, read_weights
 from ..files import atomic_folder, mp_rank_file, read_args
 from ..reading import load_file
@@ -87,6 +87,10 @@ def _check(args: Dict[str, Any], pp: int, folder: str, fmt: str) -> None:
         raise UserError(f"--ckpt-format {fmt!r}: export-megatron writes {' or '.join(FORMATS)}")
     if args.get("model_type") != GPTSpec.model_type:
         raise UserError(f"export-megatron writes GPT checkpoints; {folder} holds model_type {args.get('model_type')!r}")
+    options = [flag for name, flag in LAYER_SWITCHES.items() if args.get(name)]
+    if options:
+        raise UserError(f"export-megatron: {folder} holds a GPT with {', '.join(options)}, which export-megatron "
+                        f"does not write")
     if args["num_layers"] % pp:
         raise UserError(f"--pipe-parallel-size {pp} does not divide the {args['num_layers']} layers (Megatron-LM "
                         f"gives every stage as many)")

@@ -1,5 +1,5 @@
-"""The GPT family: GPT-2's layer by default, the layer of today's open models (Llama, Mistral, Qwen2) by options,
-as Megatron-LM names them:
+"""The GPT family: GPT-2's layer by default, the layer of today's open models (Llama, Mistral, Qwen2, Qwen3, OLMo-2)
+by options, as Megatron-LM names them (where it has a name):
 
     --position-embedding-type   learned_absolute (default) | rope | none
     --rotary-base / --rotary-percent / --use-rope-scaling (+ --rope-scaling-*)      rope only
@@ -7,6 +7,9 @@ as Megatron-LM names them:
     --swiglu                    ffn default int(4h x 2/3 / 64) x 64 (Megatron's rule)
     --group-query-attention --num-query-groups G   (G default 1); heads % G == 0 and G % tp == 0
     --disable-bias-linear, --add-qkv-bias, --untie-embeddings-and-output-weights, --gelu tanh|erf
+    --qk-layernorm              a norm (--normalization's) over each query / key head, before rotary (Qwen3)
+    --qk-layernorm-full         instead, an RMSNorm over each token's whole query / key projection (OLMo-2)
+    --post-sublayer-norm        the two norms on the attention / MLP outputs before the residual add (OLMo-2)
 
 Every combination that cannot mean anything is a one-line UserError naming the flags and values (`resolve`).
 Micro-batches (b micro-batch, s sequence): ((tokens, position_ids), (labels, loss_mask)), tokens/labels int64
@@ -27,9 +30,13 @@ from .memory import STATS, ActivationOptions, LinearWidths, PipeLayer, head_byte
 ROPE_SCALING_DEFAULTS = dict(rope_scaling_factor=8.0, rope_scaling_low_freq_factor=1.0,
                              rope_scaling_high_freq_factor=4.0, rope_scaling_original_max_position_embeddings=8192)
 ROPE_DEFAULTS = dict(rotary_base=10000.0, rotary_percent=1.0)
+# The layer's switches that add or move parameters: one flag and one GPTConfig field of the same name each; the
+# checkpoint tools read them from here (the fields a checkpoint must agree on, the flags import-hf prints).
+LAYER_SWITCHES = {"qk_layernorm": "--qk-layernorm", "qk_layernorm_full": "--qk-layernorm-full",
+                  "post_sublayer_norm": "--post-sublayer-norm"}
 GPT_DEFAULTS = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
                     group_query_attention=False, disable_bias_linear=False, add_qkv_bias=False, use_rope_scaling=False,
-                    **ROPE_DEFAULTS, **ROPE_SCALING_DEFAULTS)
+                    **ROPE_DEFAULTS, **ROPE_SCALING_DEFAULTS, **dict.fromkeys(LAYER_SWITCHES, False))
 OPTIONS = tuple(GPT_DEFAULTS) + ("num_query_groups",)  # flags no other family takes
 
 
@@ -81,6 +88,13 @@ class GPTSpec(ModelSpec):
             require(groups % tp == 0, f"--num-query-groups {groups} is not divisible by --tensor-model-parallel-size "
                                       f"{tp}: each tensor-parallel rank holds whole key/value groups")
         _resolve_rope(args)
+        require(not (args.qk_layernorm and args.qk_layernorm_full),
+                "--qk-layernorm (a norm over each head, Qwen3's) and --qk-layernorm-full (one over the whole "
+                "projection, OLMo-2's) exclude each other; give one")
+        require(not args.qk_layernorm_full or args.normalization == "RMSNorm",
+                f"--qk-layernorm-full is OLMo-2's RMSNorm over the whole query / key projection, but --normalization "
+                f"is {args.normalization}; give --normalization RMSNorm (or --qk-layernorm: a {args.normalization} "
+                f"over each head)")
         if args.reset_position_ids:
             require(args.position_embedding_type == "learned_absolute",
                     f"--reset-position-ids restarts the learned position table at each document, but "
@@ -119,7 +133,8 @@ class GPTSpec(ModelSpec):
                          add_bias_linear=not getattr(args, "disable_bias_linear", False),
                          add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
                          tie_word_embeddings=not getattr(args, "untie_embeddings_and_output_weights", False),
-                         gelu=getattr(args, "gelu", None) or "tanh")
+                         gelu=getattr(args, "gelu", None) or "tanh",
+                         **{name: bool(getattr(args, name, False)) for name in LAYER_SWITCHES})
 
     # ---- building --------------------------------------------------------------------------------------------
     @property
@@ -195,6 +210,9 @@ class GPTSpec(ModelSpec):
             layer       (h (w + 2g) [+ (w + 2g) qkv bias] + wh + h f_in + f h [+ f_in]) / t
                         + 2 norms (LayerNorm 2h, RMSNorm h) [+ 2h: the dense and fc2 biases]
                         biases [..] with add_bias_linear; the qkv bias also with add_qkv_bias
+                        + 2 query / key norms of d each (LayerNorm 2d) with --qk-layernorm, replicated, or
+                        (w + g) / t with --qk-layernorm-full (split with the heads); --post-sublayer-norm moves the
+                        2 norms, the same parameters
                         GPT-2 (g = w, f_in = f, biases, LayerNorm): (3hw + 3w + wh + hf + f + fh) / t + 6h
             final norm  2h (LayerNorm) or h (RMSNorm)
             LM head     tied: the embedding again (TiedLayerSpec builds the whole module on the last stage);
@@ -207,7 +225,7 @@ class GPTSpec(ModelSpec):
         qkv = h * (w + 2 * g) + (w + 2 * g if c.qkv_bias else 0)
         mlp = h * f_in + f * h + (f_in if c.add_bias_linear else 0)
         norm = h if c.normalization == "RMSNorm" else 2 * h
-        layer = (qkv + w * h + mlp) // tp + 2 * norm + (2 * h if c.add_bias_linear else 0)
+        layer = (qkv + w * h + mlp) // tp + 2 * norm + (2 * h if c.add_bias_linear else 0) + _qk_norm_params(c, tp)
         positions = c.max_position_embeddings if c.position_embedding_type == "learned_absolute" else 0
         embed = V * h // tp + positions * h
         tie = "word embeddings" if c.tie_word_embeddings else ""
@@ -266,6 +284,15 @@ class GPTSpec(ModelSpec):
         return prompt + text
 
 
+def _qk_norm_params(c, tp: int) -> int:
+    """The query and key norms' weights on one tp rank: --qk-layernorm's two (d), replicated (LayerNorm: + biases);
+    --qk-layernorm-full's (w) and (g), split with the heads."""
+    if c.qk_layernorm:
+        return 2 * c.kv_channels * (1 if c.normalization == "RMSNorm" else 2)
+    w, g = c.num_attention_heads * c.kv_channels, c.num_query_groups * c.kv_channels
+    return (w + g) // tp if c.qk_layernorm_full else 0
+
+
 def _resolve_rope(args: argparse.Namespace) -> None:
     if args.position_embedding_type != "rope":
         return
@@ -304,7 +331,10 @@ def _saved_layer(c, o: ActivationOptions) -> float:
                           (fc2's input): 4 bsf e / t instead of GELU's 2 bsf e / t
         biases            none kept (a linear keeps its input and weight, with or without a bias)
         hidden dropout 0  no masks (SeededDropout is the identity)
-        attention         `_saved_attention`
+        attention         `_saved_attention` (with the query / key norms: `_qk_norm_bytes`)
+        post-sublayer norms  --post-sublayer-norm keeps the same bytes (measured): a norm's output now goes to
+                          the dropout and the residual add, which keep nothing of it, and the GEMM it fed keeps
+                          the residual stream instead, of the same size
 
     Sequence parallelism (Korthikanti §4.2.2) divides the replicated part by t as well."""
     b, s, h, f, e, t = o.micro_batch, c.seq_length, c.hidden_size, c.ffn_hidden_size, o.element_bytes, o.tp
@@ -337,17 +367,45 @@ def _saved_attention(b: int, s: int, c, o: ActivationOptions) -> tuple:
     a, e, t = c.num_attention_heads, o.element_bytes, o.tp
     w, g = a * c.kv_channels, c.num_query_groups * c.kv_channels
     context = b * s * w * e  # the output projection's input
-    # q, k, v as they enter the core: views of the fused QKV output (b, s, w + 2g), and the rotated q and k
-    rotary = c.position_embedding_type == "rope" and c.rotary_dim()
-    entering = (b * s * (w + 2 * g) + (b * s * (w + g) if rotary else 0)) * e
+    qk_norm = c.qk_layernorm or c.qk_layernorm_full
+    # q, k, v as they enter the core: views of the fused QKV output (b, s, w + 2g), and the rotated (or
+    # normalised) q and k, tensors of their own
+    own_qk = (c.position_embedding_type == "rope" and c.rotary_dim()) or qk_norm
+    entering = (b * s * (w + 2 * g) + (b * s * (w + g) if own_qk else 0)) * e
+    norms = _qk_norm_bytes(b, s, c, o)
     flash = o.attention == "fused" or c.attention_dropout == 0  # no s^2 tensors (CPU: SDPA's flash kernel)
     recomputed = o.recompute == "selective" and o.attention == "math"  # CPU recomputes even a flash core
     if flash:
-        return entering + context, 0 if recomputed else a * b * s * STATS / t  # + the log-sum-exp
+        return entering + context + norms, 0 if recomputed else a * b * s * STATS / t  # + the log-sum-exp
     if o.recompute == "selective":
-        return entering + context, 0
-    # the explicit form with dropout: q and k, v repeated to a heads, in fp32; probabilities, mask, dropped
-    return 3 * b * s * w * 4 + context, 3 * a * b * s * s * 4 / t
+        return entering + context + norms, 0
+    # the explicit form with dropout: q and k, v repeated to a heads, in fp32, of their own (the batched matmuls
+    # keep contiguous copies of the head-split views); a query / key norm keeps the fused QKV output as its input
+    # besides (RMSNorm in fp32 only: in bf16 its own fp32 copy, counted with the norm); probabilities, mask, dropped
+    kept = qk_norm and (e == 4 or c.normalization != "RMSNorm")
+    explicit = 3 * b * s * w * 4 + (b * s * (w + 2 * g) * e if kept else 0)
+    return explicit + context + norms, 3 * a * b * s * s * 4 / t
+
+
+def _qk_norm_bytes(b: int, s: int, c, o: ActivationOptions) -> float:
+    """What the query / key norms keep besides their input, before the division by t (split like the heads).
+
+    --qk-layernorm's RMSNorm keeps its input in fp32 (in fp32 the fused QKV output itself, in bf16 a copy,
+    b s (w + g) 4), the normalised input b s (w + g) 4, its rstd b (a + G) s 4 and in bf16 its weights in fp32
+    (2 d 4 on every rank, counted as if split too: a few bytes); as LayerNorm its input (the QKV output) and its
+    mean and rstd (2 b (a + G) s, in fp32 on CUDA, in the input's dtype on CPU). --qk-layernorm-full's RMSNorm over
+    all heads keeps what RMSNorm keeps, its rstd (b, s) once per norm on every rank (2 b s 4) and in bf16 its
+    weights' fp32 copy (w + g) 4 / t. The normalised q and k enter the core as the rotated ones do
+    (`_saved_attention`), laid out like the projection's output (so the core's output is still the context)."""
+    if not (c.qk_layernorm or c.qk_layernorm_full):
+        return 0
+    a, G, d, e, t = c.num_attention_heads, c.num_query_groups, c.kv_channels, o.element_bytes, o.tp
+    rows, heads = b * s * (a + G) * d, b * s * (a + G)
+    if c.normalization != "RMSNorm":  # --qk-layernorm as LayerNorm: mean and rstd
+        return 2 * heads * (STATS if o.attention == "fused" else e)
+    weights = 2 * d * t if c.qk_layernorm else (a + G) * d
+    rstd = heads * STATS if c.qk_layernorm else 2 * b * s * STATS * t
+    return rows * 4 + rstd + (0 if e == 4 else rows * 4 + weights * 4)
 
 
 def _saved_embed(c, o: ActivationOptions) -> float:
