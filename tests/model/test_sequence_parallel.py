@@ -91,24 +91,16 @@ def test_sequence_parallel_changes_no_dropout_mask():
 
 
 def test_sequence_length_not_divisible_is_one_line_error():
-    import argparse
-
+    from megatron.config.arguments import build_parser
     from megatron.config.resolution import _resolve_model
     from megatron.errors import UserError
-    args = argparse.Namespace(num_layers=2, hidden_size=32, num_attention_heads=4, tensor_model_parallel_size=4,
-                              kv_channels=None, ffn_hidden_size=None, seq_length=30, encoder_seq_length=None,
-                              decoder_seq_length=None, max_position_embeddings=None, layernorm_epsilon=None,
-                              checkpoint_num_layers=1, sequence_parallel=True, model_type="gpt",
-                              **{name: None for name in _t5_only()})
+    args = build_parser().parse_args(["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                                      "--tensor-model-parallel-size", "4", "--seq-length", "30", "--sequence-parallel"])
+    args.model_type = "gpt"
     with pytest.raises(UserError) as info:
         _resolve_model(args)
     message = str(info.value)
     assert "\n" not in message and "--seq-length 30" in message and "--tensor-model-parallel-size 4" in message
-
-
-def _t5_only() -> list:
-    from megatron.config.resolution import T5_ONLY
-    return list(T5_ONLY)
 
 
 SCHEDULES_PP2 = ["1f1b", "gpipe", "interleaved", "zb-h1"]
