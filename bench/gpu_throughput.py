@@ -1,7 +1,13 @@
 """GPT-2 medium on one CUDA GPU through pretrain_gpt2.py's own path: tokens/s, model TFLOP/s, MFU, and the
 planner's predicted peak memory against torch.cuda.max_memory_allocated.
 
-    python bench/gpu_throughput.py [--iters 30] [--peak-tflops 989] [--only NAME ...] [--profile] [--sdpa flash]
+    python bench/gpu_throughput.py [--iters 30] [--peak-tflops 989] [--only NAME ...] [--profile [NAME ...]]
+        [--sdpa flash] [--warmup SECONDS] [--deadline SECONDS]
+
+The configurations run in the order --only names them; --deadline gives the whole run a budget (a configuration
+gets what is left, and is skipped under 45 s: --compile's warm-up runs only where it fits), --warmup runs bf16
+matrix products first and prints their rate (the GPU's measured ceiling). "llama1b ..." configurations train a
+~1B Llama-style model (16 layers, hidden 2048, 32 heads in 8 groups, SwiGLU 8192, RMSNorm, rotary, sequence 2048).
 
 Each configuration is one child process (clean CUDA memory statistics) running `megatron.training.pretrain.run`
 as a one-rank job (NCCL, the same path torchrun gives one GPU) with SDPA limited to the flash kernel
@@ -35,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -43,7 +50,15 @@ MEDIUM = ["--num-layers", "24", "--hidden-size", "1024", "--num-attention-heads"
           "--max-position-embeddings", "1024"]
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "128",
         "--max-position-embeddings", "128"]
-# name: extra pretrain_gpt2.py flags
+# A Llama-3.2-1B-shaped model (tied head) over GPT-2's vocabulary: ~1.08 B parameters
+LLAMA_LAYER = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
+               "--disable-bias-linear"]
+LLAMA_1B = ["--num-layers", "16", "--hidden-size", "2048", "--num-attention-heads", "32", "--num-query-groups", "8",
+            "--ffn-hidden-size", "8192", "--seq-length", "2048", "--max-position-embeddings", "2048",
+            "--rotary-base", "500000", *LLAMA_LAYER]
+TINY_LLAMA = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--num-query-groups", "2",
+              "--ffn-hidden-size", "128", "--seq-length", "128", "--max-position-embeddings", "128", *LLAMA_LAYER]
+# name: extra pretrain_gpt2.py flags (a name starting "llama1b" trains LLAMA_1B, any other GPT-2 medium)
 CONFIGS = {
     "medium mb8 bf16": ["--micro-batch-size", "8", "--bf16"],
     "medium mb16 bf16": ["--micro-batch-size", "16", "--bf16"],
@@ -59,7 +74,16 @@ CONFIGS = {
                                            "--compile"],
     "medium mb16 bf16 fused loss compile": ["--micro-batch-size", "16", "--bf16", "--cross-entropy-loss-fusion",
                                             "--compile"],
+    # issue 45: a ~1B Llama-style model (16,384 tokens per iteration, as GPT-2 medium at micro-batch 16)
+    "llama1b mb8 bf16": ["--micro-batch-size", "8", "--bf16"],
+    "llama1b mb8 bf16 fused loss": ["--micro-batch-size", "8", "--bf16", "--cross-entropy-loss-fusion"],
 }
+
+
+def model_of(name: str, tiny: bool) -> list:
+    if name.startswith("llama1b"):
+        return TINY_LLAMA if tiny else LLAMA_1B
+    return TINY if tiny else MEDIUM
 VOCAB = 50257
 LINE = re.compile(r"\| ([0-9.]+) tokens/s \| ([0-9.]+) TFLOP/s/device")
 MEMORY = re.compile(r"memory iteration \d+ rank 0 .*: peak ([0-9.]+) MiB = .*predicted ([0-9.]+) MiB \(([-+0-9.]+)%\)")
@@ -157,11 +181,40 @@ def _profiled(on: bool, cuda: bool):
 
 
 def model_flops_per_token(model: list) -> float:
+    """megatron/model/flops.py's model FLOPs (no recomputation) per token: GPT-2 (d = h, f = 4h) or the Llama
+    layer (grouped-query key/values, SwiGLU's two input projections)."""
     from megatron.model.flops import gpt_flops_per_iteration
-    flag = dict(zip(model[::2], model[1::2]))
+    flag = dict((a, b) for a, b in zip(model, model[1:]) if a.startswith("--"))
     s, h, layers = int(flag["--seq-length"]), int(flag["--hidden-size"]), int(flag["--num-layers"])
+    f = int(flag.get("--ffn-hidden-size", 4 * h))
+    d_kv = h // int(flag["--num-attention-heads"]) * int(flag.get("--num-query-groups", flag["--num-attention-heads"]))
     padded = -(-VOCAB // 128) * 128
-    return gpt_flops_per_iteration(1, s, layers, h, h, 4 * h, padded, recompute=False) / s
+    return gpt_flops_per_iteration(1, s, layers, h, h, f, padded, recompute=False, d_kv=d_kv,
+                                   gated="--swiglu" in model) / s
+
+
+def matmul_ceiling(seconds: float) -> None:
+    """Warm the GPU up for `seconds` with 8192^3 bf16 products and print their rate (the measured ceiling)."""
+    import time
+
+    import torch
+    if not torch.cuda.is_available():
+        return
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    start, n, rate = time.time(), 0, 0.0
+    while time.time() - start < seconds:
+        t0 = torch.cuda.Event(enable_timing=True)
+        t1 = torch.cuda.Event(enable_timing=True)
+        t0.record()
+        for _ in range(50):
+            a @ b
+        t1.record()
+        t1.synchronize()
+        rate = max(rate, 50 * 2 * 8192 ** 3 / (t0.elapsed_time(t1) / 1e3) / 1e12)
+        n += 50
+    print(f"warm-up: {n} bf16 8192^3 products in {time.time() - start:.1f} s, best 50 at {rate:.0f} TFLOP/s "
+          f"({torch.cuda.get_device_name()}, torch {torch.__version__}, CUDA {torch.version.cuda})", flush=True)
 
 
 def tail_config(folder: str) -> str:
@@ -186,8 +239,12 @@ def main() -> None:
     p.add_argument("--only", nargs="*", default=None, help="configuration names (default: all)")
     p.add_argument("--timeout", type=float, default=150.0, help="seconds per configuration")
     p.add_argument("--tiny", action="store_true", help="a 2-layer model, to check this script on CPU")
-    p.add_argument("--profile", action="store_true", help="print the time per category (and torch.profiler's "
-                   "tables) of iterations 12-14")
+    p.add_argument("--profile", nargs="*", default=None, help="print the time per category (and torch.profiler's "
+                   "tables) of iterations 12-14: of every configuration, or of those named")
+    p.add_argument("--deadline", type=float, default=None, help="seconds for the whole run: a configuration gets "
+                   "what is left (its --timeout at most) and is skipped under 45 s")
+    p.add_argument("--warmup", type=float, default=0.0, help="seconds of bf16 matrix products first (the GPU's "
+                   "clocks up; prints their rate)")
     p.add_argument("--sdpa", choices=sorted(SDPA), default="flash", help="the one SDPA kernel allowed (default "
                    "flash); run each to pick the fastest")
     p.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="pretrain_gpt2.py flags for every run")
@@ -196,26 +253,38 @@ def main() -> None:
     if args.child is not None:
         child(args.child)
         return
-    rows = []
-    model = TINY if args.tiny else MEDIUM
-    per_token = model_flops_per_token(model)
+    rows, began = [], time.time()
+    unknown = sorted(set(args.only or ()) - set(CONFIGS))
+    if unknown:
+        p.error(f"unknown configuration {unknown[0]!r}; known: {', '.join(CONFIGS)}")
+    matmul_ceiling(args.warmup)
     with tempfile.TemporaryDirectory() as tmp:
         tokens = args.iters * 16 * 1025 * 2 + 10 ** 6
         data = write_data(tmp, tokens)
-        for name, extra in CONFIGS.items():
-            if args.only and name not in args.only:
-                continue
+        for name in args.only or CONFIGS:  # in the order given
+            extra, model = CONFIGS[name], model_of(name, args.tiny)
+            per_token = model_flops_per_token(model)
+            timeout = args.timeout
+            if args.deadline is not None:
+                timeout = min(timeout, args.deadline - (time.time() - began))
+                if timeout < 45:
+                    print(f"--- {name}: skipped, {timeout:.0f} s left of --deadline", flush=True)
+                    rows.append((name, "skipped", "", "", "", "", ""))
+                    continue
+            profile = args.profile is not None and (not args.profile or name in args.profile)
             if "TAIL_DS" in extra:  # DeepSpeed's BF16_Optimizer tail instead of tds/pipe/bf16_tail.py
                 extra = [x for x in extra if x != "TAIL_DS"] + ["--deepspeed_config", tail_config(tmp)]
             cmd = [sys.executable, __file__, "--child", *job_argv(data, model, args.iters, extra + args.extra)]
-            env = dict(os.environ, BENCH_PROFILE="1" if args.profile else "0", BENCH_SDPA=args.sdpa)
+            env = dict(os.environ, BENCH_PROFILE="1" if profile else "0", BENCH_SDPA=args.sdpa)
+            t0 = time.time()
             try:
-                proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+                proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
                 out, code = proc.stdout + proc.stderr, proc.returncode
             except subprocess.TimeoutExpired as err:
                 text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")  # noqa: E731
-                out, code = text(err.stdout) + text(err.stderr), f"timed out after {args.timeout:g} s"
-            sys.stdout.write(f"--- {name} (exit {code})\n{out[-(60000 if args.profile else 3000):]}\n")
+                out, code = text(err.stdout) + text(err.stderr), f"timed out after {timeout:g} s"
+            sys.stdout.write(f"--- {name} (exit {code}, {time.time() - t0:.0f} s, model FLOPs per token "
+                             f"{per_token:.4g})\n{out[-(60000 if profile else 3000):]}\n")
             sys.stdout.flush()
             rates = [(float(a), float(b)) for a, b in LINE.findall(out)][1:]
             mem = MEMORY.search(out)
@@ -229,7 +298,7 @@ def main() -> None:
                          mem.group(1) if mem else "?", mem.group(2) if mem else "?",
                          f"{mem.group(3)}%" if mem else "?"))
             print("row: | " + " | ".join(rows[-1]) + " |", flush=True)
-    print(f"model FLOPs per token {per_token:.4g} (no recomputation); MFU against {args.peak_tflops:g} TFLOP/s")
+    print(f"MFU = tokens/s x model FLOPs per token (no recomputation) / {args.peak_tflops:g} TFLOP/s")
     print("| configuration | tokens/s | TFLOP/s (log) | MFU | measured peak MiB | predicted MiB | error |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for row in rows:

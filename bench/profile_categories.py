@@ -86,7 +86,9 @@ def _is_device(event) -> bool:
 
 def category_table(events, device: bool) -> Dict[str, float]:
     """{category: ms per iteration, 'busy': ms, 'wall': ms, 'idle': ms, 'iterations': n} over the profiled steps."""
-    steps = [e for e in events if e.name.startswith("ProfilerStep")]
+    # the CPU's step ranges: on a GPU the profiler also reports each ProfilerStep as a device-side range, which
+    # would count every iteration twice (the first H200 run's table showed half of each figure)
+    steps = [e for e in events if e.name.startswith("ProfilerStep") and not _is_device(e)]
     n = max(1, len(steps))
     out = {c: 0.0 for c in CATEGORIES}
     busy: List[Tuple[float, float]] = []

@@ -58,3 +58,34 @@ def test_cpu_run_is_categorised(data):
     assert 0 < table["busy"] <= table["wall"] and table["idle"] >= 0, text
     assert backend == "flash (CPU kernel)", backend  # no dropout: SDPA's CPU flash kernel
     assert "| matrix products |" in text and "idle" in text
+
+
+class _Range:
+    def __init__(self, start, end):
+        self.start, self.end = start, end
+
+
+class _Event:
+    def __init__(self, name, start, end, device=False, own=0.0, parent=None):
+        import torch
+        self.name, self.time_range, self.cpu_parent = name, _Range(start, end), parent
+        self.device_type = torch.autograd.DeviceType.CUDA if device else torch.autograd.DeviceType.CPU
+        self.self_device_time_total, self.self_cpu_time_total = own, 0.0
+        self.is_user_annotation, self.thread = False, 1
+
+
+def test_gpu_steps_counted_once():
+    """A GPU trace names each ProfilerStep twice (the CPU's range and a device-side one): two iterations of
+    100 ms, each with a 60 ms matrix product (its CPU operator 60 ms of device time, its kernel 60 ms busy)."""
+    pc = _categories()
+    events = []
+    for i in range(2):
+        t = i * 100_000.0  # microseconds
+        step = _Event(f"ProfilerStep#{i}", t, t + 100_000)
+        events += [step, _Event(f"ProfilerStep#{i}", t + 10, t + 100_010, device=True),
+                   _Event("aten::mm", t + 1_000, t + 2_000, own=60_000.0, parent=step),
+                   _Event("nvjet_sm90_gemm", t + 5_000, t + 65_000, device=True)]
+    table = pc.category_table(events, device=True)
+    assert table["iterations"] == 2
+    assert table["matrix products"] == 60.0 and table["wall"] == 100.0
+    assert table["busy"] == 60.0 and table["idle"] == 40.0

@@ -32,8 +32,8 @@ def _resume_matches(data, work, reference, stop: int) -> None:
     assert again.losses == {i: reference[i] for i in range(stop + 1, ITERS + 1)}
 
 
-@pytest.mark.parametrize("launcher", ["torchrun", "deepspeed"])
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
+@pytest.mark.parametrize("sig,launcher", [(signal.SIGTERM, "deepspeed"), (signal.SIGUSR1, "torchrun")],
+                         ids=["SIGTERM-deepspeed", "SIGUSR1-torchrun"])  # each signal and each launcher once
 def test_signal_to_the_whole_job_saves_exits_0_and_resumes_exactly(data, reference, tmp_path, launcher, sig):
     work, at = str(tmp_path / "work"), random.randint(3, 9)
     run = run_script(script_env(data, work, LAUNCHER=launcher), when={rf"^ *iteration {at}/{ITERS} \|": to_group(sig)})

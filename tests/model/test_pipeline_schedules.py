@@ -102,7 +102,7 @@ def grid(world: int) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("world", [2, 4, 8, 16])
+@pytest.mark.parametrize("world", [2, 4, 8])  # up to 8 processes on 2 cores
 def test_full_grid(world):
     jobs = grid(world)
     check(jobs, run_distributed(schedule_rank, world, jobs, timeout=1800))

@@ -120,7 +120,8 @@ def _matrix_jobs(tp: int, pp: int, dp: int) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp,pp,dp", [(tp, pp, dp) for tp in (2, 4) for pp in (1, 2) for dp in (1, 2)])
+@pytest.mark.parametrize("tp,pp,dp", [(tp, pp, dp) for tp in (2, 4) for pp in (1, 2) for dp in (1, 2)
+                                      if tp * pp * dp <= 8])  # up to 8 processes on 2 cores
 def test_sequence_parallel_matrix(tp, pp, dp):
     jobs = _matrix_jobs(tp, pp, dp)
     per_rank = run_distributed(common.run_jobs, tp * pp * dp, jobs, timeout=3000)
