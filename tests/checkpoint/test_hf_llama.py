@@ -8,7 +8,8 @@ small random models built with transformers and saved with `save_pretrained`).
   < 1e-5) built at tp = 1 and at tp = 2.
 - What the layer does not implement is refused in one line naming the field: a sliding window shorter than the
   positions, another rope type, attention biases in a Llama, partial rotary, missing sizes; and what the exported
-  architectures do not have is refused by export-hf (the query / key norms).
+  architectures do not have is refused by export-hf (OLMo-2's norm options one at a time); a model with the
+  per-head query / key norms exports as Qwen3 (tests/checkpoint/test_hf_qwen3_olmo2.py).
 """
 import json
 import os
@@ -214,15 +215,29 @@ def test_hub_tokenizer_json_imports_exports_and_generates_as_transformers(tmp_pa
     assert ours == hf_tok.decode(new), f"ours {ours!r} vs transformers {hf_tok.decode(new)!r}"
 
 
-@pytest.mark.parametrize("switch", ["qk_layernorm", "qk_layernorm_full", "post_sublayer_norm"])
-def test_export_refuses_layer_options_the_architectures_lack(switch):
-    from megatron.checkpointing.hf import ADAPTERS, exporter
+def _norm_option_config(**switches):
     from megatron.model.config import GPTConfig
-    config = GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64, seq_length=16,
-                       position_embedding_type="rope", normalization="RMSNorm", swiglu=True, add_bias_linear=False,
-                       tie_word_embeddings=False, **{switch: True})
+    return GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64, seq_length=16,
+                     position_embedding_type="rope", normalization="RMSNorm", swiglu=True, add_bias_linear=False,
+                     tie_word_embeddings=False, **switches)
+
+
+@pytest.mark.parametrize("switch", ["qk_layernorm_full", "post_sublayer_norm"])
+def test_export_refuses_layer_options_the_architectures_lack(switch):
+    """OLMo-2's two options alone: no architecture has one without the other."""
+    from megatron.checkpointing.hf import ADAPTERS, exporter
+    config = _norm_option_config(**{switch: True})
     field = f"{switch} = True (reads back as False)"
     with pytest.raises(UserError, match=r"export-hf: no Hugging Face architecture holds this gpt model \(GPT2LMHeadModel"):
         exporter(dict(model_type="gpt"), config)
-    for kind in ("gpt2", "llama", "qwen2"):
+    for kind in ("gpt2", "llama", "qwen2", "qwen3"):
         assert field in ADAPTERS[kind].cannot_hold(config), kind
+
+
+def test_export_picks_qwen3_for_the_query_key_norms():
+    """A GPT trained here with the Llama layer and --qk-layernorm is a Qwen3 (not held by Llama or Qwen2)."""
+    from megatron.checkpointing.hf import ADAPTERS, exporter
+    config = _norm_option_config(qk_layernorm=True)
+    assert exporter(dict(model_type="gpt"), config).architecture == "Qwen3ForCausalLM"
+    for kind in ("llama", "qwen2"):
+        assert "qk_layernorm = True (reads back as False)" in ADAPTERS[kind].cannot_hold(config), kind
