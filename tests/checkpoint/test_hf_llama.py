@@ -232,6 +232,8 @@ def test_export_refuses_layer_options_the_architectures_lack(switch):
         exporter(dict(model_type="gpt"), config)
     for kind in ("gpt2", "llama", "qwen2", "qwen3"):
         assert field in ADAPTERS[kind].cannot_hold(config), kind
+    other = ({"qk_layernorm_full", "post_sublayer_norm"} - {switch}).pop()
+    assert f"{other} = False (reads back as True)" in ADAPTERS["olmo2"].cannot_hold(config)
 
 
 def test_export_picks_qwen3_for_the_query_key_norms():

@@ -1,17 +1,18 @@
-"""Hugging Face's Qwen3 (megatron/checkpointing/hf/qwen3.py) through `tools/convert_checkpoint.py import-hf` /
+"""Hugging Face's Qwen3 and OLMo-2 (megatron/checkpointing/hf/qwen3.py, olmo2.py) through `tools/convert_checkpoint.py import-hf` /
 `export-hf`, as tests/checkpoint/test_hf_llama.py does for the Llama family (nothing downloaded: small random
 models built with transformers and saved with `save_pretrained`, their norm weights drawn at random so that a
 swapped or misplaced norm shows).
 
 - One model per family, built once (module fixture) with the Llama-3-like test tokenizer: Qwen3 with 2 groups of
-  4 heads, head_dim 16 != hidden / heads, untied head. Import at (tp, pp) = (2, 2), then export, gives every HF
+  4 heads, head_dim 16 != hidden / heads, untied head; OLMo-2 with 2 groups of 4 heads (its q_norm over 8 x 8
+  channels, k_norm over 2 x 8, split over tp with the heads), untied head. Import at (tp, pp) = (2, 2), then export, gives every HF
   tensor bit-identical and transformers loads the exported folder as the same architecture; the imported model's
   logits equal transformers' (fp32, relative error < 1e-5) built at tp = 2 and tp = 1 (one launch of 2 ranks for
   every family); greedy `tools/generate.py` text (its main, in this process) equals transformers' generate from
   the exported folder.
 - A tied Qwen3 (no lm_head) round-trips bit-identical too, and export-hf --verify compares its logits.
 - What the layer does not implement is one line naming the field (a sliding window shorter than the positions,
-  attention biases).
+  attention biases); an OLMo-2 layer exported from a checkpoint trained here (not imported) is an Olmo2ForCausalLM.
 """
 import json
 import os
@@ -28,8 +29,9 @@ transformers = pytest.importorskip("transformers")
 RTOL = 1e-5
 SHAPE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
              max_position_embeddings=64, initializer_range=0.5)
-CONFIGS = {"qwen3": lambda **kw: transformers.Qwen3Config(**SHAPE, head_dim=16, **kw)}
-CLASSES = {"qwen3": lambda: transformers.Qwen3ForCausalLM}
+CONFIGS = {"qwen3": lambda **kw: transformers.Qwen3Config(**SHAPE, head_dim=16, **kw),
+           "olmo2": lambda **kw: transformers.Olmo2Config(**SHAPE, **kw)}
+CLASSES = {"qwen3": lambda: transformers.Qwen3ForCausalLM, "olmo2": lambda: transformers.Olmo2ForCausalLM}
 PROMPT = "the model data parallel"
 
 
@@ -161,6 +163,9 @@ def test_tied_qwen3_round_trips_and_verifies(tmp_path, capsys):
     ("qwen3", dict(use_sliding_window=True, sliding_window=32, max_window_layers=1, layer_types=None),
      "sliding_window = 32 is shorter than max_position_embeddings 64"),
     ("qwen3", dict(attention_bias=True), "attention_bias = true (supported: false)"),
+    ("olmo2", dict(attention_bias=True), "attention_bias = true (supported: false)"),
+    ("olmo2", dict(rope_parameters=dict(rope_type="yarn", rope_theta=1e4, factor=2.0)),
+     "rope type 'yarn' (supported: default, llama3)"),
 ])
 def test_unsupported_options_are_one_line(kind, change, words, tmp_path):
     hf_dir = str(tmp_path / "hf")
@@ -174,3 +179,14 @@ def test_unsupported_options_are_one_line(kind, change, words, tmp_path):
     with pytest.raises(UserError, match=words.replace("(", r"\(").replace(")", r"\)")):
         _import(hf_dir, str(tmp_path / "ckpt"), 1, 1)
     assert not os.path.exists(tmp_path / "ckpt")
+
+
+def test_export_picks_olmo2_for_its_layer():
+    """A GPT trained here with the Llama layer, --qk-layernorm-full and --post-sublayer-norm is an OLMo-2."""
+    from megatron.checkpointing.hf import ADAPTERS, exporter
+    from megatron.model.config import GPTConfig
+    config = GPTConfig(num_layers=2, hidden_size=32, num_attention_heads=4, vocab_size=64, seq_length=16,
+                       position_embedding_type="rope", normalization="RMSNorm", swiglu=True, add_bias_linear=False,
+                       tie_word_embeddings=False, qk_layernorm_full=True, post_sublayer_norm=True)
+    assert exporter(dict(model_type="gpt"), config).architecture == "Olmo2ForCausalLM"
+    assert "qk_layernorm_full = True (reads back as False)" in ADAPTERS["qwen3"].cannot_hold(config)

@@ -29,7 +29,8 @@ longest sequence, partial rotary) are one line naming the field and what is supp
 
 A member of the family is a subclass: its names, its qkv bias, the keys its config.json adds, transformers'
 defaults where they differ, when it applies a sliding window; a new layer option adds its keys in `project_args` /
-`hf_config` and its tensors in `layer_rules`.
+`hf_config` and its tensors in `layer_rules` (or `norm_rules`, where the layer's norms sit elsewhere). Qwen3
+(qwen3.py) and OLMo-2 (olmo2.py) are such subclasses, each in its own file.
 """
 from __future__ import annotations
 
@@ -135,11 +136,10 @@ class Llama(Adapter):
     def layer_rules(self, config, ours: str, theirs: str) -> List[Rule]:
         qkv = (config.num_attention_heads, config.num_query_groups, config.num_query_groups)
         attn = f"{theirs}.self_attn"
-        rules = [Rule(f"{ours}.input_layernorm.weight", (f"{theirs}.input_layernorm.weight",)),
+        rules = [*self.norm_rules(ours, theirs),
                  Rule(f"{ours}.self_attention.query_key_value.weight",
                       (f"{attn}.q_proj.weight", f"{attn}.k_proj.weight", f"{attn}.v_proj.weight"), sizes=qkv),
                  Rule(f"{ours}.self_attention.dense.weight", (f"{attn}.o_proj.weight",)),
-                 Rule(f"{ours}.post_attention_layernorm.weight", (f"{theirs}.post_attention_layernorm.weight",)),
                  Rule(f"{ours}.mlp.dense_h_to_4h.weight", (f"{theirs}.mlp.gate_proj.weight",
                                                             f"{theirs}.mlp.up_proj.weight")),
                  Rule(f"{ours}.mlp.dense_4h_to_h.weight", (f"{theirs}.mlp.down_proj.weight",))]
@@ -147,6 +147,11 @@ class Llama(Adapter):
             rules.append(Rule(f"{ours}.self_attention.query_key_value.bias",
                               (f"{attn}.q_proj.bias", f"{attn}.k_proj.bias", f"{attn}.v_proj.bias"), sizes=qkv))
         return rules
+
+    def norm_rules(self, ours: str, theirs: str) -> List[Rule]:
+        """The layer's two hidden-size norms: before the attention and before the MLP (pre-norm)."""
+        return [Rule(f"{ours}.input_layernorm.weight", (f"{theirs}.input_layernorm.weight",)),
+                Rule(f"{ours}.post_attention_layernorm.weight", (f"{theirs}.post_attention_layernorm.weight",))]
 
 
 class Mistral(Llama):
