@@ -5,8 +5,8 @@ It builds Megatron core's own GPTModel on the CPU from Megatron-LM's arguments, 
 `core_transformer_config_from_args` maps them, with the local layer spec (Transformer Engine does not run on a
 CPU), and answers requests, one JSON line each on stdin, one JSON line each on stdout:
 
-    {"op": "save", "kind": K, "dir": D, "ids": F, "logits": F2}   a seeded model of kind K ('gpt2' or 'llama',
-            MODELS) written with dist_checkpointing.save as Megatron-LM's save_checkpoint writes torch_dist
+    {"op": "save", "kind": K, "dir": D, "ids": F, "logits": F2}   a seeded model of kind K ('gpt2', 'llama' or
+            'qwen3', MODELS) written with dist_checkpointing.save as Megatron-LM's save_checkpoint writes torch_dist
             (args, checkpoint_version 3.0 and iteration beside the model's sharded state); its logits on the
             token ids in F (torch.save'd) are written to F2
     {"op": "load", "dir": D, "ids": F, "logits": F2}   a fresh model (another seed) built from the arguments the
@@ -45,6 +45,7 @@ MODELS = {
                   position_embedding_type="rope", normalization="RMSNorm", swiglu=True, add_bias_linear=False,
                   add_qkv_bias=False, untie_embeddings_and_output_weights=True),
 }
+MODELS["qwen3"] = dict(MODELS["llama"], qk_layernorm=True)  # the Llama-style layer with per-head q / k norms
 ITERATION = 7
 
 
@@ -82,11 +83,13 @@ def _model(a: dict, seed: int):
                             gated_linear_unit=swiglu, activation_func=F.silu if swiglu else F.gelu,
                             bias_activation_fusion=a["bias_swiglu_fusion"] if swiglu else a["bias_gelu_fusion"],
                             add_bias_linear=a["add_bias_linear"], add_qkv_bias=a["add_qkv_bias"],
+                            qk_layernorm=bool(a.get("qk_layernorm")),
                             hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
                             tensor_model_parallel_size=torch.distributed.get_world_size(),
                             params_dtype=torch.float32)
     torch.manual_seed(seed)
-    model = GPTModel(cfg, get_gpt_layer_local_spec(normalization=a["normalization"]), vocab_size=a["padded_vocab_size"],
+    spec = get_gpt_layer_local_spec(normalization=a["normalization"], qk_layernorm=bool(a.get("qk_layernorm")))
+    model = GPTModel(cfg, spec, vocab_size=a["padded_vocab_size"],
                      max_sequence_length=a["max_position_embeddings"],
                      position_embedding_type=a["position_embedding_type"], rotary_percent=a["rotary_percent"],
                      rotary_base=a["rotary_base"],

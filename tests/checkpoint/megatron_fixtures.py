@@ -3,7 +3,8 @@ megatron/checkpointing/ancestors/ for the layouts), from a transformers model wh
 logits are the reference. Nothing here calls the importer's code.
 
     reference(kind)                  GPT2LMHeadModel ('gpt2': tanh GELU, 'gpt2_erf': erf GELU) or LlamaForCausalLM
-                                     with grouped-query attention and an untied head ('llama'), tiny, seeded
+                                     with grouped-query attention and an untied head ('llama'), or the same as
+                                     Qwen3ForCausalLM ('qwen3': Megatron's --qk-layernorm), tiny, seeded
     write_legacy(root, model, tp, pp, version, ...)   Megatron-LM legacy: tracker, iter_*/mp_rank_TT[_PPP]
     write_torch_dist(root, model, tp, pp, ...)        Megatron core torch_dist (PyTorch DCP, one process)
     write_ds_pipe(root, model, tp, pp, flavor, order) DeepSpeed pipeline layer files (Megatron-DeepSpeed,
@@ -42,11 +43,17 @@ def reference(kind: str, seed: int = 0) -> torch.nn.Module:
                 if "ln" in name or name.endswith("bias"):
                     p.add_(torch.randn_like(p) * 0.1)
         return model.eval()
-    cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=48,
-                                   num_hidden_layers=LAYERS, num_attention_heads=HEADS, num_key_value_heads=GROUPS,
-                                   max_position_embeddings=POSITIONS, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                                   initializer_range=0.2)
-    return transformers.LlamaForCausalLM(cfg).eval()
+    shape = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=48, num_hidden_layers=LAYERS,
+                 num_attention_heads=HEADS, num_key_value_heads=GROUPS, max_position_embeddings=POSITIONS,
+                 rms_norm_eps=1e-5, tie_word_embeddings=False, initializer_range=0.2)
+    if kind == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**shape, head_dim=HIDDEN // HEADS))
+        with torch.no_grad():  # query / key norms that matter
+            for name, p in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.uniform_(0.5, 1.5)
+        return model.eval()
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).eval()
 
 
 class Ref(dict):
@@ -90,6 +97,8 @@ def megatron_tensors(model) -> Dict[str, torch.Tensor]:
                              ("dense", "self_attn.o_proj"), ("fc2", "mlp.down_proj"), ("gate", "mlp.gate_proj"),
                              ("up", "mlp.up_proj")):
             out[f"{i}.{ours}.weight"] = sd[p + theirs + ".weight"]
+        if p + "self_attn.q_norm.weight" in sd:  # Qwen3: Megatron's q_layernorm / k_layernorm
+            out[f"{i}.qn.weight"], out[f"{i}.kn.weight"] = (sd[p + f"self_attn.{n}_norm.weight"] for n in "qk")
     out["final.weight"] = sd["model.norm.weight"]
     return out
 
@@ -181,7 +190,8 @@ def _namespace(t: Ref, tp: int, pp: int, version, gelu: Dict, iteration: int) ->
     if llama:
         ns.update(position_embedding_type="rope", normalization="RMSNorm", swiglu=True, add_bias_linear=False,
                   group_query_attention=True, num_query_groups=t.groups, untie_embeddings_and_output_weights=True,
-                  norm_epsilon=1e-5, layernorm_epsilon=None, rotary_base=10000, rotary_percent=1.0)
+                  norm_epsilon=1e-5, layernorm_epsilon=None, rotary_base=10000, rotary_percent=1.0,
+                  qk_layernorm="0.qn.weight" in t)
     return argparse.Namespace(**ns)
 
 
@@ -402,6 +412,9 @@ def write_torch_dist(root: str, model, tp: int, pp: int, iteration: int = 300, c
         if f"0.ln1.{leaf}" in t:
             fused += [(norm_names[0] + leaf, lambda i, r, lf=leaf: t[f"{i}.ln1.{lf}"], None),
                       (norm_names[1] + leaf, lambda i, r, lf=leaf: t[f"{i}.ln2.{lf}"], None)]
+    if "0.qn.weight" in t:  # core's q_layernorm / k_layernorm: one (hn) weight per layer, replicated over tp
+        fused += [("self_attention.q_layernorm.weight", lambda i, r: t[f"{i}.qn.weight"], None),
+                  ("self_attention.k_layernorm.weight", lambda i, r: t[f"{i}.kn.weight"], None)]
     if "0.ln1.bias" in t:
         fused += [("self_attention.linear_qkv.bias", lambda i, r: qkv_rows(t, i, "bias", "2", tp, r), 0),
                   ("self_attention.linear_proj.bias", lambda i, r: t[f"{i}.dense.bias"], None),

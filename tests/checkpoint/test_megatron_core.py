@@ -1,8 +1,9 @@
 """Megatron core itself as the peer of `import-megatron` and `export-megatron --ckpt-format torch_dist`: each
 megatron-core release from 0.15 on that installs here (tests/checkpoint/mcore_peer.py: PyPI's wheel in a folder of
 its own, run in a subprocess) builds its own GPTModel on the CPU, a GPT-2-style one (LayerNorm, biases, the fused
-bias-GELU, learned positions, tied head) and a Llama-style one (RMSNorm, SwiGLU, grouped-query attention, rotary,
-untied head), and writes it with `dist_checkpointing.save`:
+bias-GELU, learned positions, tied head), a Llama-style one (RMSNorm, SwiGLU, grouped-query attention, rotary,
+untied head) and that one with --qk-layernorm (core's q_layernorm / k_layernorm: Qwen3's layer), and writes it
+with `dist_checkpointing.save`:
 
 - import-megatron reads it (resharded to tp 2) and the imported model's logits equal core's forward (fp32,
   relative error < 1e-5);
@@ -38,7 +39,7 @@ def test_core_writes_we_import_we_export_core_reads(version, tmp_path, capsys):
     work = str(tmp_path)
     ids = torch.load(ids_file(work), weights_only=True)
     with Peer(version, work) as peer:
-        for kind in ("gpt2", "llama"):
+        for kind in ("gpt2", "llama", "qwen3"):
             src, ours, exported, back = (str(tmp_path / f"{kind}_{n}") for n in ("core", "ours", "export", "back"))
             expected = peer.save(kind, src)  # (b, s, v)
             _import(src, ours, tp=2)

@@ -8,7 +8,8 @@ own torch_dist files, from the releases that install here, are tests/checkpoint/
   ([np, hn, 3]) and 2.0 (main between 2020-09-29 and 2020-10-26, pp 1), release 2.0 (3.0, 'transformer', old
   names, pp 2), 3.0 with today's names (the fused bias-GELU, interleaved model0/model1 chunks) and a Llama-style
   GPT (rotary, RMSNorm, SwiGLU, grouped-query attention, untied head);
-- Megatron core 0.19's torch_dist (the common state as a `common_state` item holding a list; no PyPI wheel);
+- Megatron core 0.19's torch_dist (the common state as a `common_state` item holding a list; no PyPI wheel), also
+  of a Llama-style GPT with --qk-layernorm (core's q_layernorm / k_layernorm) against Qwen3;
 - DeepSpeed pipeline files: Megatron-DeepSpeed GPTModelPipe, DeepSpeedExamples v1.1.5 / CPM-Pretrain
   GPT2ModelPipe (no arguments, no checkpoint_version), Megatron-DeepSpeed without a pipeline.
 
@@ -210,15 +211,33 @@ def test_bad_input_is_one_line(tmp_path):
 def test_unsupported_options_and_export_layouts_are_one_line(tmp_path):
     src = str(tmp_path / "moe")
     os.makedirs(src)
-    fx.write_legacy(src, fx.reference("gpt2"), 1, 1, 3.0, extra_args=dict(num_experts=8, qk_layernorm=True))
+    fx.write_legacy(src, fx.reference("gpt2"), 1, 1, 3.0, extra_args=dict(num_experts=8, qk_l2_norm=True))
     _one_line_error(["import-megatron", "--input", src, "--save", str(tmp_path / "out"),
                      "--tensor-model-parallel-size", "1", "--pipe-parallel-size", "1"],
-                    "mixture of experts (num_experts = 8); query-key layer norm", "does not implement")
+                    "mixture of experts (num_experts = 8); L2-normalised queries and keys", "does not implement")
     ckpt = str(tmp_path / "ckpt")
     _import(_legacy(str(tmp_path / "v3")), ckpt)
     _one_line_error(["export-megatron", "--load", ckpt, "--output", str(tmp_path / "mlm"),
                      "--tensor-model-parallel-size", "1", "--pipe-parallel-size", "3"],
                     "--pipe-parallel-size 3 does not divide the 4 layers")
+
+
+def test_qk_layernorm_imports_as_qwen3s_layer(tmp_path):
+    """Megatron core 0.19's torch_dist of a Llama-style GPT with --qk-layernorm (q_layernorm / k_layernorm, per head,
+    replicated over tp) at (tp, pp) = (2, 2): imported as --qk-layernorm, its logits equal Qwen3's (the reference).
+    Megatron-LM's legacy model has no such norms: export-megatron --ckpt-format torch refuses it in one line (core's
+    own files, both ways: tests/checkpoint/test_megatron_core.py)."""
+    from megatron.checkpointing import read_checkpoint_args
+    src, ckpt = str(tmp_path / "src"), str(tmp_path / "ckpt")
+    reference = fx.reference("qwen3")
+    os.makedirs(src)
+    fx.write_torch_dist(src, reference, 2, 2)
+    _import(src, ckpt)
+    assert read_checkpoint_args(ckpt)["qk_layernorm"]
+    _check_logits(ckpt, reference)
+    _one_line_error(["export-megatron", "--load", ckpt, "--output", str(tmp_path / "mlm"),
+                     "--tensor-model-parallel-size", "1", "--pipe-parallel-size", "1"],
+                    "holds a GPT with --qk-layernorm", "with --ckpt-format torch_dist")
 
 
 def test_t5_is_refused_with_the_reason(tmp_path):

@@ -7,8 +7,11 @@ approximation, and it replaces F.gelu whenever it runs. So: --openai-gelu -> tan
 kernel with biases -> tanh; otherwise erf. Files without arguments (2019's Megatron-LM: its GELU is the tanh
 approximation; DeepSpeedExamples v1.1.5, CPM-Pretrain: their Megatron fuses bias and GELU by default) -> tanh. `--gelu` overrides all of it.
 
-Options this project's GPT does not implement are refused in one line naming the argument (mixture of experts,
-query-key layer norm, post-layer-norm residuals, LayerNorm 1p, interleaved rotary, multi-latent attention).
+Megatron-LM's --qk-layernorm (Megatron core's q_layernorm / k_layernorm: a norm of --normalization's kind over
+each query and key head, after the projection and before the rotation; Qwen3's) is this project's --qk-layernorm,
+the same tensor names. Options this project's GPT does not implement are refused in one line naming the argument
+(mixture of experts, the L2 query-key norm, post-layer-norm residuals, LayerNorm 1p, interleaved rotary,
+multi-latent attention).
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ from .source import QKV, layer_count
 
 # (argument, value that is refused or a test on it, what it is)
 REFUSED = (("num_experts", lambda v: v not in (None, 0, 1), "mixture of experts"),
-           ("qk_layernorm", bool, "query-key layer norm"),
+           ("qk_l2_norm", bool, "L2-normalised queries and keys (--qk-l2-norm)"),
            ("apply_residual_connection_post_layernorm", bool, "residuals after the layer norm"),
            ("apply_layernorm_1p", bool, "LayerNorm with weight + 1 (--apply-layernorm-1p)"),
            ("rotary_interleaved", bool, "interleaved rotary channels"),
@@ -66,7 +69,8 @@ def _shape_facts(parts: Dict[str, List[torch.Tensor]]) -> Dict[str, Any]:
                 ffn_in=rows("layers.0.mlp.dense_h_to_4h.weight"),
                 ffn=sum(p.size(1) for p in parts["layers.0.mlp.dense_4h_to_h.weight"]),
                 linear_bias="layers.0.mlp.dense_4h_to_h.bias" in parts, qkv_bias=f"layers.0.{QKV}.bias" in parts,
-                norm_bias="final_layernorm.bias" in parts, untied="lm_head.weight" in parts)
+                norm_bias="final_layernorm.bias" in parts, untied="lm_head.weight" in parts,
+                qk_norm="layers.0.self_attention.q_layernorm.weight" in parts)
 
 
 def gpt_args(margs: Dict[str, Any], parts: Dict[str, List[torch.Tensor]], opts: ImportOptions,
@@ -116,7 +120,8 @@ def gpt_args(margs: Dict[str, Any], parts: Dict[str, List[torch.Tensor]], opts: 
                 num_query_groups=groups if groups != heads else None, disable_bias_linear=not bias,
                 add_qkv_bias=f["qkv_bias"] and not bias, gelu=gelu, vocab_size=vocab,
                 untie_embeddings_and_output_weights=bool(margs.get("untie_embeddings_and_output_weights")
-                                                         or f["untied"]))
+                                                         or f["untied"]),
+                qk_layernorm=bool(margs.get("qk_layernorm") or f["qk_norm"]))
     if positions == "rope":
         args.update(rotary_base=float(margs.get("rotary_base") or 10000), rotary_percent=margs.get("rotary_percent")
                     or 1.0)

@@ -17,8 +17,9 @@ QKV rows per tp rank in order '2' (per query group [q heads, k, v], `qkv.split_q
 cut as Megatron-LM's layers cut it (the same partition attributes as this project's); the word table padded to
 Megatron-LM's multiple of make_vocab_size_divisible_by x tp. The GELU is said by --openai-gelu (tanh) or its
 absence with the fused bias-GELU off (erf); Megatron core, which has no --openai-gelu, by its fused bias-GELU kernel
-(the tanh approximation, which needs the linear biases) or its absence (erf). No optimizer or RNG state is written (load with --no-load-optim
---no-load-rng, or --finetune).
+(the tanh approximation, which needs the linear biases) or its absence (erf). --qk-layernorm is written to
+torch_dist only (Megatron core's q_layernorm / k_layernorm; Megatron-LM's legacy model has none). No optimizer or
+RNG state is written (load with --no-load-optim --no-load-rng, or --finetune).
 """
 from __future__ import annotations
 
@@ -69,6 +70,7 @@ def megatron_args(args: Dict[str, Any], tp: int, pp: int, iteration: int, consum
               num_query_groups=args.get("num_query_groups") or args["num_attention_heads"],
               add_bias_linear=not args.get("disable_bias_linear"), add_qkv_bias=bool(args.get("add_qkv_bias")),
               untie_embeddings_and_output_weights=bool(args.get("untie_embeddings_and_output_weights")),
+              qk_layernorm=bool(args.get("qk_layernorm")),
               openai_gelu=tanh, bias_gelu_fusion=fused_gelu, bias_swiglu_fusion=bool(args.get("swiglu")),
               onnx_safe=False,
               apply_residual_connection_post_layernorm=False, hidden_dropout=args["hidden_dropout"],
@@ -87,10 +89,12 @@ def _check(args: Dict[str, Any], pp: int, folder: str, fmt: str) -> None:
         raise UserError(f"--ckpt-format {fmt!r}: export-megatron writes {' or '.join(FORMATS)}")
     if args.get("model_type") != GPTSpec.model_type:
         raise UserError(f"export-megatron writes GPT checkpoints; {folder} holds model_type {args.get('model_type')!r}")
-    options = [flag for name, flag in LAYER_SWITCHES.items() if args.get(name)]
+    written = ("qk_layernorm",) if fmt == "torch_dist" else ()  # core's q_layernorm / k_layernorm; not legacy's
+    options = [flag for name, flag in LAYER_SWITCHES.items() if args.get(name) and name not in written]
     if options:
         raise UserError(f"export-megatron: {folder} holds a GPT with {', '.join(options)}, which export-megatron "
-                        f"does not write")
+                        f"does not write" + (" (--qk-layernorm: with --ckpt-format torch_dist, as Megatron core "
+                                             "has it)" if args.get("qk_layernorm") and not written else ""))
     if args["num_layers"] % pp:
         raise UserError(f"--pipe-parallel-size {pp} does not divide the {args['num_layers']} layers (Megatron-LM "
                         f"gives every stage as many)")

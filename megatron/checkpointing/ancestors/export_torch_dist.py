@@ -15,7 +15,8 @@ layer specs alike: the norms as the fused norm-linear's `layer_norm_*`), the lay
     decoder.layers.self_attention.linear_qkv.{layer_norm_weight, layer_norm_bias, weight, bias}   (L, ...)
     decoder.layers.self_attention.linear_proj.{weight, bias}, decoder.layers.mlp.linear_fc1.{layer_norm_*,
     weight, bias}, decoder.layers.mlp.linear_fc2.{weight, bias}, decoder.final_layernorm.*, output_layer.weight
-    (untied), and each linear's `_extra_state` (Transformer Engine's fp8 metadata: none here) per layer
+    (untied), and each linear's `_extra_state` (Transformer Engine's fp8 metadata: none here) per layer;
+    with --qk-layernorm decoder.layers.self_attention.{q_layernorm, k_layernorm}.* (L, kv_channels), core's names
 QKV rows per query group [q heads, k, v] (order '2' of one rank holding every group); SwiGLU's fc1 [W_gate; W_up].
 """
 from __future__ import annotations
@@ -37,7 +38,8 @@ BACKEND = {"sharded_backend": "torch_dist", "sharded_backend_version": 1, "commo
 LAYER_NAMES = {"input_layernorm": "self_attention.linear_qkv.layer_norm_", QKV: "self_attention.linear_qkv.",
                "self_attention.dense": "self_attention.linear_proj.", "post_attention_layernorm":
                "mlp.linear_fc1.layer_norm_", "mlp.dense_h_to_4h": "mlp.linear_fc1.",
-               "mlp.dense_4h_to_h": "mlp.linear_fc2."}
+               "mlp.dense_4h_to_h": "mlp.linear_fc2.", "self_attention.q_layernorm": "self_attention.q_layernorm.",
+               "self_attention.k_layernorm": "self_attention.k_layernorm."}  # the last two: --qk-layernorm
 EXTRA_STATE = ("self_attention.linear_qkv", "self_attention.linear_proj", "mlp.linear_fc1", "mlp.linear_fc2")
 
 

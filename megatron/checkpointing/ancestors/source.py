@@ -14,7 +14,9 @@ arguments when the files record them, and the run's position.
 
 Canonical GPT names (the plain model's): embedding.word_embeddings.weight, embedding.position_embeddings.weight,
 layers.i.{input_layernorm, self_attention.query_key_value, self_attention.dense, post_attention_layernorm,
-mlp.dense_h_to_4h, mlp.dense_4h_to_h}.{weight, bias}, final_layernorm.{weight, bias}, lm_head.weight.
+mlp.dense_h_to_4h, mlp.dense_4h_to_h}.{weight, bias}, layers.i.self_attention.{q_layernorm, k_layernorm}.{weight,
+bias} (--qk-layernorm: Megatron core's names too, one (kv_channels) weight replicated over tp),
+final_layernorm.{weight, bias}, lm_head.weight.
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ from ..tp import merge, resize_rows
 # packages of the ancestors' own code, whose globals in a pickle become inert records (tds.safe_load.Opaque)
 ANCESTOR_CODE = ("megatron.", "megatron_ds.", "fp16.", "apex.", "transformer_engine.")
 LAYER_PARTS = ("input_layernorm", "self_attention.query_key_value", "self_attention.dense", "post_attention_layernorm",
-               "mlp.dense_h_to_4h", "mlp.dense_4h_to_h")
+               "mlp.dense_h_to_4h", "mlp.dense_4h_to_h",
+               "self_attention.q_layernorm", "self_attention.k_layernorm")  # Megatron core's --qk-layernorm, our names
 QKV = "self_attention.query_key_value"
 # Megatron-LM spellings -> this project's, applied in order to a key inside a layer (or the final norm)
 RENAMES = ((r"^attention\.", "self_attention."), (r"^input_norm\.", "input_layernorm."),
@@ -105,7 +108,8 @@ def canonical_name(key: str, where: str) -> str:
     if head in LAYER_PARTS + ("final_layernorm",) and leaf in ("weight", "bias"):
         return key
     raise UserError(f"{where}: {key!r} is not a module of this project's GPT layer (layer norms, fused QKV, "
-                    f"attention output, MLP in and out; no mixture of experts, query-key norm or cross-attention)")
+                    f"per-head query and key norms, attention output, MLP in and out; no mixture of experts or "
+                    f"cross-attention)")
 
 
 def add_part(parts: Dict[str, List[torch.Tensor]], name: str, tp_rank: int, tp: int, value: torch.Tensor) -> None:
