@@ -84,6 +84,8 @@ def model_of(name: str, tiny: bool) -> list:
     if name.startswith("llama1b"):
         return TINY_LLAMA if tiny else LLAMA_1B
     return TINY if tiny else MEDIUM
+
+
 VOCAB = 50257
 LINE = re.compile(r"\| ([0-9.]+) tokens/s \| ([0-9.]+) TFLOP/s/device")
 MEMORY = re.compile(r"memory iteration \d+ rank 0 .*: peak ([0-9.]+) MiB = .*predicted ([0-9.]+) MiB \(([-+0-9.]+)%\)")
@@ -195,8 +197,6 @@ def model_flops_per_token(model: list) -> float:
 
 def matmul_ceiling(seconds: float) -> None:
     """Warm the GPU up for `seconds` with 8192^3 bf16 products and print their rate (the measured ceiling)."""
-    import time
-
     import torch
     if not torch.cuda.is_available():
         return

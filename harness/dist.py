@@ -121,7 +121,19 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, kw
 
 
 def run_distributed(fn: Callable, world_size: int, *args: Any, timeout: float = 120.0, **kwargs: Any) -> list:
-    """Run `fn(*args, **kwargs)` on `world_size` gloo ranks; return the per-rank results in rank order."""
+    """Run `fn(*args, **kwargs)` on `world_size` gloo ranks; return the per-rank results in rank order.
+    A free port can be taken by another process between free_port() and rank 0's listen (two pytest workers):
+    a launch whose store could not listen (EADDRINUSE, before `fn` ran) is started again on another port."""
+    for _ in range(2):
+        try:
+            return _launch(fn, world_size, args, kwargs, timeout)
+        except RankRaised as err:
+            if "EADDRINUSE" not in str(err):
+                raise
+    return _launch(fn, world_size, args, kwargs, timeout)
+
+
+def _launch(fn: Callable, world_size: int, args: tuple, kwargs: dict, timeout: float) -> list:
     ctx = _context()
     port = free_port()
     results = ctx.Queue()
