@@ -52,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("vocab-file", "merge-file", "tokenizer-model"):
         s.add_argument(f"--{name}", default=None, help="override the checkpoint's tokenizer file")
     s.add_argument("--verify", action="store_true", help="load the output with transformers, compare logits")
-    s = sub.add_parser("import-hf", help="a transformers GPT-2 / T5 folder -> a checkpoint to --load")
+    s = sub.add_parser("import-hf", help="a transformers folder (GPT-2, T5, Llama, Mistral, Qwen2, Qwen3, OLMo-2: "
+                                         "the adapter table) -> a checkpoint to --load")
     s.add_argument("--input", required=True, metavar="HF_DIR")
     s.add_argument("--save", required=True, metavar="CKPT_DIR", help="new directory (must not exist)")
     _layout(s)

@@ -16,18 +16,22 @@ from tools.convert_checkpoint import run
 LAYOUT = ["--tensor-model-parallel-size", "2", "--pipe-parallel-size", "1"]
 TOOLS = {"reshape": lambda src, out: ["reshape", "--load", src["ckpt"], "--save", out, *LAYOUT],
          "export-hf": lambda src, out: ["export-hf", "--load", src["ckpt"], "--output", out],
-         "import-megatron": lambda src, out: ["import-megatron", "--input", src["megatron"], "--save", out, *LAYOUT]}
+         "import-megatron": lambda src, out: ["import-megatron", "--input", src["megatron"], "--save", out, *LAYOUT],
+         "import-hf": lambda src, out: ["import-hf", "--input", src["hf"], "--save", out, *LAYOUT]}
 
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory) -> dict:
-    """A (1, 1, 1) GPT-2 checkpoint of about 0.6 MB (weights 0.2 MB, the rest optimizer state), and the inputs of
-    the importers made from it."""
+    """A (1, 1, 1) GPT-2 checkpoint of about 0.6 MB (weights 0.2 MB, the rest optimizer state), a Megatron-LM
+    checkpoint made from it, and a transformers folder of 0.6 MB (a wider GPT-2 whose vocabulary is its
+    tokenizer's)."""
     root = tmp_path_factory.mktemp("ckpt")
     ckpt = write_synthetic(str(root / "ckpt"), resolved_args("gpt2", (1, 1, 1), 500))
     run(["export-megatron", "--load", ckpt, "--output", str(root / "megatron"), "--tensor-model-parallel-size", "1",
          "--pipe-parallel-size", "1"])
-    return dict(ckpt=ckpt, megatron=str(root / "megatron"))
+    wide = write_synthetic(str(root / "wide"), resolved_args("gpt2", (1, 1, 1), 512, hidden=64))  # 0.6 MB in HF
+    run(["export-hf", "--load", wide, "--output", str(root / "hf")])
+    return dict(ckpt=ckpt, megatron=str(root / "megatron"), hf=str(root / "hf"))
 
 
 @pytest.mark.parametrize("tool", sorted(TOOLS))

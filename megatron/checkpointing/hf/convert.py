@@ -26,7 +26,7 @@ import torch
 
 from megatron.errors import UserError
 from ..consolidated import Consolidated, layout_of, read_weights
-from ..files import (CheckpointFileError, atomic_folder, folder_bytes, publish_latest, read_args, read_json,
+from ..files import (CheckpointFileError, atomic_folder, folder_bytes, new_checkpoint, read_args, read_json,
                      write_json)
 from ..layouts import check_layout, layout_args, table_rows, write_layout
 from ..manifest import WEIGHTS, checked_folder
@@ -196,19 +196,18 @@ def import_hf(hf_dir: str, save_dir: str, tp: int, pp: int) -> Dict:
     cfg = read_json(config_path)
     adapter = adapter_for(cfg, config_path)
     args = dict(adapter.project_args(cfg, config_path), hf_architecture=adapter.architecture)
-    with atomic_folder(save_dir) as tmp:
-        folder = os.path.join(tmp, IMPORT_TAG)
-        os.makedirs(folder)
+    state = load_hf_state(hf_dir)
+    with new_checkpoint(save_dir, IMPORT_TAG, tensor_bytes(state)) as folder:
+        tmp = os.path.dirname(folder)
         tok_args, tokenizer = import_tokenizer(hf_dir, folder)  # files copied into the temporary folder
         args.update(_final_paths(tok_args, tmp, save_dir), **_vocabulary(cfg, tok_args, tokenizer, config_path))
         args.update(layout_args(args, tp, pp))
         table = ModelTable(args)
         check_layout(table, args, tp, pp)
-        weights = from_hf(load_hf_state(hf_dir), args, table, adapter, hf_dir)
+        weights = from_hf(state, args, table, adapter, hf_dir)
+        del state
         write_layout(Consolidated(args=args, weights=weights), folder, args, with_optimizer=False)
-        publish_latest(tmp, IMPORT_TAG)
-        args = read_args(folder)
-    return args
+    return read_args(os.path.join(save_dir, IMPORT_TAG))
 
 
 def _vocabulary(cfg: Dict, tok_args: Dict, tokenizer, where: str) -> Dict:
