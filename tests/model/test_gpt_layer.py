@@ -9,10 +9,10 @@ on the TDS engine equals the single-process plain model: per-step losses, first-
 and a Qwen2-style variant (qkv bias only, tied head, one group per head, half the channels rotated, llama3 rope
 scaling) at (2, 2, 1) with full recomputation; Qwen3's layer (the Llama layer with --qk-layernorm and heads of
 width 12, not h / a) and OLMo-2's (the Llama layer with --qk-layernorm-full and --post-sublayer-norm) at tp 2 with
-sequence parallelism (Qwen3's with selective, OLMo-2's with full recomputation), and (long) at pp 2 with ZB-H1 and
-at (2, 2, 2) ZeRO-1 with sequence parallelism: Qwen3's norm weights are replicated over tp, each rank normalising
-its own heads, OLMo-2's are split with the heads and their statistics all-reduced, and every rank's gradients are
-compared with its part of the single process's. Plus the parts on their own: the block-strided QKV partition,
+sequence parallelism (Qwen3's with selective, OLMo-2's with full recomputation): Qwen3's norm weights are
+replicated over tp, each rank normalising its own heads, OLMo-2's are split with the heads and their statistics
+all-reduced, and every rank's gradients are compared with its part of the single process's (their other layouts
+and schedules: tests/training/test_norm_options_pretrain.py, long). Plus the parts on their own: the block-strided QKV partition,
 rotary positions against their definition, the query / key norms and the reordered layer against their
 definitions, and the config's one-line errors.
 """
@@ -79,19 +79,6 @@ def test_qwen3_and_olmo2_layers_at_tp2_with_sequence_parallelism():
     jobs = [_job(2, 1, 1, config_kw=dict(QWEN3, recompute_granularity="selective"), sequence_parallel=True),
             _job(2, 1, 1, config_kw=dict(OLMO2, checkpoint_num_layers=1), sequence_parallel=True)]
     _check(jobs, run_distributed(common.run_jobs, 2, jobs, timeout=600))
-
-
-@pytest.mark.long
-def test_qwen3_and_olmo2_layers_at_pp2_with_zb_h1():
-    jobs = [_job(1, 2, 1, config_kw=layer, schedule="zb-h1") for layer in (QWEN3, OLMO2)]
-    _check(jobs, run_distributed(common.run_jobs, 2, jobs, timeout=600))
-
-
-@pytest.mark.long
-def test_qwen3_and_olmo2_layers_3d_zero1_sequence_parallel():
-    jobs = [_job(2, 2, 2, config_kw=dict(QWEN3, checkpoint_num_layers=1), sequence_parallel=True),
-            _job(2, 2, 2, config_kw=dict(OLMO2, recompute_granularity="selective"), sequence_parallel=True)]
-    _check(jobs, run_distributed(common.run_jobs, 8, jobs, timeout=900))
 
 
 @pytest.mark.long

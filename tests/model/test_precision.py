@@ -21,8 +21,8 @@ run under `tests.cpu_fp16.allow_cpu_fp16` (DeepSpeed's CPU accelerator otherwise
 lacks fp16 kernels, e.g. on AMD EPYC; torch computes it on any x86 CPU). ZeRO-1 is used for both: with ZeRO-0
 and a client (torch) optimizer, DeepSpeed 0.19.8 wraps it in FP16_UnfusedOptimizer, whose gradients come
 out divided by the loss scale once too often (engine.backward scales the loss only for ZeRO optimizers).
-The default run covers (1, 1, 1) and (2, 2, 2); `-m slow` adds (2, 1, 1), (1, 2, 1) and (1, 4, 1), and
-sequence parallelism at (2, 2, 2) and (4, 1, 1).
+The default run covers (1, 1, 1) and (2, 2, 2); `-m slow` adds (1, 4, 1) and sequence parallelism at (2, 2, 2)
+and (4, 1, 1) ((2, 1, 1) and (1, 2, 1), parts of (2, 2, 2), left the slow suite for CI's time).
 """
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_half_precision_tracks_fp32_and_single_process(tp, pp, dp, single):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp,pp,dp", [(2, 1, 1), (1, 2, 1), (1, 4, 1)])
+@pytest.mark.parametrize("tp,pp,dp", [(1, 4, 1)])
 def test_half_precision_tracks_fp32_and_single_process_more_layouts(tp, pp, dp, single):
     _check(tp, pp, dp, single)
 

@@ -9,8 +9,10 @@
 - The collectives other backends use (all_gather_into_tensor, reduce_scatter_tensor: the GPU path), forced on
   gloo: GPT-2 and T5 at (2, 2, 1) equal the single process too.
 - A sequence length that tp does not divide is a one-line error naming both numbers.
-- slow: tp in {2, 4} x pp in {1, 2} (every schedule at pp = 2: 1f1b, gpipe, interleaved with 2 chunks, zb-h1)
-  x dp in {1, 2}, ZeRO-1 at dp = 2, MATRIX_STEPS (6) steps of 4 micro-batches, GPT-2 and T5, every dropout on.
+- slow: (tp, pp, dp) = (2, 2, 2) with ZeRO-1 and (4, 2, 1), every schedule at pp = 2 (1f1b, gpipe, interleaved
+  with 2 chunks, zb-h1), MATRIX_STEPS (6) steps of 4 micro-batches, GPT-2 and T5, every dropout on. (The rest of
+  tp {2, 4} x pp {1, 2} x dp {1, 2}, layouts that are parts of these two or of the default tests, left the slow
+  suite for CI's time.)
 """
 from __future__ import annotations
 
@@ -120,8 +122,7 @@ def _matrix_jobs(tp: int, pp: int, dp: int) -> list:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp,pp,dp", [(tp, pp, dp) for tp in (2, 4) for pp in (1, 2) for dp in (1, 2)
-                                      if tp * pp * dp <= 8])  # up to 8 processes on 2 cores
+@pytest.mark.parametrize("tp,pp,dp", [(2, 2, 2), (4, 2, 1)])  # 8 processes on 2 cores
 def test_sequence_parallel_matrix(tp, pp, dp):
     jobs = _matrix_jobs(tp, pp, dp)
     per_rank = run_distributed(common.run_jobs, tp * pp * dp, jobs, timeout=3000)

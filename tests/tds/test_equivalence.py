@@ -1,10 +1,10 @@
 """Acceptance: 10 training steps of a small layer stack give the same per-step losses and final parameters
 (fp32, relative error < 1e-5) as one process training on the same global batch with the same optimizer,
 for PP in {1,2,4} x DP in {1,2} x TP in {1,2}, ZeRO-1 on. The default run covers a representative subset;
-`-m slow` runs the full grid."""
+`-m slow` adds (pp, dp, tp) = (1, 2, 2), (4, 1, 2) and (2, 2, 2) (the grid's other layouts, parts of these, left
+the slow suite for CI's time)."""
 from __future__ import annotations
 
-import itertools
 
 import pytest
 import torch
@@ -51,7 +51,7 @@ def check(pp: int, dp: int, tp: int, zero: int = 1, schedule: str = "1f1b") -> N
 
 
 DEFAULT = [(1, 1, 1), (2, 1, 2), (4, 2, 1)]  # (4, 2, 1): 8 ranks, in make test-long
-FULL = [c for c in itertools.product([1, 2, 4], [1, 2], [1, 2]) if c not in DEFAULT and c[0] * c[1] * c[2] <= 8]
+FULL = [(1, 2, 2), (4, 1, 2), (2, 2, 2)]
 
 
 @pytest.mark.parametrize("pp,dp,tp", DEFAULT[:2] + [pytest.param(*DEFAULT[2], marks=pytest.mark.long)])

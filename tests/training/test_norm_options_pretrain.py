@@ -5,13 +5,14 @@ Llama-style GPT (4 layers, hidden and attention dropout on, 20 iterations, clipp
 norms after the sublayers, dropout after them).
 
 - pp = 2 with 1F1B, GPipe, interleaved (2 chunks per stage, full recomputation) and ZB-H1, tp = 2 with
-  --sequence-parallel and selective recomputation, and (2, 2, 2) with ZeRO-1 give the per-iteration losses and
-  gradient norms of (1, 1, 1) (fp32, relative error < 1e-5);
+  --sequence-parallel and selective recomputation, and (2, 2, 2) with ZeRO-1, --sequence-parallel and full or
+  selective recomputation give the per-iteration losses and gradient norms of (1, 1, 1) (fp32, relative error
+  < 1e-5);
 - a run saved at iteration 10 and resumed at (2, 2, 1) with --sequence-parallel continues with the uninterrupted
   run's losses bit for bit, and its checkpoint reshaped (2,2,1) -> (1,1,1) -> (2,1,2) -> (1,2,1) -> (2,2,1) comes
   back bit for bit.
-All long (test_gpt_layer.py runs the layers on the engine in make test); the golden files (dropout off) are checked
-by test_golden.py.
+All long (test_gpt_layer.py runs the layers on the engine at tp 2 with sequence parallelism in make test); the
+golden files (dropout off, (1, 1, 1)) are checked by test_golden.py.
 """
 import os
 
@@ -50,9 +51,13 @@ def test_schedules_and_sequence_parallel_equal_one_process(data_prefix, single):
 
 
 def test_3d_zero1_equals_one_process(data_prefix, single):
-    results = run_distributed(runs, 8, [argv(data_prefix, 2, 2, model=m) for m in MODELS], 8, timeout=900)[-1]
+    """(2, 2, 2) with ZeRO-1 and --sequence-parallel; Qwen3's layer with full recomputation, OLMo-2's with
+    selective."""
+    recompute = {"qwen3": ["--checkpoint-activations"], "olmo2": ["--recompute-granularity", "selective"]}
+    argvs = [argv(data_prefix, 2, 2, ["--sequence-parallel", *recompute[m]], model=m) for m in MODELS]
+    results = run_distributed(runs, 8, argvs, 8, timeout=900)[-1]
     for model, got in zip(MODELS, results):
-        assert_same(got, single[model], f"{model} (2, 2, 2) ZeRO-1")
+        assert_same(got, single[model], f"{model} (2, 2, 2) ZeRO-1 --sequence-parallel {' '.join(recompute[model])}")
 
 
 def _reshape_chain(save: str, out: str) -> tuple:
