@@ -346,6 +346,23 @@ def write_legacy_t5(root: str) -> None:
         f.write("1")
 
 
+def write_core_torch_format(root: str) -> None:
+    """Megatron core's GPTModel saved by Megatron-LM with --ckpt-format torch: the legacy file layout holding core's
+    module tree (embedding, decoder.layers.N with Transformer Engine's fused norms, output_layer; tiny)."""
+    layer = {"self_attention": {"linear_qkv": {"weight": torch.zeros(12, 4), "layer_norm_weight": torch.ones(4)},
+                                "linear_proj": {"weight": torch.zeros(4, 4)}},
+             "mlp": {"linear_fc1": {"weight": torch.zeros(16, 4), "layer_norm_weight": torch.ones(4)},
+                     "linear_fc2": {"weight": torch.zeros(4, 16)}}}
+    model = {"embedding": {"word_embeddings": {"weight": torch.zeros(8, 4)}},
+             "decoder": {"layers": {"0": layer}, "final_layernorm": {"weight": torch.ones(4)}},
+             "output_layer": {"weight": torch.zeros(8, 4)}}
+    os.makedirs(os.path.join(root, "iter_0000001", "mp_rank_00"))
+    torch.save({"model": model, "checkpoint_version": 3.0, "iteration": 1},
+               os.path.join(root, "iter_0000001", "mp_rank_00", "model_optim_rng.pt"))
+    with open(os.path.join(root, "latest_checkpointed_iteration.txt"), "w") as f:
+        f.write("1")
+
+
 class _Chunked:
     """A global tensor that a distributed checkpoint stores as chunks [(offsets, tensor)] (what tp x pp ranks write)."""
 

@@ -241,7 +241,9 @@ def test_qk_layernorm_imports_as_qwen3s_layer(tmp_path):
 
 
 def test_t5_is_refused_with_the_reason(tmp_path):
-    """CPM-Pretrain's T5ModelPipe and Megatron-LM's T5 use learned absolute positions this project's T5 lacks."""
+    """CPM-Pretrain's T5ModelPipe and Megatron-LM's T5 use learned absolute positions this project's T5 lacks; a
+    Megatron core model in the legacy file layout (--ckpt-format torch: core's `decoder.layers`) is not a T5 and is
+    named for what it is, with the conversion to torch_dist."""
     argv = ["import-megatron", "--save", str(tmp_path / "out"), "--tensor-model-parallel-size", "1",
             "--pipe-parallel-size", "1", "--input"]
     fx.write_cpm_t5_layer(str(tmp_path / "cpm"))
@@ -250,3 +252,6 @@ def test_t5_is_refused_with_the_reason(tmp_path):
     fx.write_legacy_t5(str(tmp_path / "mlm"))
     _one_line_error(argv + [str(tmp_path / "mlm")], "mp_rank_00/model_optim_rng.pt holds 'decoder.",
                     "learned absolute position table", "relative position bias")
+    fx.write_core_torch_format(str(tmp_path / "core"))  # core's decoder.layers are a GPT's, not a T5 decoder
+    _one_line_error(argv + [str(tmp_path / "core")], "model_optim_rng.pt holds 'decoder.layers.0.",
+                    "a Megatron core model saved with --ckpt-format torch", "--ckpt-convert-format torch_dist")

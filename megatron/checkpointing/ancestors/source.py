@@ -123,6 +123,10 @@ def model_keys(flat: Dict[str, Any], layer_offset: int, where: str) -> Dict[str,
     the tied table) and buffers are dropped."""
     out = {}
     for key, value in flat.items():
+        if key.startswith("decoder.layers.") and torch.is_tensor(value):
+            raise UserError(f"{where} holds {key!r}: a Megatron core model saved with --ckpt-format torch; "
+                            f"import-megatron reads Megatron core's checkpoints in the torch_dist format (convert "
+                            f"this one with Megatron-LM's --ckpt-convert-format torch_dist --ckpt-convert-save DIR)")
         key = re.sub(r"^language_model\.", "", key)
         key = re.sub(r"^(encoder|transformer)\.", "", key)
         key = re.sub(r"^(word|position)_embeddings\.", r"embedding.\1_embeddings.", key)  # 2019: GPT2Model's own
