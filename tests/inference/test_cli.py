@@ -109,7 +109,7 @@ def test_bad_inputs_are_one_line_errors(checkpoints, tmp_path):
         generate.main(["--load", checkpoints["gpt2"], "--prompt", "data " * 40])
     with pytest.raises(UserError, match="unknown sentinel <extra_id_8>; this tokenizer has 8"):
         generate.main(["--load", checkpoints["t5"], "--prompt", "The <extra_id_8> sat"])
-    with pytest.raises(UserError, match="--task lm-ppl evaluates a GPT-2 checkpoint"):
+    with pytest.raises(UserError, match="--task lm-ppl evaluates a GPT checkpoint; .* is .t5."):
         evaluate.main(["--load", checkpoints["t5"], "--task", "lm-ppl", "--data", __file__])
     with pytest.raises(UserError, match="--tensor-model-parallel-size 2 needs 2 processes"):
         generate.main(["--load", checkpoints["gpt2"], "--prompt", "x", "--tensor-model-parallel-size", "2"])
