@@ -20,9 +20,9 @@ ITERS = 6
 
 
 def docs_block() -> str:
-    """The bash block after docs/checkpoints.md's "Continued pretraining from Llama, Mistral or Qwen2"."""
+    """The bash block after docs/checkpoints.md's "Continued pretraining from Llama, Mistral, Qwen2, ..." heading."""
     text = open(os.path.join(ROOT, "docs", "checkpoints.md")).read()
-    section = text.split("**Continued pretraining from Llama, Mistral or Qwen2.**", 1)[1]
+    section = text.split("**Continued pretraining from Llama, Mistral, Qwen2, Qwen3 or OLMo-2.**", 1)[1]
     return re.search(r"```bash\n(.*?)```", section, re.S)[1]
 
 
