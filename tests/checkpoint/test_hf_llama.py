@@ -60,10 +60,10 @@ def _logits_at_tp(ckpt: str, tp: int, ids: torch.Tensor) -> torch.Tensor:
     from megatron import mpu
     from megatron.checkpointing import load_model_weights, read_checkpoint_args
     from megatron.checkpointing.names import model_config
-    from megatron.model import GPT2Model
+    from megatron.model import GPTModel
     mpu.initialize_model_parallel(tp, 1)
     try:
-        model = GPT2Model(model_config(read_checkpoint_args(ckpt)))
+        model = GPTModel(model_config(read_checkpoint_args(ckpt)))
         load_model_weights(model, ckpt)
         with torch.no_grad():
             logits = model.eval()(ids)
@@ -157,14 +157,14 @@ def test_a_different_rotary_base_is_refused_unless_finetuning(tmp_path):
     from megatron.checkpointing.files import CheckpointMismatchError
     from megatron.checkpointing.names import model_config
     from megatron.checkpointing.weights import load_weights_into
-    from megatron.model import GPT2Model
+    from megatron.model import GPTModel
     hf_dir, ckpt = str(tmp_path / "hf"), str(tmp_path / "ckpt")
     _save("llama_gqa", hf_dir)
     _import(hf_dir, ckpt, 1, 1)
     folder = os.path.join(ckpt, "iter_0000000")
     from megatron.checkpointing.files import read_args
     saved = read_args(folder)
-    other = GPT2Model(dataclasses.replace(model_config(saved), rotary_base=5e5))
+    other = GPTModel(dataclasses.replace(model_config(saved), rotary_base=5e5))
     with pytest.raises(CheckpointMismatchError, match="has rotary_base = 10000.0 but the model has 500000.0"):
         load_weights_into(other, folder, saved)
     load_weights_into(other, folder, saved, function=False)

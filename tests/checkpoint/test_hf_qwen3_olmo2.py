@@ -23,6 +23,7 @@ import torch
 
 from megatron.errors import UserError
 from harness.dist import run_distributed
+from tests.checkpoint.test_hf_llama import _logits_at_tp
 from tools.convert_checkpoint import run
 
 transformers = pytest.importorskip("transformers")
@@ -88,23 +89,6 @@ def test_import_export_round_trip(kind, families):
     _assert_round_trip(family["hf_dir"], family["out"], family["kind"])
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(family["out"])
     assert type(reloaded) is type(family["hf"])
-
-
-def _logits_at_tp(ckpt: str, tp: int, ids: torch.Tensor) -> torch.Tensor:
-    """The imported checkpoint's plain model built at `tp`, its logits gathered over the vocabulary."""
-    from megatron import mpu
-    from megatron.checkpointing import load_model_weights, read_checkpoint_args
-    from megatron.checkpointing.names import model_config
-    from megatron.model import GPTModel
-    mpu.initialize_model_parallel(tp, 1)
-    try:
-        model = GPTModel(model_config(read_checkpoint_args(ckpt)))
-        load_model_weights(model, ckpt)
-        with torch.no_grad():
-            logits = model.eval()(ids)
-        return mpu.gather_from_tensor_model_parallel_region(logits) if tp > 1 else logits
-    finally:
-        mpu.destroy_model_parallel()
 
 
 def _logits_at_tp2_and_tp1(ckpts: list, ids: torch.Tensor) -> list:

@@ -22,7 +22,7 @@ lacks fp16 kernels, e.g. on AMD EPYC; torch computes it on any x86 CPU). ZeRO-1 
 and a client (torch) optimizer, DeepSpeed 0.19.8 wraps it in FP16_UnfusedOptimizer, whose gradients come
 out divided by the loss scale once too often (engine.backward scales the loss only for ZeRO optimizers).
 The default run covers (1, 1, 1) and (2, 2, 2); `-m slow` adds (1, 4, 1) and sequence parallelism at (2, 2, 2)
-and (4, 1, 1) ((2, 1, 1) and (1, 2, 1), parts of (2, 2, 2), left the slow suite for CI's time).
+((2, 1, 1), (1, 2, 1) and sequence parallelism at (4, 1, 1) left the slow suite for CI's time).
 """
 from __future__ import annotations
 
@@ -123,8 +123,7 @@ def test_half_precision_tracks_fp32_and_single_process_more_layouts(tp, pp, dp, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tp,pp,dp", [(2, 2, 2), (4, 1, 1)])
+@pytest.mark.parametrize("tp,pp,dp", [(2, 2, 2)])
 def test_half_precision_with_sequence_parallel(tp, pp, dp, single):
-    """--sequence-parallel in bf16 and fp16 stays within the same tolerances of fp32 and the single process (at
-    tp = 4 GPT-2's layer and T5: the Llama-style layer's 2 query groups do not split over 4 ranks)."""
+    """--sequence-parallel in bf16 and fp16 stays within the same tolerances of fp32 and the single process."""
     _check(tp, pp, dp, single, sequence_parallel=True)
