@@ -31,7 +31,6 @@ import torch
 from torch import nn
 
 from megatron import mpu
-from tds import device as tds_device
 from .attention import mask_to_bias, normal_init
 from .config import T5Config
 from .language_model import OutputLayer, lm_logits, masked_lm_loss

@@ -9,7 +9,7 @@ import pytest
 
 from megatron.errors import UserError
 from megatron.tokenizer import HuggingFaceTokenizer, build_tokenizer
-from harness.corpus import LLAMA3_SPECIAL, make_corpus, make_hf_bpe, make_llama_like, make_texts
+from harness.corpus import make_corpus, make_hf_bpe, make_llama_like, make_texts
 from tests.data.test_tokenizer import TEXTS
 from tools import preprocess_data, train_tokenizer
 

@@ -1,7 +1,6 @@
 """Long runs: a time limit saves and exits, a non-finite loss or gradient stops the run before the optimizer
 step and names where it appeared, fp16 skips such steps and stops after --max-skipped-steps in a row.
 (Signals through the example script: test_example_script.py; SLURM: tests/slurm.)"""
-import os
 import re
 
 import pytest
@@ -9,7 +8,7 @@ import pytest
 from megatron.checkpointing import read_latest
 from pretrain_gpt2 import DEFAULTS as GPT_DEFAULTS, SPEC as GPT_SPEC
 from tests.cpu_fp16 import allow_cpu_fp16
-from harness.dist import rank_raised, run_distributed
+from harness.dist import run_distributed
 from tests.training.runner import small_argv, train_state
 
 
