@@ -2,13 +2,13 @@
 fault plan's flip_bit (harness/faults/plan.py), right after an optimizer step:
 
 - --check-replicas-interval 3 at the faults layout (1, 2, 2) with ZeRO-1, a parameter flipped on rank 1 after the
-  step of iteration 7: the check
-  of iteration 9 stops every rank with one line naming the tensor, both replicas of that stage (two cannot outvote
-  each other) and the iteration, exit 2; it names iteration 4's checkpoint (saved before the last passing check, at
-  6; iteration 8's holds the flipped bit), and --ckpt-step 4 resumes on the uninterrupted run's losses, bit for bit;
+  step of iteration 7: the check of iteration 9 stops every rank with one line naming the tensor, both replicas of
+  that stage (two cannot outvote each other) and the iteration, exit 2; it names iteration 4's checkpoint (saved
+  before the last passing check, at 6; iteration 8's holds the flipped bit), and --ckpt-step 4 resumes on the
+  uninterrupted run's losses, bit for bit;
 - --check-replicas-at-save at (1, 1, 4) with ZeRO stage 0, Adam's exp_avg flipped on rank 2 after the step of
-  iteration 8: the save of iteration 8 checks first and stops, naming the optimizer state and rank 2 alone; nothing of iteration 8 was written and
-  `latest` still names iteration 4.
+  iteration 8: the save of iteration 8 checks first and stops, naming the optimizer state and rank 2 alone;
+  nothing of iteration 8 was written and `latest` still names iteration 4.
 """
 from __future__ import annotations
 
