@@ -40,7 +40,7 @@ class TrainState:
     loaded_iteration: int = -1
     skipped_in_a_row: int = 0     # fp16: consecutive steps skipped for overflow
     checked_iteration: int = -1   # the last iteration whose replica check passed
-    checked_saved: int = -1       # the newest checkpoint saved before (or at) that check
+    checked_saved: int = -1       # the newest checkpoint saved up to that check (or the one the run resumed from)
     stopped: Optional[str] = None  # why the run stopped before --train-iters (a signal, the time limit)
 
 
@@ -122,28 +122,27 @@ def train_step(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[B
 
 
 def _checked_checkpoint(cfg: RunConfig, state: TrainState) -> str:
-    """Where to resume after a failed replica check: the newest checkpoint saved before the last passing check."""
+    """Where to resume after a failed replica check: the newest checkpoint saved up to the last passing check."""
     if state.checked_iteration < 0:
         return f"no replica check passed in this run; the checkpoint it started from, unchecked, is " \
                f"{last_checkpoint(cfg, replace(state, saved_iteration=state.loaded_iteration))}"
     if state.checked_saved < 0:
-        return f"no checkpoint was saved before the last passing check (iteration {state.checked_iteration})"
+        return f"the last passing check was at iteration {state.checked_iteration}, and no checkpoint was saved " \
+               f"up to then"
     folder = cfg.checkpoint.save if state.checked_saved > state.loaded_iteration else cfg.checkpoint.load
-    return f"the newest checkpoint saved before the last passing check (iteration {state.checked_iteration}) is " \
-           f"{folder}/{checkpoint_tag(state.checked_saved)}: load it with --ckpt-step {state.checked_saved}"
+    return f"the last passing check was at iteration {state.checked_iteration}; the newest checkpoint saved up to " \
+           f"then is {folder}/{checkpoint_tag(state.checked_saved)}: load it with --ckpt-step {state.checked_saved}"
 
 
 def check_replicas_now(engine, cfg: RunConfig, state: TrainState, why: str) -> None:
     """Compare the data-parallel replicas' bits at state.iteration (megatron.training.replicas); stop on a mismatch."""
     from megatron.training.replicas import check_replicas, replicated_tensors
-    tensors = list(replicated_tensors(engine.module, engine.optimizer, cfg.layout.zero_stage))
+    tensors = list(replicated_tensors(engine.module, engine.optimizer, cfg.layout.ds_zero_stage))
     found = check_replicas(tensors, engine.grid.get_data_parallel_group())
     if found is not None:
         raise TrainingStopped(f"iteration {state.iteration}: {found} ({why}: silent corruption, e.g. a bad GPU or "
                               f"link); {_checked_checkpoint(cfg, state)}")
-    state.checked_iteration = state.iteration
-    if state.saved_iteration == state.iteration:
-        state.checked_saved = state.iteration
+    state.checked_iteration, state.checked_saved = state.iteration, state.saved_iteration
 
 
 def save_now(engine, cfg: RunConfig, state: TrainState) -> None:
