@@ -138,7 +138,8 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
                         "(Korthikanti et al. 2022): activation memory outside attention / MLP drops by the tp size "
                         "at the same communication volume (all-gather + reduce-scatter instead of all-reduce); the "
                         "sequence length must divide by tp. No effect at tp = 1")
-    g.add_argument("--zero-stage", type=int, default=None, help="ZeRO stage 0 or 1 (overrides the JSON config)")
+    g.add_argument("--zero-stage", type=int, default=None,
+                   help="ZeRO stage 0 or 1 (the JSON config's zero_optimization.stage, where given, must agree)")
     g.add_argument("--partition-method", type=str, default=None,
                    help="how the Pipe model splits its layers: type:REGEX (default type:TransformerLayer), parameters, "
                         "uniform, or explicit layer boundaries such as 0,5,11 (pp + 1 numbers; pp x v + 1 with "

@@ -10,8 +10,9 @@ state. So every rank fingerprints those tensors, the fingerprints are gathered o
                     within the tensor change the second; on the tensor's device, no copy to the host
     check           the fingerprints of this rank's tensors all-gathered over its data-parallel group; the first
                     tensor on which the replicas disagree, and which of them differ from the group's most common
-                    value, make the line; every rank then learns every group's verdict (one small all_gather_object
-                    over the world), so all stop together with the same line
+                    value, make the line; every rank then learns whether any group disagreed (an all_reduce of one
+                    integer over the world) and, if one did, its line (all_gather_object), so all stop together
+                    with the same line
 
 What it cannot see: under ZeRO-1 (and BF16_Optimizer's partitioned master weights) each rank owns a partition of
 the optimizer state and the fp32 master weights; a bit flipped there is copied to every replica by the next
@@ -39,8 +40,9 @@ def _words(t: torch.Tensor) -> torch.Tensor:
     return raw
 
 
-def fingerprint(t: torch.Tensor) -> Tuple[int, int]:
-    """(sum of words, position-weighted sum of words), int64 with wrap-around: equal bits give equal pairs."""
+def fingerprint(t: torch.Tensor) -> torch.Tensor:
+    """[sum of words, position-weighted sum of words], int64 with wrap-around, on t's device (no sync): equal bits
+    give equal pairs."""
     words = _words(t)
     plain = torch.zeros((), dtype=torch.int64, device=words.device)
     weighted = torch.zeros((), dtype=torch.int64, device=words.device)
@@ -49,7 +51,7 @@ def fingerprint(t: torch.Tensor) -> Tuple[int, int]:
         weights = (torch.arange(start, start + part.numel(), device=part.device) % MODULUS) + 1
         plain += part.sum()
         weighted += (part * weights).sum()
-    return int(plain), int(weighted)
+    return torch.stack([plain, weighted])
 
 
 def replicated_tensors(module: torch.nn.Module, optimizer, zero_stage: int) -> Iterator[Tuple[str, torch.Tensor]]:
@@ -81,8 +83,10 @@ def disagreement(names: Sequence[str], prints: torch.Tensor, ranks: Sequence[int
             if values.count(common) * 2 <= len(values):  # no majority (two replicas): name every one
                 odd = list(range(len(values)))
             who = ", ".join(f"{r} (global rank {ranks[r]})" for r in odd)
-            return f"the data-parallel replicas disagree on {name}: data-parallel rank{'s' if len(odd) > 1 else ''} " \
-                   f"{who} hold{'' if len(odd) > 1 else 's'} other bits than {'each other' if len(odd) == len(values) else 'the rest'}"
+            many = len(odd) > 1
+            others = "each other" if len(odd) == len(values) else "the rest"
+            return f"the data-parallel replicas disagree on {name}: data-parallel rank{'s' if many else ''} {who} " \
+                   f"hold{'' if many else 's'} other bits than {others}"
     return None
 
 
@@ -91,7 +95,7 @@ def check_replicas(tensors: List[Tuple[str, torch.Tensor]], dp_group, world_grou
     the world found (the same line on every rank), or None."""
     names = [n for n, _ in tensors]
     device = tensors[0][1].device if tensors else torch.device("cpu")
-    mine = torch.tensor([fingerprint(t) for _, t in tensors] or [(0, 0)], dtype=torch.int64, device=device)
+    mine = torch.stack([fingerprint(t) for _, t in tensors]) if tensors else torch.zeros(1, 2, dtype=torch.int64)
     size = dist.get_world_size(dp_group)
     found = None
     if size > 1:
@@ -99,6 +103,10 @@ def check_replicas(tensors: List[Tuple[str, torch.Tensor]], dp_group, world_grou
         dist.all_gather(gathered, mine, group=dp_group)
         ranks = dist.get_process_group_ranks(dp_group) if dp_group is not None else list(range(size))
         found = disagreement(names, torch.stack(gathered).cpu(), ranks)
+    anywhere = torch.tensor([found is not None], dtype=torch.int32, device=device)
+    dist.all_reduce(anywhere, op=dist.ReduceOp.MAX, group=world_group)  # the common case: one small all_reduce
+    if not anywhere.item():
+        return None
     verdicts: List[Optional[str]] = [None] * dist.get_world_size(world_group)
     dist.all_gather_object(verdicts, found, group=world_group)
-    return next((v for v in verdicts if v is not None), None)
+    return next(v for v in verdicts if v is not None)

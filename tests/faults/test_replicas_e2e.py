@@ -14,16 +14,28 @@ docs/long-runs.md):
 """
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
 
 from megatron.checkpointing import read_latest
+from harness import ROOT
 from harness.faults.script import ITERS, run_script, script_env
 
 pytestmark = pytest.mark.long
+ZERO0 = ["--zero-stage", "0"]  # after the script's --zero-stage 1; the JSON's stage must agree (zero0)
 
-ZERO0 = ["--zero-stage", "0"]
+
+@pytest.fixture
+def zero0(data, tmp_path):
+    """script_env for ZeRO stage 0: the example's DeepSpeed config with stage 0 (DS_CONFIG, as a user edits it)."""
+    with open(os.path.join(ROOT, "examples", "ds_config_gpt2.json")) as f:
+        config = json.load(f)
+    config["zero_optimization"]["stage"] = 0
+    path = tmp_path / "ds_config_zero0.json"
+    path.write_text(json.dumps(config))
+    return lambda work, **kw: script_env(data, str(tmp_path / work), DS_CONFIG=str(path), **kw)
 
 
 def _one_error(run) -> str:
@@ -38,14 +50,14 @@ def _flipped(run, rank: int, what: str) -> str:
     return what + run.log.split(marker)[1].split(" after the step")[0]
 
 
-def test_a_flipped_replica_stops_the_run_and_the_named_checkpoint_resumes_exactly(data, tmp_path):
-    checked = run_script(script_env(data, str(tmp_path / "uninterrupted")),
-                         args=ZERO0 + ["--check-replicas-interval", "3", "--check-replicas-at-save"])
+def test_a_flipped_replica_stops_the_run_and_the_named_checkpoint_resumes_exactly(zero0, tmp_path):
+    checks = ["--check-replicas-interval", "3", "--check-replicas-at-save"]
+    checked = run_script(zero0("uninterrupted"), args=ZERO0 + checks)
     assert checked.rc == 0 and sorted(checked.losses) == list(range(1, ITERS + 1)), checked.log[-4000:]
 
     work = str(tmp_path / "flipped")
     flip = dict(flip_bit=dict(iteration=7, rank=1, what="parameter"))
-    run = run_script(script_env(data, work, faults=flip), args=ZERO0 + ["--check-replicas-interval", "3"])
+    run = run_script(zero0("flipped", faults=flip), args=ZERO0 + ["--check-replicas-interval", "3"])
     line, name = _one_error(run), _flipped(run, 1, "parameter ")
     assert line.startswith(f"error: iteration 9: the data-parallel replicas disagree on {name}: data-parallel ranks "
                            f"0 (global rank 0), 1 (global rank 1) hold other bits than each other "
@@ -54,15 +66,15 @@ def test_a_flipped_replica_stops_the_run_and_the_named_checkpoint_resumes_exactl
                          f"{work}/checkpoints/iter_0000004: load it with --ckpt-step 4"), line
     assert read_latest(f"{work}/checkpoints") == "iter_0000008"
     assert [run.losses[i] for i in range(1, 8)] == [checked.losses[i] for i in range(1, 8)]  # the checks change nothing
-    again = run_script(script_env(data, work), args=ZERO0 + ["--ckpt-step", "4", "--check-replicas-interval", "3"])
+    again = run_script(zero0("flipped"), args=ZERO0 + ["--ckpt-step", "4", "--check-replicas-interval", "3"])
     assert again.rc == 0, again.log[-4000:]
     assert again.losses == {i: checked.losses[i] for i in range(5, ITERS + 1)}
 
 
-def test_at_save_a_flipped_optimizer_state_is_never_published(data, tmp_path):
+def test_at_save_a_flipped_optimizer_state_is_never_published(zero0, tmp_path):
     work = str(tmp_path / "work")
     flip = dict(flip_bit=dict(iteration=8, rank=1, what="optimizer"))  # after step 8: its parameters still agree
-    run = run_script(script_env(data, work, faults=flip), args=ZERO0 + ["--check-replicas-at-save"])
+    run = run_script(zero0("work", faults=flip), args=ZERO0 + ["--check-replicas-at-save"])
     line, name = _one_error(run), _flipped(run, 1, "optimizer state exp_avg of ")
     assert line.startswith(f"error: iteration 8: the data-parallel replicas disagree on {name}: "), line
     assert "(--check-replicas-at-save: silent corruption" in line, line
