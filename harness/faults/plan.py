@@ -15,6 +15,9 @@
      "fill_disk": {"iteration": 4, "path": DIR},   rank 0, after its first file of iteration N: a file in DIR
                             takes all but 4 kB of the file system's free space (another writer fills the disk;
                             with --async-save, after the background thread's first file)
+     "flip_bit": {"iteration": 7, "rank": 1, "what": "parameter"},   that rank flips one bit of its first 2-D
+                            weight ("parameter") or of that weight's Adam exp_avg ("optimizer") right after the
+                            optimizer step of iteration N, in the first attempt (silent corruption of one replica)
      "report": DIR}         each rank writes DIR/rank_<r>.json at the end of pretrain(): the iteration it
                             stopped at (the iterations it completed), the optimizer steps it took, and how it
                             ended ("returned" / the exception)
@@ -123,7 +126,11 @@ def _patch_loop() -> None:
 
     def counted_step(self, *args, **kwargs):
         NOW["steps"] += 1
-        return take_step(self, *args, **kwargs)
+        out = take_step(self, *args, **kwargs)
+        flip = PLAN.get("flip_bit")
+        if flip and (flip["iteration"], flip["rank"], 0) == (NOW["started"], _rank(), _attempt()):
+            _flip_bit(self, flip["what"])
+        return out
     loop.start_iteration, PipelineEngine._take_model_step = start_iteration, counted_step
     evaluate = loop.evaluate_and_print
 
@@ -135,6 +142,20 @@ def _patch_loop() -> None:
             time.sleep(float(PLAN["slow_eval"]))
         return evaluate(*args, **kwargs)
     loop.evaluate_and_print = slow_evaluation
+
+
+def _flip_bit(engine, what: str) -> None:
+    """One bit of the engine's first 2-D weight (or of its optimizer state exp_avg) flipped in place."""
+    import torch
+    name, weight = next((n, p) for n, p in engine.module.named_parameters() if p.dim() == 2)
+    if what == "optimizer":
+        inner = engine.optimizer if isinstance(engine.optimizer, torch.optim.Optimizer) else engine.optimizer.optimizer
+        target, name = inner.state[weight]["exp_avg"], f"optimizer state exp_avg of {name}"
+    else:
+        target, name = weight.data, f"parameter {name}"
+    words = target.view(-1).view(torch.int32)
+    words[0] ^= 1 << 20
+    print(f"fault: rank {_rank()} flipped a bit of {name} after the step of iteration {NOW['started']}", flush=True)
 
 
 def _patch_report(directory: str) -> None:

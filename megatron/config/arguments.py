@@ -138,7 +138,8 @@ def _parallel_args(p: argparse.ArgumentParser) -> None:
                         "(Korthikanti et al. 2022): activation memory outside attention / MLP drops by the tp size "
                         "at the same communication volume (all-gather + reduce-scatter instead of all-reduce); the "
                         "sequence length must divide by tp. No effect at tp = 1")
-    g.add_argument("--zero-stage", type=int, default=None, help="ZeRO stage 0 or 1 (overrides the JSON config)")
+    g.add_argument("--zero-stage", type=int, default=None,
+                   help="ZeRO stage 0 or 1 (the JSON config's zero_optimization.stage, where given, must agree)")
     g.add_argument("--partition-method", type=str, default=None,
                    help="how the Pipe model splits its layers: type:REGEX (default type:TransformerLayer), parameters, "
                         "uniform, or explicit layer boundaries such as 0,5,11 (pp + 1 numbers; pp x v + 1 with "
@@ -267,6 +268,13 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "instead)")
     g.add_argument("--max-skipped-steps", type=int, default=100, metavar="N",
                    help="fp16: stop after N consecutive steps skipped for overflow (0 = never; default 100)")
+    g.add_argument("--check-replicas-interval", type=int, default=None, metavar="N",
+                   help="every N iterations, compare the bits the data-parallel replicas hold alike (the parameters; "
+                        "at ZeRO stage 0 also the optimizer state) and stop with one line naming the ranks, the "
+                        "tensor and the iteration where they differ (silent corruption), exit 2; off by default")
+    g.add_argument("--check-replicas-at-save", action="store_true",
+                   help="check the replicas before every save, so that a checkpoint is written, and `latest` moved "
+                        "to it, only after a passing check")
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save", type=str, default=None)
     g.add_argument("--load", type=str, default=None)

@@ -306,6 +306,9 @@ def _resolve_schedule(args: argparse.Namespace) -> None:
     _need(args.exit_duration_in_mins is None or args.exit_duration_in_mins > 0,
           f"--exit-duration-in-mins must be > 0, got {args.exit_duration_in_mins}")
     _need(args.max_skipped_steps >= 0, f"--max-skipped-steps must be >= 0, got {args.max_skipped_steps}")
+    _need(args.check_replicas_interval is None or args.check_replicas_interval >= 1,
+          f"--check-replicas-interval must be >= 1, got {args.check_replicas_interval}")
+    _need(not args.check_replicas_at_save or args.save is not None, "--check-replicas-at-save needs --save DIR")
     _need(not args.async_save or args.save is not None, "--async-save needs --save DIR")
     if args.distributed_timeout_minutes is None:
         args.distributed_timeout_minutes = DISTRIBUTED_TIMEOUT_MINUTES

@@ -155,6 +155,8 @@ class Exit:
     exit_duration_in_mins: Optional[float]
     check_for_nan_in_loss_and_grad: bool
     max_skipped_steps: int                   # fp16: consecutive overflow skips before stopping (0 = never)
+    check_replicas_interval: Optional[int] = None  # compare the data-parallel replicas' bits every N iterations
+    check_replicas_at_save: bool = False     # and before every save
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ scheduler advances by that batch at its step.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterator, List, Optional
 
 import tds
@@ -39,6 +39,8 @@ class TrainState:
     saved_iteration: int = -1     # the newest checkpoint of this run, or the one it resumed from
     loaded_iteration: int = -1
     skipped_in_a_row: int = 0     # fp16: consecutive steps skipped for overflow
+    checked_iteration: int = -1   # the last iteration whose replica check passed
+    checked_saved: int = -1       # the newest checkpoint saved up to that check (or the one the run resumed from)
     stopped: Optional[str] = None  # why the run stopped before --train-iters (a signal, the time limit)
 
 
@@ -119,6 +121,40 @@ def train_step(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[B
                               f"last checkpoint is {last_checkpoint(cfg, state)}") from None
 
 
+def _checked_checkpoint(cfg: RunConfig, state: TrainState) -> str:
+    """Where to resume after a failed replica check: the newest checkpoint saved up to the last passing check."""
+    if state.checked_iteration < 0:
+        return f"no replica check passed in this run; the checkpoint it started from, unchecked, is " \
+               f"{last_checkpoint(cfg, replace(state, saved_iteration=state.loaded_iteration))}"
+    if state.checked_saved < 0:
+        return f"the last passing check was at iteration {state.checked_iteration}, and no checkpoint was saved " \
+               f"up to then"
+    folder = cfg.checkpoint.save if state.checked_saved > state.loaded_iteration else cfg.checkpoint.load
+    return f"the last passing check was at iteration {state.checked_iteration}; the newest checkpoint saved up to " \
+           f"then is {folder}/{checkpoint_tag(state.checked_saved)}: load it with --ckpt-step {state.checked_saved}"
+
+
+def check_replicas_now(engine, cfg: RunConfig, state: TrainState, why: str) -> None:
+    """Compare the data-parallel replicas' bits at state.iteration (megatron.training.replicas); stop on a mismatch."""
+    from megatron.training.replicas import check_replicas, replicated_tensors
+    tensors = list(replicated_tensors(engine.module, engine.optimizer, cfg.layout.ds_zero_stage))
+    found = check_replicas(tensors, engine.grid.get_data_parallel_group())
+    if found is not None:
+        raise TrainingStopped(f"iteration {state.iteration}: {found} ({why}: silent corruption, e.g. a bad GPU or "
+                              f"link); {_checked_checkpoint(cfg, state)}")
+    state.checked_iteration, state.checked_saved = state.iteration, state.saved_iteration
+
+
+def save_now(engine, cfg: RunConfig, state: TrainState) -> None:
+    """Save at state.iteration; with --check-replicas-at-save only after the replicas passed a check there."""
+    if cfg.exit.check_replicas_at_save and state.checked_iteration != state.iteration:
+        check_replicas_now(engine, cfg, state, "--check-replicas-at-save")
+    save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
+    state.saved_iteration = state.iteration
+    if state.checked_iteration == state.iteration:
+        state.checked_saved = state.iteration
+
+
 def check_skipped(engine, cfg: RunConfig, state: TrainState, skipped_before: int) -> None:
     """fp16: count consecutive steps the loss scaler skipped; stop after --max-skipped-steps of them."""
     state.skipped_in_a_row = state.skipped_in_a_row + 1 if engine.skipped_steps > skipped_before else 0
@@ -135,8 +171,7 @@ def save_and_exit(engine, cfg: RunConfig, state: TrainState, exits: ExitConditio
     where = "no --save: nothing saved"
     if cfg.checkpoint.save:
         if state.saved_iteration != state.iteration:
-            save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
-            state.saved_iteration = state.iteration
+            save_now(engine, cfg, state)
         where = f"checkpoint {cfg.checkpoint.save}/{checkpoint_tag(state.iteration)}"
     state.stopped = f"exiting at iteration {state.iteration} of {cfg.batch.train_iters}: {why}; {where}"
     print_rank_0(state.stopped)
@@ -174,9 +209,11 @@ def train(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch]
             evaluate_and_print(engine, cfg, make_valid_iter(), f"iteration {state.iteration}", tb,
                                state.iteration, "valid")
         exiting = cfg.exit.exit_interval is not None and state.iteration % cfg.exit.exit_interval == 0
+        interval = cfg.exit.check_replicas_interval
+        if interval and state.iteration % interval == 0:
+            check_replicas_now(engine, cfg, state, f"--check-replicas-interval {interval}")
         if save.save and (exiting or (save.save_interval and state.iteration % save.save_interval == 0)):
-            save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
-            state.saved_iteration = state.iteration
+            save_now(engine, cfg, state)
         if exiting:
             print_rank_last(f"exiting at iteration {state.iteration} (--exit-interval {cfg.exit.exit_interval})")
             break

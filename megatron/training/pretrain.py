@@ -32,7 +32,7 @@ from megatron.config.arguments import parse_args
 from megatron.config.launcher_env import fill_launcher_env
 from megatron.config.run_config import Batch, LRSchedule, RunConfig, settle
 from megatron.training.batches import BatchIterator
-from megatron.checkpointing import load_checkpoint, save_checkpoint, wait_for_saves
+from megatron.checkpointing import load_checkpoint, wait_for_saves
 from megatron.data.samplers import build_pretraining_data_loader
 from megatron.errors import UserError, one_line
 from megatron.training.evaluation import evaluate_and_print
@@ -45,7 +45,7 @@ from megatron.model.specs import ModelSpec
 from megatron.training.optimizer import build_optimizer
 from megatron.config.preflight import build_tokenizer_from_args, check_inputs
 from megatron.training.exit_conditions import ExitConditions, record_clean_end
-from megatron.training.loop import TrainingStopped, TrainState, train
+from megatron.training.loop import TrainingStopped, TrainState, save_now, train
 
 
 def lr_scheduler(optimizer: torch.optim.Optimizer, lr: LRSchedule) -> AnnealingLR:
@@ -213,7 +213,7 @@ def _pretrain(engine, tokenizer, cfg: RunConfig, parallel: mpu.ParallelState, sp
         wait_for_saves()  # every rank stops together: a save still being written is completed and published
         raise
     if cfg.checkpoint.save and state.saved_iteration != state.iteration:
-        save_checkpoint(engine, cfg, state.iteration, state.consumed_train_samples)
+        save_now(engine, cfg, state)
     wait_for_saves()  # --async-save: every rank's files are written and the last checkpoint is published
     test_iter = eval_iter(2)
     if test_iter is not None and cfg.logging.eval_iters > 0 and state.iteration == cfg.batch.train_iters:

@@ -194,6 +194,8 @@ def test_t5_defaults_and_v11_flags():
     ("gpt", ["--hidden-dropout", "1.5"], ["--hidden-dropout must be in [0, 1), got 1.5"]),
     ("gpt", ["--pretrained-checkpoint", "/no/such/dir"], ["--pretrained-checkpoint /no/such/dir holds no checkpoint"]),
     ("t5", ["--mask-prob", "0"], ["--mask-prob must be in (0, 1)"]),
+    ("gpt", ["--check-replicas-interval", "0"], ["--check-replicas-interval must be >= 1, got 0"]),
+    ("gpt", ["--check-replicas-at-save"], ["--check-replicas-at-save needs --save DIR"]),
 ])
 def test_more_errors_are_one_line_user_errors(kind, extra, words):
     with pytest.raises(UserError) as err:

@@ -1,0 +1,96 @@
+"""Cost of --check-replicas-interval N (`megatron.training.replicas`): one replica check against the step time of
+the default job, and what it adds per iteration at N = 100.
+
+    .venv/bin/python bench/replica_check.py [--iters 10 --checks 20 --zero-stage 1]
+
+Protocol: the default CPU job of examples/ds_pretrain_gpt2.sh (8 gloo processes, (tp, pp, dp) = (2, 2, 2),
+GPT-2 with 4 layers, hidden 64, 4 heads, seq 64, micro-batch 4 x gas 2, fp32, dropout on), ZeRO-1 by default
+(the check covers the parameters) or --zero-stage 0 (the parameters and Adam's two states). After 3 warm-up
+iterations: --iters training iterations, timed (the step), then --checks replica checks back to back, each timed
+after a barrier (the check: fingerprints, the all_gather over the data-parallel group, the verdicts over the
+world). Prints the medians, the worst rank's, and the cost at N = 100: check / (100 x step) (target < 1%).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from dataclasses import replace
+
+import torch.distributed as dist
+
+from harness.spawn import run_on_ranks
+
+
+def _argv(data: dict, iters: int, zero_stage: int) -> list:
+    return ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+            "--max-position-embeddings", "64", "--micro-batch-size", "4", "--gas", "2", "--train-iters", str(iters),
+            "--lr", "2e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--zero-stage", str(zero_stage),
+            "--tensor-model-parallel-size", "2", "--pipe-parallel-size", "2", "--data-path", data["data_prefix"],
+            "--vocab-file", data["vocab"], "--merge-file", data["merges"], "--num-workers", "0",
+            "--log-interval", str(10 ** 6), "--eval-iters", "0", "--split", "98,1,1"]
+
+
+def _bench(data: dict, iters: int, checks: int, zero_stage: int) -> dict:
+    from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
+    from megatron.logging_utils import TensorBoard
+    from megatron.model.specs import spec_for
+    from megatron.training.batches import BatchIterator
+    from megatron.training.exit_conditions import ExitConditions
+    from megatron.training.loop import TrainState, check_replicas_now, train
+    from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts
+    from megatron.training.replicas import replicated_tensors
+    spec = spec_for("gpt")
+    args = parse_args(_argv(data, 3 + iters, zero_stage), defaults=ENTRY_DEFAULTS["gpt"], world_size=8)
+    engine, tokenizer, cfg, parallel = initialize_and_build(args, spec)
+    datasets = spec.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, 0))
+    batches = BatchIterator(data_loader(datasets[0], 0, cfg, parallel),
+                            lambda raw: spec.get_batch(raw, data=cfg.data, tokenizer=tokenizer,
+                                                       tp_group=parallel.tp_group))
+    state, tb, exits = TrainState(0, 0), TensorBoard(None), ExitConditions(False, None)
+
+    def run(n: int) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        train(engine, replace(cfg, batch=replace(cfg.batch, train_iters=state.iteration + n)), state, batches,
+              None, tb, exits)
+        return (time.perf_counter() - start) / n
+
+    run(3)
+    step = run(iters)
+    times = []
+    for _ in range(checks):
+        dist.barrier()
+        start = time.perf_counter()
+        check_replicas_now(engine, cfg, state, "bench")
+        times.append(time.perf_counter() - start)
+    tensors = list(replicated_tensors(engine.module, engine.optimizer, cfg.layout.ds_zero_stage))
+    mine = dict(step=step, check=statistics.median(times), tensors=len(tensors),
+                elements=sum(t.numel() for _, t in tensors))
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return dict(step=statistics.median(r["step"] for r in every), check=max(r["check"] for r in every),
+                tensors=max(r["tensors"] for r in every), elements=max(r["elements"] for r in every))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--checks", type=int, default=20)
+    p.add_argument("--zero-stage", type=int, default=1, choices=(0, 1))
+    opts = p.parse_args()
+    from harness.example_data import build_data
+    data = build_data(tempfile.mkdtemp(prefix="bench_replicas_"), max_mb=1.0, vocab_size=2048)
+    r = run_on_ranks(_bench, 8, data, opts.iters, opts.checks, opts.zero_stage)
+    print(f"default CPU job, 8 processes (2, 2, 2), ZeRO stage {opts.zero_stage}: {r['tensors']} tensors, "
+          f"{r['elements']:,} elements checked per rank (the most of any rank)")
+    print(f"step time (median over ranks of {opts.iters} iterations): {1e3 * r['step']:.1f} ms")
+    print(f"one replica check (median of {opts.checks}, worst rank): {1e3 * r['check']:.2f} ms = "
+          f"{100 * r['check'] / r['step']:.2f}% of a step")
+    print(f"--check-replicas-interval 100: {100 * r['check'] / (100 * r['step']):.4f}% of the step time "
+          f"(target < 1%)")
+
+
+if __name__ == "__main__":
+    main()
