@@ -18,6 +18,9 @@
      "flip_bit": {"iteration": 7, "rank": 1, "what": "parameter"},   that rank flips one bit of its first 2-D
                             weight ("parameter") or of that weight's Adam exp_avg ("optimizer") right after the
                             optimizer step of iteration N, in the first attempt (silent corruption of one replica)
+     "late_signal": true,  a rank whose run a signal stopped gets one more copy of it right after its handlers are
+                            restored (ExitConditions.close): the late copy a script or launcher forwards on a
+                            loaded machine; it ends that rank at once (the default action)
      "report": DIR}         each rank writes DIR/rank_<r>.json at the end of pretrain(): the iteration it
                             stopped at (the iterations it completed), the optimizer steps it took, and how it
                             ended ("returned" / the exception)
@@ -179,6 +182,19 @@ def _patch_report(directory: str) -> None:
     driver._pretrain = _pretrain
 
 
+def _patch_close() -> None:
+    from megatron.training.exit_conditions import ExitConditions
+    close = ExitConditions.close
+
+    def close_then_signal(self, failed: bool = False) -> None:
+        received = self.received
+        close(self, failed)
+        if received:
+            print(f"fault: rank {_rank()} gets a late {signal.Signals(received).name}", flush=True)
+            os.kill(os.getpid(), received)
+    ExitConditions.close = close_then_signal
+
+
 def install(spec: str) -> None:
     PLAN.update(json.loads(spec))
     if PLAN.get("faulthandler"):
@@ -186,6 +202,8 @@ def install(spec: str) -> None:
         faulthandler.register(signal.SIGUSR2, all_threads=True)
     _patch_writes()
     _patch_loop()
+    if PLAN.get("late_signal"):
+        _patch_close()
     if PLAN.get("report"):
         _patch_report(PLAN["report"])
     sys.stdout.flush()

@@ -180,8 +180,10 @@ def pretrain(args: argparse.Namespace, spec: ModelSpec) -> TrainState:
     except BaseException:
         exits.close(failed=True)
         raise
-    exits.close()
+    # the clean end is recorded while the handlers still turn a late copy of the signal (the script's forward, the
+    # launcher's) into a flag: once they are restored, such a copy ends the process, and the record must be there
     record_clean_end(state.stopped or f"completed iteration {state.iteration} of {cfg.batch.train_iters}")
+    exits.close()
     return state
 
 

@@ -77,15 +77,18 @@ def test_sigterm_during_an_asynchronous_save(data, reference, tmp_path):
 
 def test_sigterm_twice_during_an_evaluation(data, reference, tmp_path):
     """Two SIGTERMs to the job while the evaluation after iteration 8 runs: the agreement read after iteration 8
-    was posted before the signal, so every rank runs iteration 9, saves there and exits 0."""
+    was posted before the signal, so every rank runs iteration 9, saves there and exits 0. And a third copy
+    reaches every rank late, after its handlers are restored (the script's or the launcher's forward on a loaded
+    machine), and ends it: the clean end was recorded before, so the script still exits 0."""
     work = str(tmp_path / "work")
 
     def twice(proc):
         os.killpg(proc.pid, signal.SIGTERM)
         os.killpg(proc.pid, signal.SIGTERM)
-    run = run_script(script_env(data, work, faults=dict(slow_eval=1.0)),
+    run = run_script(script_env(data, work, faults=dict(slow_eval=1.0, late_signal=True)),
                      when={r"^fault: evaluation after iteration 8 started": twice})
     assert run.rc == 0, run.log[-4000:]
+    assert "fault: rank 0 gets a late SIGTERM" in run.log, run.log[-4000:]
     assert stopped_at(run.log, "SIGTERM") == 9 and read_latest(f"{work}/checkpoints") == "iter_0000009"
     assert "valid loss at iteration 8" in run.log
     _resume_matches(data, work, reference, 9)
