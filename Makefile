@@ -1,6 +1,6 @@
 # Two commands do everything from a fresh clone:
 #   make pretrain   bootstrap .venv, then run the main job (examples/ds_pretrain_gpt2.sh)
-#   make test       bootstrap .venv, then run the test suite (two pytest workers: 20 minutes on 2 cores, docs/results.md)
+#   make test       bootstrap .venv, then run the test suite (two pytest workers: 13-18 minutes on 2 cores, docs/results.md)
 #   make test-long  the suite's end-to-end runs of 15 s or more each and its slow grids (CI runs it after make test)
 #   make test-slurm the SLURM launch tests on a real one-node cluster started here (root, apt-get)
 # .venv holds the project itself too (editable: `pip install -e .`), so tools/ and bench/ import megatron, tds and harness
