@@ -19,52 +19,22 @@ import argparse
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 
 import torch.distributed as dist
 
+from _default_job import DefaultJob  # bench/ is on the path when a script runs
 from harness.spawn import run_on_ranks
 
 
-def _argv(data: dict, iters: int) -> list:
-    return ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
-            "--max-position-embeddings", "64", "--micro-batch-size", "4", "--gas", "2", "--train-iters", str(iters),
-            "--lr", "2e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--zero-stage", "1",
-            "--tensor-model-parallel-size", "2", "--pipe-parallel-size", "2", "--data-path", data["data_prefix"],
-            "--vocab-file", data["vocab"], "--merge-file", data["merges"], "--num-workers", "0",
-            "--log-interval", str(10 ** 6), "--eval-iters", "0", "--split", "98,1,1"]
-
-
 def _bench(data: dict, iters: int, rounds: int, calls: int) -> dict:
-    from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
-    from megatron.logging_utils import TensorBoard
-    from megatron.model.specs import spec_for
-    from megatron.training.batches import BatchIterator
     from megatron.training.exit_conditions import ExitConditions
-    from megatron.training.loop import TrainState, train
-    from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts
-    spec = spec_for("gpt")
-    args = parse_args(_argv(data, 3 + 2 * rounds * iters), defaults=ENTRY_DEFAULTS["gpt"], world_size=8)
-    engine, tokenizer, cfg, parallel = initialize_and_build(args, spec)
-    datasets = spec.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, 0))
-    batches = BatchIterator(data_loader(datasets[0], 0, cfg, parallel),
-                            lambda raw: spec.get_batch(raw, data=cfg.data, tokenizer=tokenizer,
-                                                       tp_group=parallel.tp_group))
-    state, tb = TrainState(0, 0), TensorBoard(None)
+    job = DefaultJob(data, 3 + 2 * rounds * iters)
     on, off = ExitConditions(True, 10 ** 6), ExitConditions(False, None)
-
-    def run(n: int, exits: ExitConditions) -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        train(engine, replace(cfg, batch=replace(cfg.batch, train_iters=state.iteration + n)), state, batches,
-              None, tb, exits)
-        return (time.perf_counter() - start) / n
-
-    run(3, off)
+    job.train(3, off)
     with_checks, without = [], []
     for _ in range(rounds):
-        with_checks.append(run(iters, on))
-        without.append(run(iters, off))
+        with_checks.append(job.train(iters, on))
+        without.append(job.train(iters, off))
     blocked = on.blocked_s / (rounds * iters)
     dist.barrier()
     start = time.perf_counter()

@@ -16,56 +16,28 @@ import argparse
 import statistics
 import tempfile
 import time
-from dataclasses import replace
 
 import torch.distributed as dist
 
+from _default_job import DefaultJob  # bench/ is on the path when a script runs
 from harness.spawn import run_on_ranks
 
 
-def _argv(data: dict, iters: int, zero_stage: int) -> list:
-    return ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
-            "--max-position-embeddings", "64", "--micro-batch-size", "4", "--gas", "2", "--train-iters", str(iters),
-            "--lr", "2e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--zero-stage", str(zero_stage),
-            "--tensor-model-parallel-size", "2", "--pipe-parallel-size", "2", "--data-path", data["data_prefix"],
-            "--vocab-file", data["vocab"], "--merge-file", data["merges"], "--num-workers", "0",
-            "--log-interval", str(10 ** 6), "--eval-iters", "0", "--split", "98,1,1"]
-
-
 def _bench(data: dict, iters: int, checks: int, zero_stage: int) -> dict:
-    from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
-    from megatron.logging_utils import TensorBoard
-    from megatron.model.specs import spec_for
-    from megatron.training.batches import BatchIterator
     from megatron.training.exit_conditions import ExitConditions
-    from megatron.training.loop import TrainState, check_replicas_now, train
-    from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts
+    from megatron.training.loop import check_replicas_now
     from megatron.training.replicas import replicated_tensors
-    spec = spec_for("gpt")
-    args = parse_args(_argv(data, 3 + iters, zero_stage), defaults=ENTRY_DEFAULTS["gpt"], world_size=8)
-    engine, tokenizer, cfg, parallel = initialize_and_build(args, spec)
-    datasets = spec.datasets(cfg.data, tokenizer, split_sample_counts(cfg.batch, 0))
-    batches = BatchIterator(data_loader(datasets[0], 0, cfg, parallel),
-                            lambda raw: spec.get_batch(raw, data=cfg.data, tokenizer=tokenizer,
-                                                       tp_group=parallel.tp_group))
-    state, tb, exits = TrainState(0, 0), TensorBoard(None), ExitConditions(False, None)
-
-    def run(n: int) -> float:
-        dist.barrier()
-        start = time.perf_counter()
-        train(engine, replace(cfg, batch=replace(cfg.batch, train_iters=state.iteration + n)), state, batches,
-              None, tb, exits)
-        return (time.perf_counter() - start) / n
-
-    run(3)
-    step = run(iters)
+    job = DefaultJob(data, 3 + iters, zero_stage)
+    exits = ExitConditions(False, None)
+    job.train(3, exits)
+    step = job.train(iters, exits)
     times = []
     for _ in range(checks):
         dist.barrier()
         start = time.perf_counter()
-        check_replicas_now(engine, cfg, state, "bench")
+        check_replicas_now(job.engine, job.cfg, job.state, "bench")
         times.append(time.perf_counter() - start)
-    tensors = list(replicated_tensors(engine.module, engine.optimizer, cfg.layout.ds_zero_stage))
+    tensors = list(replicated_tensors(job.engine.module, job.engine.optimizer, job.cfg.layout.ds_zero_stage))
     mine = dict(step=step, check=statistics.median(times), tensors=len(tensors),
                 elements=sum(t.numel() for _, t in tensors))
     every = [None] * dist.get_world_size()
