@@ -26,7 +26,7 @@ from harness.spawn import run_on_ranks
 def _bench(data: dict, iters: int, checks: int, zero_stage: int) -> dict:
     from megatron.training.exit_conditions import ExitConditions
     from megatron.training.loop import check_replicas_now
-    from megatron.training.replicas import replicated_tensors
+    from megatron.training.replicas import optimizer_state_replicated, replicated_tensors
     job = DefaultJob(data, 3 + iters, zero_stage)
     exits = ExitConditions(False, None)
     job.train(3, exits)
@@ -37,7 +37,8 @@ def _bench(data: dict, iters: int, checks: int, zero_stage: int) -> dict:
         start = time.perf_counter()
         check_replicas_now(job.engine, job.cfg, job.state, "bench")
         times.append(time.perf_counter() - start)
-    tensors = list(replicated_tensors(job.engine.module, job.engine.optimizer, job.cfg.layout.ds_zero_stage))
+    replicated = optimizer_state_replicated(job.engine, job.cfg.layout.ds_zero_stage)
+    tensors = list(replicated_tensors(job.engine.module, job.engine.optimizer, replicated))
     mine = dict(step=step, check=statistics.median(times), tensors=len(tensors),
                 elements=sum(t.numel() for _, t in tensors))
     every = [None] * dist.get_world_size()

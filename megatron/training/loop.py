@@ -136,8 +136,9 @@ def _checked_checkpoint(cfg: RunConfig, state: TrainState) -> str:
 
 def check_replicas_now(engine, cfg: RunConfig, state: TrainState, why: str) -> None:
     """Compare the data-parallel replicas' bits at state.iteration (megatron.training.replicas); stop on a mismatch."""
-    from megatron.training.replicas import check_replicas, replicated_tensors
-    tensors = list(replicated_tensors(engine.module, engine.optimizer, cfg.layout.ds_zero_stage))
+    from megatron.training.replicas import check_replicas, optimizer_state_replicated, replicated_tensors
+    replicated = optimizer_state_replicated(engine, cfg.layout.ds_zero_stage)
+    tensors = list(replicated_tensors(engine.module, engine.optimizer, replicated))
     found = check_replicas(tensors, engine.grid.get_data_parallel_group())
     if found is not None:
         raise TrainingStopped(f"iteration {state.iteration}: {found} ({why}: silent corruption, e.g. a bad GPU or "

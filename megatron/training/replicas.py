@@ -54,15 +54,17 @@ def fingerprint(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([plain, weighted])
 
 
-def replicated_tensors(module: torch.nn.Module, optimizer, zero_stage: int) -> Iterator[Tuple[str, torch.Tensor]]:
-    """(name, tensor) of what every data-parallel replica holds alike: the parameters, and at ZeRO stage 0 the state
-    of a plain torch optimizer (or of the one an fp16 wrapper keeps over fp32 master weights)."""
+def replicated_tensors(module: torch.nn.Module, optimizer,
+                       state_replicated: bool) -> Iterator[Tuple[str, torch.Tensor]]:
+    """(name, tensor) of what every data-parallel replica holds alike: the parameters, and where the optimizer's
+    state is `state_replicated` (ZeRO stage 0 without BF16_Optimizer's partitions, `optimizer_state_replicated`) the
+    state of the torch optimizer (or of the one an fp16 wrapper keeps over fp32 master weights)."""
     names = {}
     for name, p in module.named_parameters():
         names[id(p)] = name
         yield f"parameter {name}", p
     inner = optimizer if isinstance(optimizer, torch.optim.Optimizer) else getattr(optimizer, "optimizer", None)
-    if zero_stage != 0 or not isinstance(inner, torch.optim.Optimizer) or type(optimizer).__name__ == "BF16_Optimizer":
+    if not state_replicated or not isinstance(inner, torch.optim.Optimizer):
         return
     for g, group in enumerate(inner.param_groups):
         for i, p in enumerate(group["params"]):
@@ -70,6 +72,12 @@ def replicated_tensors(module: torch.nn.Module, optimizer, zero_stage: int) -> I
                 if torch.is_tensor(value) and value.numel() > 0:
                     owner = names.get(id(p), f"group {g} parameter {i}")
                     yield f"optimizer state {key} of {owner}", value
+
+
+def optimizer_state_replicated(engine, ds_zero_stage: int) -> bool:
+    """Whether every data-parallel replica holds the whole optimizer state: ZeRO stage 0, and not DeepSpeed's
+    BF16_Optimizer (or the project's subclass of it), which partitions its fp32 master weights and their state."""
+    return ds_zero_stage == 0 and not engine.using_bf16_optimizer
 
 
 def disagreement(names: Sequence[str], prints: torch.Tensor, ranks: Sequence[int]) -> Optional[str]:

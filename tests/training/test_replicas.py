@@ -1,12 +1,13 @@
 """The replica check's parts (megatron/training/replicas.py): fingerprints that change with any flipped bit and with
 moved words, the line naming the replicas that differ, the check over data-parallel groups (every rank of the world
 gets the same line, whichever group found it), and what counts as replicated (the optimizer state at ZeRO stage 0
-only). Through the example script, a bit flipped in one replica: tests/faults/test_replicas_e2e.py (long)."""
+only, and not BF16_Optimizer's partitioned state: a bf16 run at stage 0 passes its checks). Through the example script, a bit flipped in one replica: tests/faults/test_replicas_e2e.py (long)."""
 import pytest
 import torch
 
 from harness.dist import run_distributed
 from megatron.training.replicas import check_replicas, disagreement, fingerprint, replicated_tensors
+from tests.training.runner import small_argv
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -64,12 +65,28 @@ def test_every_rank_gets_the_line_of_the_group_that_found_it():
     assert [(p, f) for _, p, f in results] == [(pair, four)] * 4
 
 
-def test_optimizer_state_counts_at_zero_stage_0_only():
+def test_optimizer_state_counts_where_replicated_only():
     model = torch.nn.Linear(3, 2)
     opt = torch.optim.AdamW(model.parameters())
     model(torch.ones(1, 3)).sum().backward()
     opt.step()
-    zero0 = [n for n, _ in replicated_tensors(model, opt, 0)]
+    zero0 = [n for n, _ in replicated_tensors(model, opt, True)]
     assert zero0[:2] == ["parameter weight", "parameter bias"]
     assert {"optimizer state exp_avg of weight", "optimizer state exp_avg_sq of bias"} <= set(zero0)
-    assert [n for n, _ in replicated_tensors(model, opt, 1)] == ["parameter weight", "parameter bias"]
+    assert [n for n, _ in replicated_tensors(model, opt, False)] == ["parameter weight", "parameter bias"]
+
+
+def _checked_run(argv, world):
+    from tests.training.runner import train_state
+    state = train_state(argv, world)
+    return state.checked_iteration, state.checked_saved
+
+
+def test_bf16_at_zero_stage_0_checks_only_what_is_replicated(gpt_data, tmp_path):
+    """bf16 at ZeRO stage 0 runs BF16_Optimizer (the project's FlatBF16Optimizer), whose fp32 master weights and
+    their Adam state are partitioned over the data-parallel ranks: checked as replicated, they would stop a healthy
+    run. A check every iteration and at every save passes at dp 2."""
+    argv = small_argv(gpt_data, train_iters=4, extra=["--bf16", "--zero-stage", "0", "--check-replicas-interval", "1",
+                                                      "--check-replicas-at-save", "--save", str(tmp_path / "ckpt"),
+                                                      "--save-interval", "2"])
+    assert run_distributed(_checked_run, 2, argv, 2, timeout=240) == [(4, 4)] * 2
