@@ -36,7 +36,7 @@ def test_a_run_saved_at_dp_4_continues_at_dp_2_and_dp_1(data, tmp_path):
     for nproc, gas in ((2, 2), (1, 4)):
         resumed = run_script(_at(data, tmp_path / f"dp{nproc}", nproc, gas))
         assert resumed.rc == 0 and sorted(resumed.losses) == list(range(STOP + 1, ITERS + 1)), resumed.log[-4000:]
-        np.testing.assert_allclose([resumed.losses[i] for i in range(STOP + 1, ITERS + 1)], later, rtol=RTOL,
-                                   err_msg=f"resumed at (dp, gas) = ({nproc}, {gas})")
-        gap = max(abs(a / b - 1) for a, b in zip([resumed.losses[i] for i in range(STOP + 1, ITERS + 1)], later))
+        losses = [resumed.losses[i] for i in range(STOP + 1, ITERS + 1)]
+        np.testing.assert_allclose(losses, later, rtol=RTOL, err_msg=f"resumed at (dp, gas) = ({nproc}, {gas})")
+        gap = max(abs(a / b - 1) for a, b in zip(losses, later))
         print(f"(dp, gas) = ({nproc}, {gas}): largest relative difference from (4, 1): {gap:.2e}")
