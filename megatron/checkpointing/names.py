@@ -71,7 +71,8 @@ def model_config(args: Dict[str, Any]):
 
     Arguments that a checkpoint predates take the value that reproduces the model it was trained as."""
     ns = argparse.Namespace(**{**LATER_ARGUMENTS, **args, "checkpoint_activations": False,
-                               "recompute_granularity": None, "cross_entropy_loss_fusion": False, "compile": False})
+                               "recompute_granularity": None, "cross_entropy_loss_fusion": False, "compile": False,
+                               "layout_invariant": False})
     return spec_for(args.get("model_type")).config(ns)
 
 

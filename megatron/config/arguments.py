@@ -272,6 +272,12 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                    help="every N iterations, compare the bits the data-parallel replicas hold alike (the parameters; "
                         "at ZeRO stage 0 also the optimizer state) and stop with one line naming the ranks, the "
                         "tensor and the iteration where they differ (silent corruption), exit 2; off by default")
+    g.add_argument("--layout-invariant", action="store_true",
+                   help="sum gradients, the loss and the gradient norm in one fixed order over the global batch's "
+                        "micro-batches, so that every split into data-parallel replicas (a power of two), "
+                        "gradient-accumulation steps and pipeline stages gives the same bits (fp32, ZeRO stage 0, "
+                        "not ZB-H1; docs/training.md); attention dropout then takes the explicit attention path on "
+                        "GPUs too")
     g.add_argument("--check-replicas-at-save", action="store_true",
                    help="check the replicas before every save, so that a checkpoint is written, and `latest` moved "
                         "to it, only after a passing check")

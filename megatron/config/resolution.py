@@ -252,6 +252,22 @@ def _resolve_precision(args: argparse.Namespace) -> None:
     _need(args.clip_grad >= 0, f"--clip-grad must be >= 0, got {args.clip_grad}")
 
 
+def _resolve_layout_invariant(args: argparse.Namespace) -> None:
+    """--layout-invariant: what tds's pipeline.layout_invariant needs (tds/pipe/fixed_order.py), as one line."""
+    if not args.layout_invariant:
+        return
+    dp = args.data_parallel_size
+    _need(dp & (dp - 1) == 0, f"--layout-invariant sums over the data-parallel replicas in a fixed tree, which needs "
+          f"their number to be a power of two; got data-parallel size {dp} (world {args.world_size} / "
+          f"(tp {args.tensor_model_parallel_size} x pp {args.pipe_parallel_size}))")
+    _need(args.pipeline_schedule != "zb-h1", "--layout-invariant needs each micro-batch's gradients complete after "
+          "its backward, and --pipeline-schedule zb-h1 defers the weight gradients; use 1f1b, gpipe or interleaved")
+    precision = "--fp16" if args.fp16 else "--bf16" if args.bf16 else None
+    _need(precision is None and args.zero_stage == 0, f"--layout-invariant runs in fp32 at --zero-stage 0 (the fp16, "
+          f"bf16 and ZeRO-1 optimizers sum and clip in their own order); got {precision or 'fp32'} at --zero-stage "
+          f"{args.zero_stage}")
+
+
 def _resolve_length(args: argparse.Namespace) -> None:
     """train_iters from --train-iters or --train-samples (never both), and the matching LR schedule unit."""
     samples = args.train_samples is not None
@@ -384,6 +400,7 @@ def resolve_args(args: argparse.Namespace, world_size: Optional[int] = None) -> 
         _resolve_pipeline(args)
         _resolve_partition(args)
         _resolve_precision(args)
+        _resolve_layout_invariant(args)
         _resolve_schedule(args)
         _resolve_timeline(args)
         _resolve_data(args)

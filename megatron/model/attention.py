@@ -89,7 +89,8 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-                   drop: SeededDropout, scale: Optional[float] = None, is_causal: bool = False) -> torch.Tensor:
+                   drop: SeededDropout, scale: Optional[float] = None, is_causal: bool = False,
+                   explicit: bool = False) -> torch.Tensor:
     """softmax(Q K^T scale + mask) V with `drop` on the probabilities: q (b, n_r, q, d), k, v (b, G_r, k, d) ->
     (b, n_r, q, d), query head i using key/value head i // (n_r / G_r) (G_r = n_r: multi-head). mask: bool
     (True = attend) or additive float, broadcastable to (b, n_r, q, k); is_causal: position i attends to keys
@@ -100,13 +101,14 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Opti
     n heads, so the masks do not depend on tp (`rng`). SDPA would run its math kernel here anyway (its CPU flash
     kernel takes no dropout), and this keeps what that kernel keeps: the probabilities, the mask and the dropped
     probabilities, computed in fp32 for half-precision inputs. On other devices SDPA's fused kernels draw the mask
-    themselves, on a stream per tp rank (`drop.rng(per_part=True)`, Megatron's rule): there the masks depend on tp.
+    themselves, on a stream per tp rank (`drop.rng(per_part=True)`, Megatron's rule): there the masks depend on tp,
+    unless `explicit` (--layout-invariant) asks for the explicit form on every device.
     """
     gqa = k.size(1) != q.size(1)
     if not drop.active:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                               enable_gqa=gqa)
-    if q.device.type != "cpu":
+    if q.device.type != "cpu" and not explicit:
         return _fused_dropout_attention(q, k, v, mask, drop, scale, is_causal, gqa)
     if gqa:  # (b, G_r, k, d) -> (b, n_r, k, d): each group's keys and values for its n / G query heads
         k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))
@@ -181,6 +183,7 @@ class GPT2SelfAttention(nn.Module):
         self.dense = mpu.RowParallelLinear(heads * d, config.hidden_size, bias=config.add_bias_linear,
                                            input_is_parallel=True, init_method=normal_init(out_std), tp_group=group,
                                            dtype=config.dtype, sequence_parallel=sequence_parallel)
+        self.explicit = config.explicit_attention  # --layout-invariant: no fused kernel's own masks
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, 0,
                                                part=(1, tp_rank, tp_size))  # this rank's heads of (b, n, q, k)
         self.recompute_core = config.recompute_granularity == "selective"
@@ -216,7 +219,7 @@ class GPT2SelfAttention(nn.Module):
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
         """softmax(Q K^T / sqrt(d) + mask) V with attention dropout; mask bool True = attend, None = causal."""
-        return attention_core(q, k, v, mask, self.attention_dropout, is_causal=mask is None)
+        return attention_core(q, k, v, mask, self.attention_dropout, is_causal=mask is None, explicit=self.explicit)
 
 
 class T5Attention(nn.Module):
@@ -245,6 +248,7 @@ class T5Attention(nn.Module):
         self.o = mpu.RowParallelLinear(inner, d, bias=False, input_is_parallel=True,
                                        init_method=normal_init(f * inner ** -0.5), tp_group=group,
                                        dtype=config.dtype, sequence_parallel=sequence_parallel)
+        self.explicit = config.explicit_attention  # --layout-invariant: no fused kernel's own masks
         self.attention_dropout = SeededDropout(config.attention_dropout, config.seed, module_number, site,
                                                part=(1, tp_rank, tp_size))  # this rank's heads of (b, n, q, k)
         self.recompute_core = config.recompute_granularity == "selective"
@@ -268,7 +272,7 @@ class T5Attention(nn.Module):
 
     def _core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """softmax(Q K^T + bias) V with attention dropout (no 1/sqrt(d): T5 folds it into the init)."""
-        return attention_core(q, k, v, bias, self.attention_dropout, scale=1.0)
+        return attention_core(q, k, v, bias, self.attention_dropout, scale=1.0, explicit=self.explicit)
 
     def _keys_values(self, source: torch.Tensor, kv_cache) -> Tuple[torch.Tensor, torch.Tensor]:
         """(b, k, h) -> keys, values (b, n_r, k, d); with a kv_cache, what it holds after this call."""

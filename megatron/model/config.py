@@ -61,6 +61,8 @@ class TransformerConfig:
     Speed (the same numbers either way; not part of a checkpoint's model record):
     cross_entropy_loss_fusion: the loss's vocab-parallel cross entropy in its fused form (`mpu.cross_entropy`).
     compile_layers: torch.compile each transformer layer of the Pipe model (`megatron.model.compile`).
+    explicit_attention: attention with dropout in its explicit form on every device, not SDPA's fused kernels,
+        which draw their own masks (--layout-invariant; on CPU it is the explicit form anyway).
     """
     num_layers: int
     hidden_size: int
@@ -80,6 +82,7 @@ class TransformerConfig:
     recompute_method: str = "uniform"
     cross_entropy_loss_fusion: bool = False
     compile_layers: bool = False
+    explicit_attention: bool = False
 
     def __post_init__(self):
         if not isinstance(self.params_dtype, str):  # a torch dtype given: kept by its name

@@ -33,6 +33,7 @@ from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
 from .executor import BatchState, StageContext, StageExecutor
 from .finite import FiniteCheck, local_grads
+from .fixed_order import MicroBatchGrads, pairwise_sum_rows, power_of_two
 from .module import PipelineModule
 from .p2p import P2P, PipelineCommError
 from .instructions import Op, check_schedule, eval_schedule, train_schedule
@@ -64,6 +65,8 @@ class PipelineEngine(DeepSpeedEngine):
         self.data_iterator = None
         self.batch_fn = None
         self._configure_pipeline(self._config.pipeline)
+        self.fixed = self._configure_layout_invariant(self._config.pipeline)
+        self._norm_index = None  # the fixed-order norm's positions (`_fixed_order_norm`)
         self.module.checkpoint_parallel_write_pipeline = self._config.checkpoint_parallel_write_pipeline
         if self.training_data:
             self._build_data_iter(self.training_data)
@@ -118,6 +121,27 @@ class PipelineEngine(DeepSpeedEngine):
         attach(self.module, self.weight_grads)  # layers with a weight_grad_store attribute (weight_grad.py)
         self._loss_backward = False  # inside the loss unit's DeepSpeedEngine.backward
         self.last_batch_stats: dict = {}
+
+    def _configure_layout_invariant(self, cfg: dict) -> MicroBatchGrads | None:
+        """pipeline.layout_invariant (fixed_order.py): gradients, the loss and the gradient norm summed in one fixed
+        order over the batch's micro-batches, so that every (dp, gas, pp) split of one batch gives the same bits."""
+        if not cfg.get("layout_invariant", False):
+            return None
+        dp, why = self.dp_world_size, None
+        if not power_of_two(dp):
+            why = (f"sums over the data-parallel replicas in a fixed tree, which needs their number to be a power of "
+                   f"two; got data-parallel size {dp}")
+        elif self.schedule_kind == "zb-h1":
+            why = ("needs each micro-batch's gradients complete after its backward, and ZB-H1 defers the weight "
+                   "gradients past the next one's; use the 1f1b, gpipe or interleaved schedule")
+        elif self.fp16_enabled() or self.bfloat16_enabled() or self.zero_optimization_stage() != 0:
+            why = (f"runs in fp32 at ZeRO stage 0 (the fp16, bf16 and ZeRO-1 optimizers sum and clip in their own "
+                   f"order); got fp16={self.fp16_enabled()}, bf16={self.bfloat16_enabled()}, ZeRO stage "
+                   f"{self.zero_optimization_stage()}")
+        if why is not None:
+            raise ValueError(f"pipeline.layout_invariant {why}")
+        self.module.split_tied_sites()
+        return MicroBatchGrads(self.module.gradient_slots(), self.grid.get_data_parallel_group(), dp)
 
     def _configure_bf16_optimizer(self, optimizer):
         """DeepSpeed's BF16_Optimizer with TDS's flat accumulation, foreach norm and device-side clip
@@ -198,6 +222,9 @@ class PipelineEngine(DeepSpeedEngine):
             self.finite.reset()
         if isinstance(self.optimizer, FlatBF16Optimizer):
             self.optimizer.attach()  # the bf16 gradients are views of its flat buffers (once per batch)
+        if self.fixed is not None:
+            self.module.refresh_sites()
+            self.fixed.begin(self.micro_batches)
         with self._mode(training=True, data_iter=data_iter, keep_iter=True):
             recorder = self.timeline.begin(self.global_steps + 1) if self.timeline is not None else None
             self._run(train_schedule(self.schedule_kind, self.num_stages, self.stage_id, self.micro_batches,
@@ -220,6 +247,8 @@ class PipelineEngine(DeepSpeedEngine):
             raise ValueError(f"reduce_output must be 'avg' (mean over micro-batches), got {reduce_output!r}")
         state = BatchState(training=False, compute_loss=compute_loss, keep_logits=return_logits)
         m = self.micro_batches if num_micro_batches is None else num_micro_batches
+        if self.fixed is not None:
+            self.module.refresh_sites()
         with self._mode(training=False, data_iter=data_iter), torch.no_grad():
             self._run(eval_schedule(self.num_stages, self.stage_id, m, self.virtual_stages), state)
             loss = self._aggregate_loss(state.losses, broadcast=bcast_loss) if compute_loss else None
@@ -288,17 +317,47 @@ class PipelineEngine(DeepSpeedEngine):
         after the step).
         """
         params = [p for p in self.module.parameters() if p.grad is not None]
-        tp_rank = self.grid.get_slice_parallel_rank()
-        counted = [p.grad.detach() for p in params if not getattr(p, "ds_pipe_replicated", False)
-                   and (tp_rank == 0 or is_model_parallel_parameter(p))]
-        total = torch.stack(torch._foreach_norm(counted, 2.0)).pow(2).sum() if counted else \
-            torch.zeros((), dtype=torch.float32, device=tds_device.device())
-        dist.all_reduce(total, group=self.grid.get_model_parallel_group())
+        if self.fixed is not None:
+            norm = self._fixed_order_norm()
+        else:
+            counted = [p.grad.detach() for _, p in self._counted_params() if p.grad is not None]
+            total = torch.stack(torch._foreach_norm(counted, 2.0)).pow(2).sum() if counted else \
+                torch.zeros((), dtype=torch.float32, device=tds_device.device())
+            dist.all_reduce(total, group=self.grid.get_model_parallel_group())
+            norm = total.sqrt()
         grads = [p.grad.detach() for p in params]
-        norm = total.sqrt()
         if grads:
             torch._foreach_mul_(grads, (self.gradient_clipping() / (norm + 1e-6)).clamp(max=1.0))
         self._global_grad_norm = norm
+
+    def _counted_params(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """(name, parameter) of the gradients the norm counts on this rank (`clip_fp32_gradients`); the name
+        carries the tensor-parallel rank where each rank holds a part."""
+        tp_rank = self.grid.get_slice_parallel_rank()
+        return [(f"{name}#tp{tp_rank}" if is_model_parallel_parameter(p) else name, p)
+                for name, p in self.module.named_parameters() if p.requires_grad
+                and not getattr(p, "ds_pipe_replicated", False) and (tp_rank == 0 or is_model_parallel_parameter(p))]
+
+    def _fixed_order_norm(self) -> torch.Tensor:
+        """The gradient norm with the squares summed in one order whatever the stages hold: each parameter's
+        squared norm goes to its place in the sorted list of every counted name (the layers' global numbers name
+        them alike at every pipeline split), the model-parallel ranks fill theirs (a + 0 == a), and the list is
+        summed as fixed_order.pairwise_sum_rows sums."""
+        counted = self._counted_params()
+        group = self.grid.get_model_parallel_group()
+        if self._norm_index is None:  # once: every model-parallel rank's names, in one sorted order
+            names = [None] * dist.get_world_size(group=group)
+            dist.all_gather_object(names, [n for n, _ in counted], group=group)
+            order = {n: i for i, n in enumerate(sorted({n for ns in names for n in ns}))}
+            self._norm_index = (len(order), torch.tensor([order[n] for n, _ in counted], dtype=torch.long,
+                                                         device=tds_device.device()))
+        size, where = self._norm_index
+        squares = torch.zeros(size, dtype=torch.float32, device=tds_device.device())
+        if counted:
+            grads = [p.grad.detach() if p.grad is not None else torch.zeros_like(p) for _, p in counted]
+            squares[where] = torch.stack(torch._foreach_norm(grads, 2.0)).float().pow(2)
+        dist.all_reduce(squares, group=group)
+        return pairwise_sum_rows(squares).sqrt()
 
     def _reset_backward_state(self) -> None:
         """Undo what a backward interrupted by an exception leaves behind: partial gradients and ZeRO's
@@ -397,13 +456,30 @@ class PipelineEngine(DeepSpeedEngine):
     def _backward_loss(self, loss: torch.Tensor) -> None:
         self._loss_backward = True
         try:
-            DeepSpeedEngine.backward(self, self._fp16_scaled(loss))
+            DeepSpeedEngine.backward(self, self._over_replicas(self._fp16_scaled(loss)))
         finally:
             self._loss_backward = False
 
     def _scaled_loss(self, loss: torch.Tensor) -> torch.Tensor:
-        loss = self._fp16_scaled(loss) / self.gradient_accumulation_steps()
+        loss = self._over_replicas(self._fp16_scaled(loss)) / self.gradient_accumulation_steps()
         return self.optimizer.scale_if_loss(loss) if isinstance(self.optimizer, ZeROOptimizer) else loss
+
+    def _over_replicas(self, loss: torch.Tensor) -> torch.Tensor:
+        """With fixed-order sums the replicas' gradients are summed, not averaged: each loss is divided by dp here
+        (and by gas as before). dp is then a power of two, so (L / dp) / gas rounds once, to L / (dp gas)."""
+        return loss / self.dp_world_size if self.fixed is not None and self.dp_world_size > 1 else loss
+
+    def _micro_batch_done(self, chunk: int) -> None:
+        """After each micro-batch's backward of model chunk `chunk`: fixed-order sums take its gradients."""
+        if self.fixed is not None:
+            self.fixed.take(chunk)
+
+    def _settle_grads(self) -> None:
+        """Before the tied-weight reduction: fixed-order sums write the batch's gradients into .grad."""
+        if self.fixed is not None:
+            self.fixed.settle()
+            self.module.gather_site_grads()
+            self.module.check_unslotted()
 
     @contextlib.contextmanager
     def _stage_backward(self):
@@ -414,6 +490,8 @@ class PipelineEngine(DeepSpeedEngine):
             self._backward_epilogue()
 
     def _reduce_grads(self) -> None:
+        if self.fixed is not None:
+            return  # summed over the replicas micro-batch by micro-batch (`_micro_batch_done`)
         if self.dp_world_size == 1 and not self.zero_optimization():
             return  # one replica: DeepSpeed would flatten, all-reduce over one rank and copy back, for nothing
         self._force_grad_boundary = True
@@ -440,7 +518,9 @@ class PipelineEngine(DeepSpeedEngine):
         """mean over micro-batches (last stage), mean over DP replicas, broadcast over the pipeline."""
         dev = tds_device.device()
         with self.comm.guard("loss", self._loss_comm):
-            if self.is_last_stage():
+            if self.is_last_stage() and self.fixed is not None and losses:
+                loss = self._fixed_order_loss(torch.stack(losses))
+            elif self.is_last_stage():
                 loss = torch.stack(losses).mean() if losses else torch.zeros((), device=dev)
                 if self.dp_world_size > 1:
                     dist.all_reduce(loss, group=self.grid.get_data_parallel_group())
@@ -451,6 +531,16 @@ class PipelineEngine(DeepSpeedEngine):
                 src = self.grid.stage_to_global(self.num_stages - 1)
                 dist.broadcast(loss, src=src, group=self.grid.get_pipe_parallel_group())
         return loss
+
+    def _fixed_order_loss(self, local: torch.Tensor) -> torch.Tensor:
+        """The mean of the batch's micro-batch losses, summed in the global micro-batch order j = k dp + r as the
+        gradients are (fixed_order.py)."""
+        dp = self.dp_world_size
+        if dp > 1:
+            rows = torch.empty(dp * local.numel(), dtype=local.dtype, device=local.device)
+            dist.all_gather_into_tensor(rows, local, group=self.grid.get_data_parallel_group())
+            local = rows.view(dp, -1).t().reshape(-1)
+        return pairwise_sum_rows(local) / local.numel()
 
     # --- checkpoints: one file per layer (DeepSpeed's layout) ---------------------------------------------
     def module_state_dict(self, exclude_frozen_parameters: bool = False):

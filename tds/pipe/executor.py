@@ -26,7 +26,7 @@ The executor reads and calls nothing but its `StageContext`, built once by the e
     reports       whether this rank logs the stage's warnings
     engine        the DeepSpeed engine's side of a step (`EngineHooks`): _next_micro_batch,
                   _reentrant_activation_checkpointing, _stage_forward, _backward_loss, _scaled_loss,
-                  _stage_backward, _tied_grad, _reduce_grads, _step_optimizer
+                  _stage_backward, _micro_batch_done, _settle_grads, _tied_grad, _reduce_grads, _step_optimizer
 
 Counted per batch (returned by `StageExecutor.run`, kept as `engine.last_batch_stats`): peak live activations
 = most units whose forward ran and whose backward (B under ZB-H1) did not yet, measured by the buffers this
@@ -99,6 +99,12 @@ class EngineHooks(Protocol):
     def _stage_backward(self) -> AbstractContextManager:
         """The block of a backward not started by DeepSpeedEngine.backward: the prologue's state, the
         engine-backward marker, and on leaving it without an exception the epilogue."""
+
+    def _micro_batch_done(self, chunk: int) -> None:
+        """After a micro-batch's BACKWARD of model chunk `chunk` (fixed-order sums take its gradients)."""
+
+    def _settle_grads(self) -> None:
+        """Before REDUCE_TIED: the batch's gradients in .grad (fixed-order sums write them there)."""
 
     def _tied_grad(self, weight: torch.nn.Parameter) -> torch.Tensor:
         """The gradient tensor the optimizer reads for a tied weight (zeros where this stage did not use it)."""
@@ -278,7 +284,12 @@ class StageExecutor:
     def _exec_backward(self, ins: Instruction, state: BatchState) -> None:
         """DeepSpeed's backward protocol on every stage: the hooks DeepSpeedEngine.forward put on the stage's
         outputs run the prologue when the first gradient arrives, `_backward_epilogue` closes it (ZeRO's
-        backward depth back to 0, BF16_Optimizer's fp32 accumulation), as `DeepSpeedEngine.backward` does."""
+        backward depth back to 0, BF16_Optimizer's fp32 accumulation), as `DeepSpeedEngine.backward` does.
+        Then the engine may take the micro-batch's gradients (fixed-order sums)."""
+        self._backward(ins, state)
+        self.ctx.engine._micro_batch_done(ins.chunk)
+
+    def _backward(self, ins: Instruction, state: BatchState) -> None:
         if self._last_unit(ins):
             self.ctx.engine._backward_loss(state.loss_graphs.pop(ins.micro_batch))
             return
@@ -362,6 +373,7 @@ class StageExecutor:
         """Sum tied-weight gradients over the groups that share them, in the module's order on every rank: one
         all-reduce per run of consecutive pairs with the same group and dtype (the gradients flattened into
         one buffer), so many small tied tensors (e.g. a model's sequence-parallel norms) cost one collective."""
+        self.ctx.engine._settle_grads()
         runs: list[tuple[Any, list[torch.Tensor]]] = []
         for weight, group in self.ctx.module.get_tied_weights_and_groups():
             if not weight.requires_grad:  # frozen on every rank alike

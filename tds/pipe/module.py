@@ -108,6 +108,8 @@ class PipelineModule(_DSPipelineModule):
         self._input_type = input_type
         self._input_pipe_partitioned = input_pipe_partitioned
         self._chunk_calls = [0] * self.virtual_stages  # forward calls per chunk (DeepSpeed's micro_offset)
+        self._site_keys, self._site_leaves, self._site_modules = {}, {}, {}  # split_tied_sites
+        self._unslotted: list = []  # gradient_slots
 
     def _attach_grid(self, grid: ProcessGrid, verbose: bool) -> None:
         """The process groups are the grid's (handed, or tds's own); DeepSpeed's world group is torch's."""
@@ -310,8 +312,74 @@ class PipelineModule(_DSPipelineModule):
             if self.seed_layers:
                 seed = self.base_seed * micro_offset + self.curr_layer
                 (self.seed_fn or ds_utils.set_random_seed)(seed)
-            x = layer(x)
+            x = layer(x) if idx not in self._site_leaves else self._site_call(idx, layer, x)
         return x
+
+    # --- layout-invariant sums (fixed_order.py): each use of a tied weight reads it through a leaf of its own -----
+    def split_tied_sites(self) -> None:
+        """From now on each use (site) of a tied weight on this stage reads the weight through a leaf tensor of its
+        own that shares its storage, so that each site's gradient is kept apart: at one stage autograd would add the
+        embedding's and the head's gradients per micro-batch, while across stages they are summed once per batch.
+        `gather_site_grads` adds the sites' sums into the weight's .grad in global layer order."""
+        self._site_keys = {idx: spec.key for idx, i in enumerate(self.layer_index)
+                           if isinstance(spec := self._layer_specs[i], TiedLayerSpec)}
+        self._site_leaves = {idx: {attr: _leaf(self._tied_param(key, attr))
+                                   for attr in self.tied_weight_attrs[key]} for idx, key in self._site_keys.items()}
+        self._site_modules = {idx: _Site(self.tied_modules[key], self.forward_funcs[idx])
+                              for idx, key in self._site_keys.items()}
+
+    def refresh_sites(self) -> None:
+        """Point each site's leaf at its weight's current storage (an optimizer may have replaced .data)."""
+        for idx, leaves in self._site_leaves.items():
+            for attr, leaf in leaves.items():
+                leaf.data = self._tied_param(self._site_keys[idx], attr).data
+
+    def gradient_slots(self) -> list[list[torch.Tensor]]:
+        """Per chunk, the tensors whose .grad a micro-batch's backward fills: its layers' trainable parameters, with
+        each site of a tied weight as its leaf (`split_tied_sites`) instead of the weight."""
+        tied = {id(self._tied_param(key, attr)) for key, attrs in self.tied_weight_attrs.items() for attr in attrs}
+        seen, slots = set(tied), []
+        for lo, hi in self._chunk_slices:
+            chunk = []
+            for idx in range(lo, hi):
+                chunk += [leaf for leaf in self._site_leaves.get(idx, {}).values() if leaf.requires_grad]
+                func = self.forward_funcs[idx]
+                for p in func.parameters() if isinstance(func, torch.nn.Module) else ():
+                    if p.requires_grad and id(p) not in seen:
+                        seen.add(id(p))
+                        chunk.append(p)
+            slots.append(chunk)
+        # a tied module reached only through a forward_fn (the head's copy of the embedding) has parameters no
+        # layer here uses: they must get no gradient (`check_unslotted`)
+        self._unslotted = [(n, p) for n, p in self.named_parameters() if p.requires_grad and id(p) not in seen]
+        return slots
+
+    def check_unslotted(self) -> None:
+        """Raise if a parameter outside `gradient_slots` got a gradient (a forward_fn using more than the tied
+        weights): it would be summed in the micro-batches' order, not the fixed one."""
+        got = [n for n, p in self._unslotted if p.grad is not None]
+        if got:
+            raise ValueError(f"pipeline.layout_invariant: {', '.join(got)} got gradients through a tied layer's "
+                             f"forward_fn; list them in the TiedLayerSpec's tied_weight_attr")
+
+    def gather_site_grads(self) -> None:
+        """Each tied weight's .grad = the sum of its sites' gradients on this stage, in global layer order."""
+        for key, attrs in sorted(self.tied_weight_attrs.items()):
+            for attr in attrs:
+                grad = None
+                for idx in sorted(i for i, k in self._site_keys.items() if k == key):
+                    leaf = self._site_leaves[idx][attr]
+                    if leaf.grad is not None:
+                        grad = leaf.grad.clone() if grad is None else grad + leaf.grad
+                    leaf.grad = None
+                self._tied_param(key, attr).grad = grad
+
+    def _tied_param(self, key: str, attr: str) -> torch.nn.Parameter:
+        return self._recursive_getattr(self.tied_modules[key], attr)
+
+    def _site_call(self, idx: int, layer, x):
+        leaves = {f"tied.{attr}": leaf for attr, leaf in self._site_leaves[idx].items()}
+        return torch.func.functional_call(self._site_modules[idx], leaves, (x,))
 
     def forward(self, forward_input, chunk: int = 0):
         """This stage's layers (chunk `chunk` of them with virtual stages) on the tuple `forward_input`."""
@@ -344,6 +412,23 @@ class PipelineModule(_DSPipelineModule):
             return self._run_layers(start, end, inputs if was_tuple else inputs[0], offset)
         dummy = torch.ones(1, device=tds_device.device(), requires_grad=True)
         return self.activation_checkpoint_func(run_with_dummy, dummy, *args)
+
+
+class _Site(torch.nn.Module):
+    """One use of a tied module: the module itself, or a TiedLayerSpec's forward_fn bound to it (`functools.partial`),
+    called through `torch.func.functional_call` with the site's leaves in place of the tied weights."""
+
+    def __init__(self, tied: torch.nn.Module, func) -> None:
+        super().__init__()
+        self.tied = tied
+        self.__dict__["func"] = func  # not registered: a module here would be a second name for `tied`
+
+    def forward(self, x):
+        return self.func(x)
+
+
+def _leaf(weight: torch.nn.Parameter) -> torch.Tensor:
+    return weight.detach().requires_grad_(weight.requires_grad)
 
 
 def _grid(grid: Optional[ProcessGrid], num_stages: Optional[int], topology) -> ProcessGrid:

@@ -196,6 +196,10 @@ def test_t5_defaults_and_v11_flags():
     ("t5", ["--mask-prob", "0"], ["--mask-prob must be in (0, 1)"]),
     ("gpt", ["--check-replicas-interval", "0"], ["--check-replicas-interval must be >= 1, got 0"]),
     ("gpt", ["--check-replicas-at-save"], ["--check-replicas-at-save needs --save DIR"]),
+    ("gpt", ["--layout-invariant"], ["--layout-invariant runs in fp32 at --zero-stage 0", "got fp32 at --zero-stage 1"]),
+    ("t5", ["--layout-invariant", "--zero-stage", "0", "--bf16"], ["got --bf16 at --zero-stage 0"]),
+    ("gpt", ["--layout-invariant", "--zero-stage", "0", "--pipe-parallel-size", "2", "--pipeline-schedule", "zb-h1"],
+     ["--pipeline-schedule zb-h1 defers the weight gradients"]),
 ])
 def test_more_errors_are_one_line_user_errors(kind, extra, words):
     with pytest.raises(UserError) as err:
@@ -204,6 +208,17 @@ def test_more_errors_are_one_line_user_errors(kind, extra, words):
     assert "\n" not in message
     for word in words:
         assert word in message, message
+
+
+def test_layout_invariant_needs_a_power_of_two_of_replicas():
+    with pytest.raises(UserError) as err:
+        _gpt("--layout-invariant", "--zero-stage", "0", world_size=6)
+    assert str(err.value) == ("--layout-invariant sums over the data-parallel replicas in a fixed tree, which needs "
+                              "their number to be a power of two; got data-parallel size 6 (world 6 / (tp 1 x pp 1))")
+    assert _gpt("--zero-stage", "0", world_size=6).ds_config["pipeline"]["layout_invariant"] is False
+    accepted = _gpt("--layout-invariant", "--zero-stage", "0", "--tensor-model-parallel-size", "2",
+                    "--pipe-parallel-size", "2", world_size=8)  # dp 2
+    assert accepted.ds_config["pipeline"]["layout_invariant"] is True
 
 
 RAMP_SAMPLES = ["--train-samples", "1000"]

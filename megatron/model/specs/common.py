@@ -11,6 +11,8 @@ def recompute_fields(args) -> dict:
 
 
 def speed_fields(args) -> dict:
-    """The config's speed fields from --cross-entropy-loss-fusion and --compile (False where args predate them)."""
+    """The config's speed fields from --cross-entropy-loss-fusion, --compile and --layout-invariant (False where args
+    predate them)."""
     return dict(cross_entropy_loss_fusion=bool(getattr(args, "cross_entropy_loss_fusion", False)),
-                compile_layers=bool(getattr(args, "compile", False)))
+                compile_layers=bool(getattr(args, "compile", False)),
+                explicit_attention=bool(getattr(args, "layout_invariant", False)))

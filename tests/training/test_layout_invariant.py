@@ -1,0 +1,69 @@
+"""--layout-invariant (tds/pipe/fixed_order.py): GPT-2, the Llama-style GPT and T5 through their entry points' path,
+dropout 0.1, 20 iterations, micro-batch 2, global batch 8 (M = 4 micro-batches), fp32 at ZeRO stage 0: the losses and
+gradient norms at full precision, and every weight of the checkpoint saved at iteration 20, are bit for bit those of
+one process (dp, gas) = (1, 4) at (2, 2) and (4, 1) with tp = pp = 1, and at (pp, dp, gas) = (2, 1, 4) and (2, 2, 2).
+One run per world size trains the three models back to back. The negative control (without the flag the same
+splits differ in their last bits, within 1e-5) is tests/faults/test_elastic_resume.py's; the fixed-order sums
+themselves are tests/tds/test_fixed_order.py's."""
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+
+from harness.dist import run_distributed
+from tests.training.golden_cases import argv as golden_argv
+from tests.training.golden_cases import preprocess, rank_run
+
+MODELS = ("gpt2", "llama", "t5")
+ITERS = 20
+FLAGS = ["--layout-invariant", "--zero-stage", "0", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
+         "--save-interval", str(ITERS)]
+SPLITS = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(1, 4), (2, 2)]}  # world -> (pp, dp); gas = 4 / dp
+
+
+def _runs(prefix: str, root: str, world: int) -> dict:
+    """{(model, pp, dp): (losses, grad norms)} of this world's splits, on the last rank."""
+    out = {}
+    for pp, dp in SPLITS[world]:
+        for model in MODELS:
+            save = os.path.join(root, f"{model}_pp{pp}_dp{dp}")
+            args = golden_argv(model, prefix, 1, pp, iters=ITERS, extra=[*FLAGS, "--save", save])
+            out[(model, pp, dp)] = rank_run(model, args, world)
+    return out
+
+
+def _weights(folder: str) -> dict:
+    """{file: {name: tensor}} of the per-layer files of the checkpoint at iteration 20 (the same at every split)."""
+    files = sorted(glob.glob(os.path.join(folder, f"iter_{ITERS:07d}", "layer_*-model_states.pt")))
+    assert files, f"no layer files in {folder}"
+    return {os.path.basename(f): torch.load(f, map_location="cpu", weights_only=True) for f in files}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("layout_invariant")
+    prefix = preprocess(str(root))
+    out = {}
+    for world in SPLITS:
+        out.update(run_distributed(_runs, world, prefix, str(root), world, timeout=900)[-1])
+    return {"root": str(root), **out}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_split_gives_the_bits_of_one_process(runs, model):
+    one = runs[(model, 1, 1)]
+    assert len(one[0]) == len(one[1]) == ITERS and all(n is not None for n in one[1])
+    weights = _weights(os.path.join(runs["root"], f"{model}_pp1_dp1"))
+    for pp, dp in [s for splits in SPLITS.values() for s in splits][1:]:
+        where = f"{model} at (pp, dp, gas) = ({pp}, {dp}, {4 // dp})"
+        losses, norms = runs[(model, pp, dp)]
+        assert [x.hex() for x in losses] == [x.hex() for x in one[0]], f"{where}: losses differ from one process's"
+        assert [x.hex() for x in norms] == [x.hex() for x in one[1]], f"{where}: gradient norms differ"
+        got = _weights(os.path.join(runs["root"], f"{model}_pp{pp}_dp{dp}"))
+        assert got.keys() == weights.keys(), where
+        for name, tensors in weights.items():
+            for key, want in tensors.items():
+                assert torch.equal(got[name][key], want), f"{where}: {name} {key} differs from one process's"
