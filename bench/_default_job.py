@@ -11,8 +11,8 @@ import torch.distributed as dist
 WORLD = 8
 
 
-def default_job_argv(data: dict, iters: int, zero_stage: int = 1) -> list:
-    return ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+def default_job_argv(data: dict, iters: int, zero_stage: int = 1, extra: tuple = ()) -> list:
+    return [*extra, "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
             "--max-position-embeddings", "64", "--micro-batch-size", "4", "--gas", "2", "--train-iters", str(iters),
             "--lr", "2e-3", "--lr-warmup-iters", "2", "--lr-decay-style", "cosine", "--zero-stage", str(zero_stage),
             "--tensor-model-parallel-size", "2", "--pipe-parallel-size", "2", "--data-path", data["data_prefix"],
@@ -23,7 +23,7 @@ def default_job_argv(data: dict, iters: int, zero_stage: int = 1) -> list:
 class DefaultJob:
     """This rank's engine, config and training batches of the default job, planned for `iters` iterations."""
 
-    def __init__(self, data: dict, iters: int, zero_stage: int = 1):
+    def __init__(self, data: dict, iters: int, zero_stage: int = 1, extra: tuple = ()):
         from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
         from megatron.logging_utils import TensorBoard
         from megatron.model.specs import spec_for
@@ -31,7 +31,7 @@ class DefaultJob:
         from megatron.training.loop import TrainState
         from megatron.training.pretrain import data_loader, initialize_and_build, split_sample_counts
         spec = spec_for("gpt")
-        args = parse_args(default_job_argv(data, iters, zero_stage), defaults=ENTRY_DEFAULTS["gpt"], world_size=WORLD)
+        args = parse_args(default_job_argv(data, iters, zero_stage, extra), defaults=ENTRY_DEFAULTS["gpt"], world_size=WORLD)
         self.engine, tokenizer, self.cfg, parallel = initialize_and_build(args, spec)
         datasets = spec.datasets(self.cfg.data, tokenizer, split_sample_counts(self.cfg.batch, 0))
         self.batches = BatchIterator(data_loader(datasets[0], 0, self.cfg, parallel),

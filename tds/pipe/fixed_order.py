@@ -105,6 +105,12 @@ class MicroBatchGrads:
     def __init__(self, slots: list[list[torch.Tensor]], group, size: int) -> None:
         self.slots, self.group, self.size = slots, group, size
         self.sums: list[PairwiseSum] = []
+        self.peak_bytes = 0  # the most bytes of partial sums held at once (`held_bytes`), since construction
+
+    def held_bytes(self) -> int:
+        """Bytes of the partial sums held now, besides the gradients themselves."""
+        held = [t for s in self.sums for t in [x for _, x in s.pending] + ([s.total] if s.total is not None else [])]
+        return sum(t.numel() * t.element_size() for t in held)
 
     def begin(self, micro_batches: int) -> None:
         self.sums = [PairwiseSum(micro_batches) for _ in self.slots]
@@ -117,6 +123,7 @@ class MicroBatchGrads:
         for t in slots:
             t.grad = None
         self.sums[chunk].push(tree_all_reduce(flat, self.group, self.size))
+        self.peak_bytes = max(self.peak_bytes, self.held_bytes())
 
     def settle(self) -> None:
         for slots, sums in zip(self.slots, self.sums):

@@ -17,6 +17,7 @@ from harness.dist import run_distributed
 from tests.training.golden_cases import argv as golden_argv
 from tests.training.golden_cases import preprocess, rank_run
 
+pytestmark = pytest.mark.long
 MODELS = ("gpt2", "llama", "t5")
 ITERS = 20
 FLAGS = ["--layout-invariant", "--zero-stage", "0", "--hidden-dropout", "0.1", "--attention-dropout", "0.1",
