@@ -209,7 +209,8 @@ def build_ds_config(args: argparse.Namespace, cfg: Dict[str, Any]) -> Dict[str, 
     pipeline["timeout_s"] = 60 * args.distributed_timeout_minutes
     pipeline.update(schedule=args.pipeline_schedule, virtual_stages=args.virtual_pipe_stages)
     pipeline["check_finite"] = bool(args.check_for_nan_in_loss_and_grad and not args.fp16)  # fp16: loss scaler
-    pipeline["layout_invariant"] = bool(getattr(args, "layout_invariant", False))  # tds/pipe/fixed_order.py
+    if getattr(args, "layout_invariant", False):
+        pipeline["layout_invariant"] = True  # tds/pipe/fixed_order.py
     pipeline["recovery_script"] = False  # zero_to_fp32.py cannot read these checkpoints (convert_checkpoint.py can)
     if args.pipeline_timeline:
         pipeline.update(timeline=args.pipeline_timeline, timeline_batches=args.pipeline_timeline_batches)

@@ -46,9 +46,9 @@ def test_default_data_builds_no_mask_and_sdpa_gets_is_causal(sdpa_calls, monkeyp
     core_calls = []
     real_core = attention.attention_core
 
-    def recording_core(q, k, v, mask, drop, scale=None, is_causal=False):
+    def recording_core(q, k, v, mask, drop, scale=None, is_causal=False, explicit=False):
         core_calls.append(dict(attn_mask=mask, is_causal=is_causal, dropout_p=drop.p if drop.active else 0.0))
-        return real_core(q, k, v, mask, drop, scale, is_causal)
+        return real_core(q, k, v, mask, drop, scale, is_causal, explicit)
 
     monkeypatch.setattr(attention, "attention_core", recording_core)
     inputs, _ = spec_for("gpt").get_batch(_raw(), _data_args(False), types.SimpleNamespace(eod=0))

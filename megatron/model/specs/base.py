@@ -86,7 +86,8 @@ class ModelSpec:
             from megatron.model.compile import compile_layers
             print_rank_0(compile_layers(pipe, cfg.layout.pipeline_schedule))
         from tds import device as tds_device
-        if cfg.model.explicit_attention and cfg.model.attention_dropout > 0 and tds_device.device().type != "cpu":
+        explicit = getattr(cfg.model, "explicit_attention", False)  # (a spec's own config may not have the field)
+        if explicit and cfg.model.attention_dropout > 0 and tds_device.device().type != "cpu":
             from megatron.logging_utils import print_rank_0
             print_rank_0("--layout-invariant: attention with dropout runs its explicit form, not SDPA's fused kernels "
                          "(they draw their own dropout masks)")
