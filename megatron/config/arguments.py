@@ -278,6 +278,11 @@ def _run_args(p: argparse.ArgumentParser) -> None:
                         "gradient-accumulation steps and pipeline stages gives the same bits (fp32, ZeRO stage 0, "
                         "not ZB-H1; docs/training.md); attention dropout then takes the explicit attention path on "
                         "GPUs too")
+    g.add_argument("--keyed-dropout", action="store_true",
+                   help="every dropout mask a pure function of (seed, iteration, global sample, layer, site, position, "
+                        "feature), computed by Philox4x32-10 for this rank's part only: no micro-batch size, tensor or "
+                        "sequence split changes a mask, and no rank draws numbers for another's part; slower than the "
+                        "default rule, which keys a mask by (iteration, micro-batch) (docs/training.md)")
     g.add_argument("--check-replicas-at-save", action="store_true",
                    help="check the replicas before every save, so that a checkpoint is written, and `latest` moved "
                         "to it, only after a passing check")

@@ -108,7 +108,7 @@ def attention_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Opti
     if not drop.active:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale,
                                               enable_gqa=gqa)
-    if q.device.type != "cpu" and not explicit:
+    if q.device.type != "cpu" and not (explicit or drop.keyed):
         return _fused_dropout_attention(q, k, v, mask, drop, scale, is_causal, gqa)
     if gqa:  # (b, G_r, k, d) -> (b, n_r, k, d): each group's keys and values for its n / G query heads
         k, v = (t.repeat_interleave(q.size(1) // k.size(1), dim=1) for t in (k, v))

@@ -63,6 +63,7 @@ class TransformerConfig:
     compile_layers: torch.compile each transformer layer of the Pipe model (`megatron.model.compile`).
     explicit_attention: attention with dropout in its explicit form on every device, not SDPA's fused kernels,
         which draw their own masks (--layout-invariant; on CPU it is the explicit form anyway).
+    keyed_dropout: every dropout mask keyed by sample and position (`rng.SeededDropout.keyed`, --keyed-dropout).
     """
     num_layers: int
     hidden_size: int
@@ -83,6 +84,7 @@ class TransformerConfig:
     cross_entropy_loss_fusion: bool = False
     compile_layers: bool = False
     explicit_attention: bool = False
+    keyed_dropout: bool = False
 
     def __post_init__(self):
         if not isinstance(self.params_dtype, str):  # a torch dtype given: kept by its name

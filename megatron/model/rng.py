@@ -32,6 +32,18 @@ drawing t times the random numbers. (Megatron instead gives split activations a 
 seed + 2718 + tp_rank, so its masks depend on tp; here that rule is left only to SDPA's fused kernels, which
 draw their own masks: `rng(per_part=True)`, see `attention.attention_core`.)
 
+Keyed masks (--keyed-dropout, `use_keyed_masks`). Instead, each element's keep bit is a pure function of
+
+    key = mix(seed, k, j)    counter = (e // 4, global sample, i),    word e % 4 of the 4 it gives
+
+through Philox4x32-10 (`philox.py`), e being the element's index within its sample's whole tensor: keep when the
+word's top 24 bits, as a fraction, are below 1 - p.
+The global sample is c b + n for sample n of a micro-batch of b (c as above), the single process's sample number in
+the iteration whatever b is; the element index is its position in the sample's whole tensor (b excluded), so a part
+draws exactly its own elements' numbers. Hence no micro-batch size, tp size, sequence split (or context-parallel
+chunk) changes a mask, and a rank draws numbers for its part only. Slower than the generator on CPU
+(docs/results.md).
+
 Under --compile (`megatron.model.compile`) the draws run between the compiled graphs (`torch.compiler.disable`):
 a graph cannot seed the device generator, and this way the masks are the eager ones, bit for bit.
 
@@ -51,6 +63,7 @@ from torch import nn
 from megatron import mpu
 from megatron.mpu.random import MODEL_PARALLEL_SEED_OFFSET
 from tds import device as tds_device
+from .philox import philox4x32, uniform24
 
 _P = 1_000_003
 _MASK = (1 << 63) - 1
@@ -108,6 +121,8 @@ class SeededDropout(nn.Module):
         self.iteration = 0  # set by start_iteration
         self.calls = 0  # training-mode calls since then
         self.replica = (0, 1)  # (dp rank, dp size), set by start_iteration
+        self.keyed = False  # masks keyed by sample and position (`use_keyed_masks`)
+        self.drawn = 0  # random numbers drawn by keyed masks (counted for the tests)
 
     @property
     def active(self) -> bool:
@@ -122,11 +137,34 @@ class SeededDropout(nn.Module):
         self.calls += 1
         return _seeded_device_rng(seed)
 
+    def _micro_batch(self) -> int:
+        """This call's single-process micro-batch number c (module docstring); counts the call."""
+        dp_rank, dp_size = self.replica
+        self.calls += 1
+        return (self.calls - 1) * dp_size + dp_rank
+
+    @torch.compiler.disable  # --compile: int64 arithmetic that wraps, kept out of generated code
+    def keyed_mask(self, shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
+        """This part's mask, 0 or 1/(1-p), of `shape` (batch first), keyed by sample and position (module
+        docstring): Philox numbers for this part's elements only."""
+        dim, r, t = self.part
+        dim %= len(shape)
+        whole = list(shape)
+        whole[dim] *= t
+        first = [r * shape[d] if d == dim else 0 for d in range(len(shape))]
+        sample = self._micro_batch() * whole[0] + first[0] + torch.arange(shape[0], dtype=torch.int64, device=device)
+        key = mix(self.seed, self.module_number, self.site)
+        word = _element_words(shape, whole, first, sample, self.iteration, key, device)
+        self.drawn += word.numel()
+        return (uniform24(word) < 1.0 - self.p).to(dtype).div_(1.0 - self.p)
+
     @torch.compiler.disable  # --compile: a mask draw sets the device generator's state, which no graph can
     def keep_mask(self, shape: Sequence[int], dtype: torch.dtype, device) -> torch.Tensor:
         """This part's mask, 0 or 1/(1-p), of `shape`: the whole tensor's, drawn from this call's seed, narrowed.
         Drawn as dropout draws its noise on CPU (bernoulli_(1-p), then div_(1-p)), in place: one whole-sized
-        tensor at a time, not three (the ones, the noise, their product)."""
+        tensor at a time, not three (the ones, the noise, their product). Keyed masks: `keyed_mask`."""
+        if self.keyed:
+            return self.keyed_mask(shape, dtype, device)
         dim, r, t = self.part
         whole = list(shape)
         whole[dim] *= t
@@ -139,7 +177,7 @@ class SeededDropout(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.active:
             return x
-        if self.part[2] == 1:
+        if self.part[2] == 1 and not self.keyed:
             return self._dropout(x)
         return x * self.keep_mask(x.shape, x.dtype, x.device)
 
@@ -153,6 +191,29 @@ class SeededDropout(nn.Module):
         return f"p={self.p}, module={self.module_number}, site={self.site}{part}"
 
 
+def _element_words(shape: Sequence[int], whole: Sequence[int], first: Sequence[int], sample: torch.Tensor,
+                   iteration: int, key: int, device) -> torch.Tensor:
+    """Each element's 32-bit word: word e % 4 of Philox4x32-10 at counter (e // 4 as two words, global sample,
+    iteration) under `key`, e the element's index within its sample's whole tensor (sizes `whole`, batch first; this
+    part starts at `first`). Where the last dim's whole, part and start are multiples of 4, one Philox call serves 4
+    consecutive elements; elsewhere each element selects its word from a call of its own (the same numbers)."""
+    last = len(shape) - 1
+    step = 4 if last > 0 and whole[last] % 4 == 0 and shape[last] % 4 == 0 and first[last] % 4 == 0 else 1
+    index = torch.zeros((), dtype=torch.int64, device=device)  # the element's, or its group of 4's first, index
+    stride = 1
+    for d in range(last, 0, -1):
+        along = torch.arange(first[d], first[d] + shape[d], step if d == last else 1, dtype=torch.int64, device=device)
+        index = index + (along * stride).view([-1 if e == d else 1 for e in range(len(shape))])
+        stride *= whole[d]
+    group = index >> 2
+    words = philox4x32((group & 0xFFFFFFFF, group >> 32, sample.view([-1] + [1] * last), iteration & 0xFFFFFFFF),
+                       (key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF))
+    words = torch.stack(torch.broadcast_tensors(*words), dim=-1)
+    if step == 4:
+        return words.reshape(shape)
+    return words.gather(-1, (index & 3).expand(words.shape[:-1]).unsqueeze(-1)).squeeze(-1).expand(shape)
+
+
 def dropout_sites(module: nn.Module) -> list[SeededDropout]:
     return [m for m in module.modules() if isinstance(m, SeededDropout)]
 
@@ -163,6 +224,12 @@ def start_iteration(module: nn.Module, iteration: int, replica: Tuple[int, int] 
     `replica` = (dp rank, dp size), i.e. the single process's micro-batches r, P + r, 2P + r, ..."""
     for site in dropout_sites(module):
         site.iteration, site.calls, site.replica = iteration, 0, replica
+
+
+def use_keyed_masks(module: nn.Module) -> None:
+    """Every dropout site of `module` draws keyed masks from now on (--keyed-dropout; module docstring)."""
+    for site in dropout_sites(module):
+        site.keyed = True
 
 
 def replay_checkpoint(function: Callable[..., Any], sites: Sequence[SeededDropout], *args: Any) -> Any:

@@ -86,7 +86,10 @@ class ModelSpec:
             from megatron.model.compile import compile_layers
             print_rank_0(compile_layers(pipe, cfg.layout.pipeline_schedule))
         from tds import device as tds_device
-        explicit = getattr(cfg.model, "explicit_attention", False)  # (a spec's own config may not have the field)
+        if getattr(cfg.model, "keyed_dropout", False):  # (a spec's own config may not have the field)
+            from megatron.model.rng import use_keyed_masks
+            use_keyed_masks(pipe)
+        explicit = getattr(cfg.model, "explicit_attention", False)
         if explicit and cfg.model.attention_dropout > 0 and tds_device.device().type != "cpu":
             from megatron.logging_utils import print_rank_0
             print_rank_0("--layout-invariant: attention with dropout runs its explicit form, not SDPA's fused kernels "

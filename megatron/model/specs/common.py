@@ -10,6 +10,11 @@ def recompute_fields(args) -> dict:
                 recompute_method=getattr(args, "recompute_method", None) or "uniform")
 
 
+def dropout_fields(args) -> dict:
+    """The config's dropout rule from --keyed-dropout (False where args predate it)."""
+    return dict(keyed_dropout=bool(getattr(args, "keyed_dropout", False)))
+
+
 def speed_fields(args) -> dict:
     """The config's speed fields from --cross-entropy-loss-fusion, --compile and --layout-invariant (False where args
     predate them)."""

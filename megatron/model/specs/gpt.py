@@ -107,7 +107,7 @@ class GPTSpec(ModelSpec):
 
     def config(self, args):
         from megatron.model.config import GPTConfig
-        from .common import recompute_fields, speed_fields
+        from .common import dropout_fields, recompute_fields, speed_fields
         groups = args.num_query_groups if getattr(args, "group_query_attention", False) else None
         scaling = getattr(args, "use_rope_scaling", False)
         return GPTConfig(num_layers=args.num_layers, hidden_size=args.hidden_size,
@@ -116,7 +116,7 @@ class GPTSpec(ModelSpec):
                          hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                          layernorm_epsilon=args.layernorm_epsilon,
                          make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-                         **recompute_fields(args), **speed_fields(args), seed=args.seed,
+                         **recompute_fields(args), **speed_fields(args), **dropout_fields(args), seed=args.seed,
                          max_position_embeddings=args.max_position_embeddings,
                          init_method_std=args.init_method_std,
                          explicit_attention_mask=bool(getattr(args, "reset_attention_mask", False)),

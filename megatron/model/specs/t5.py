@@ -56,7 +56,7 @@ class T5Spec(ModelSpec):
 
     def config(self, args):
         from megatron.model.config import T5Config
-        from .common import recompute_fields, speed_fields
+        from .common import dropout_fields, recompute_fields, speed_fields
         return T5Config(num_layers=args.num_layers, num_decoder_layers=args.decoder_num_layers,
                         hidden_size=args.hidden_size, num_attention_heads=args.num_attention_heads,
                         vocab_size=args.vocab_size, seq_length=args.encoder_seq_length,
@@ -68,7 +68,7 @@ class T5Spec(ModelSpec):
                         hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                         layernorm_epsilon=args.layernorm_epsilon,
                         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
-                        **recompute_fields(args), **speed_fields(args), seed=args.seed)
+                        **recompute_fields(args), **speed_fields(args), **dropout_fields(args), seed=args.seed)
 
     # ---- building --------------------------------------------------------------------------------------------
     @property
