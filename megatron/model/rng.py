@@ -132,10 +132,7 @@ class SeededDropout(nn.Module):
         """The site's generator for this call; per_part: a stream of this part's own (Megatron's seed + 2718 + r),
         for a kernel that draws only its part's mask itself."""
         base = self.seed + (MODEL_PARALLEL_SEED_OFFSET + self.part[1] if per_part else 0)
-        dp_rank, dp_size = self.replica
-        seed = mix(base, self.module_number, self.site, self.iteration, self.calls * dp_size + dp_rank)
-        self.calls += 1
-        return _seeded_device_rng(seed)
+        return _seeded_device_rng(mix(base, self.module_number, self.site, self.iteration, self._micro_batch()))
 
     def _micro_batch(self) -> int:
         """This call's single-process micro-batch number c (module docstring); counts the call."""

@@ -312,7 +312,7 @@ class PipelineModule(_DSPipelineModule):
             if self.seed_layers:
                 seed = self.base_seed * micro_offset + self.curr_layer
                 (self.seed_fn or ds_utils.set_random_seed)(seed)
-            x = layer(x) if idx not in self._site_leaves else self._site_call(idx, layer, x)
+            x = layer(x) if idx not in self._site_leaves else self._site_call(idx, x)
         return x
 
     # --- layout-invariant sums (fixed_order.py): each use of a tied weight reads it through a leaf of its own -----
@@ -377,7 +377,7 @@ class PipelineModule(_DSPipelineModule):
     def _tied_param(self, key: str, attr: str) -> torch.nn.Parameter:
         return self._recursive_getattr(self.tied_modules[key], attr)
 
-    def _site_call(self, idx: int, layer, x):
+    def _site_call(self, idx: int, x):
         leaves = {f"tied.{attr}": leaf for attr, leaf in self._site_leaves[idx].items()}
         return torch.func.functional_call(self._site_modules[idx], leaves, (x,))
 
