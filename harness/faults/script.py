@@ -51,6 +51,18 @@ def script_env(data: dict, work_dir: str, faults: Optional[dict] = None, **extra
     return env
 
 
+def zero0_ds_config(folder) -> str:
+    """The example's DeepSpeed config with ZeRO stage 0, written into `folder` as a user edits it; its path (for
+    DS_CONFIG, with --zero-stage 0 on the command line: the JSON's stage must agree)."""
+    with open(os.path.join(ROOT, "examples", "ds_config_gpt2.json")) as f:
+        config = json.load(f)
+    config["zero_optimization"]["stage"] = 0
+    path = os.path.join(str(folder), "ds_config_zero0.json")
+    with open(path, "w") as f:
+        json.dump(config, f)
+    return path
+
+
 def run_script(env: Dict[str, str], when: Optional[Dict[str, Callable[[subprocess.Popen], None]]] = None,
                args: List[str] = (), timeout: float = 400, script: str = "ds_pretrain_gpt2.sh") -> Run:
     """Run the script in a session of its own (its process group is the job); each pattern of `when` fires its

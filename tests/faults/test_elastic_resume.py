@@ -10,16 +10,13 @@ With --layout-invariant (ZeRO stage 0 through DS_CONFIG, as a user edits the exa
 uninterrupted run's bit for bit."""
 from __future__ import annotations
 
-import json
-import os
 import shutil
 
 import numpy as np
 import pytest
 
 from megatron.checkpointing import read_latest
-from harness import ROOT
-from harness.faults.script import ITERS, run_script, script_env
+from harness.faults.script import ITERS, run_script, script_env, zero0_ds_config
 
 pytestmark = pytest.mark.long
 RTOL = 1e-5
@@ -30,20 +27,10 @@ def _at(data: dict, work, nproc: int, gas: int, **extra) -> dict:
     return script_env(data, str(work), NPROC=str(nproc), GAS=str(gas), TP="1", PP="1", MICRO_BATCH="2", **extra)
 
 
-def _zero0(tmp_path) -> dict:
-    """DS_CONFIG: the example's DeepSpeed config with ZeRO stage 0."""
-    with open(os.path.join(ROOT, "examples", "ds_config_gpt2.json")) as f:
-        config = json.load(f)
-    config["zero_optimization"]["stage"] = 0
-    path = tmp_path / "ds_config_zero0.json"
-    path.write_text(json.dumps(config))
-    return {"DS_CONFIG": str(path)}
-
-
 @pytest.mark.parametrize("invariant", [False, True], ids=["plain", "layout_invariant"])
 def test_a_run_saved_at_dp_4_continues_at_dp_2_and_dp_1(data, tmp_path, invariant):
     flags = ["--zero-stage", "0", "--layout-invariant"] if invariant else []
-    extra = _zero0(tmp_path) if invariant else {}
+    extra = {"DS_CONFIG": zero0_ds_config(tmp_path)} if invariant else {}
 
     def run(work, nproc: int, gas: int, args=()):
         return run_script(_at(data, work, nproc, gas, **extra), args=[*flags, *args])

@@ -14,14 +14,12 @@ docs/long-runs.md):
 """
 from __future__ import annotations
 
-import json
 import os
 
 import pytest
 
 from megatron.checkpointing import read_latest
-from harness import ROOT
-from harness.faults.script import ITERS, run_script, script_env
+from harness.faults.script import ITERS, run_script, script_env, zero0_ds_config
 
 pytestmark = pytest.mark.long
 ZERO0 = ["--zero-stage", "0"]  # after the script's --zero-stage 1; the JSON's stage must agree (zero0)
@@ -30,12 +28,8 @@ ZERO0 = ["--zero-stage", "0"]  # after the script's --zero-stage 1; the JSON's s
 @pytest.fixture
 def zero0(data, tmp_path):
     """script_env for ZeRO stage 0: the example's DeepSpeed config with stage 0 (DS_CONFIG, as a user edits it)."""
-    with open(os.path.join(ROOT, "examples", "ds_config_gpt2.json")) as f:
-        config = json.load(f)
-    config["zero_optimization"]["stage"] = 0
-    path = tmp_path / "ds_config_zero0.json"
-    path.write_text(json.dumps(config))
-    return lambda work, **kw: script_env(data, str(tmp_path / work), DS_CONFIG=str(path), **kw)
+    path = zero0_ds_config(tmp_path)
+    return lambda work, **kw: script_env(data, str(tmp_path / work), DS_CONFIG=path, **kw)
 
 
 def _one_error(run) -> str:
