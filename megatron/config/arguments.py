@@ -275,7 +275,7 @@ def _run_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layout-invariant", action="store_true",
                    help="sum gradients, the loss and the gradient norm in one fixed order over the global batch's "
                         "micro-batches, so that every split into data-parallel replicas (a power of two), "
-                        "gradient-accumulation steps and pipeline stages gives the same bits (fp32, ZeRO stage 0, "
+                        "gradient-accumulation steps and pipeline stages gives the same bits (fp32, ZeRO stage 0 or 1, "
                         "not ZB-H1; docs/training.md); attention dropout then takes the explicit attention path on "
                         "GPUs too")
     g.add_argument("--keyed-dropout", action="store_true",

@@ -263,9 +263,8 @@ def _resolve_layout_invariant(args: argparse.Namespace) -> None:
     _need(args.pipeline_schedule != "zb-h1", "--layout-invariant needs each micro-batch's gradients complete after "
           "its backward, and --pipeline-schedule zb-h1 defers the weight gradients; use 1f1b, gpipe or interleaved")
     precision = "--fp16" if args.fp16 else "--bf16" if args.bf16 else None
-    _need(precision is None and args.zero_stage == 0, f"--layout-invariant runs in fp32 at --zero-stage 0 (the fp16, "
-          f"bf16 and ZeRO-1 optimizers sum and clip in their own order); got {precision or 'fp32'} at --zero-stage "
-          f"{args.zero_stage}")
+    _need(precision is None, f"--layout-invariant runs in fp32 (the fp16 and bf16 optimizers sum and clip in their "
+          f"own order); got {precision}")
 
 
 def _resolve_length(args: argparse.Namespace) -> None:

@@ -34,6 +34,7 @@ from .collectives import CommGuard, apply_timeout, resolve_timeout
 from .executor import BatchState, StageContext, StageExecutor
 from .finite import FiniteCheck, local_grads
 from .fixed_order import MicroBatchGrads, pairwise_sum_rows, power_of_two
+from .fixed_zero import FixedOrderZero, adopt as adopt_fixed_zero, clip_coefficient
 from .module import PipelineModule
 from .p2p import P2P, PipelineCommError
 from .instructions import Op, check_schedule, eval_schedule, train_schedule
@@ -134,12 +135,13 @@ class PipelineEngine(DeepSpeedEngine):
         elif self.schedule_kind == "zb-h1":
             why = ("needs each micro-batch's gradients complete after its backward, and ZB-H1 defers the weight "
                    "gradients past the next one's; use the 1f1b, gpipe or interleaved schedule")
-        elif self.fp16_enabled() or self.bfloat16_enabled() or self.zero_optimization_stage() != 0:
-            why = (f"runs in fp32 at ZeRO stage 0 (the fp16, bf16 and ZeRO-1 optimizers sum and clip in their own "
-                   f"order); got fp16={self.fp16_enabled()}, bf16={self.bfloat16_enabled()}, ZeRO stage "
-                   f"{self.zero_optimization_stage()}")
+        elif self.fp16_enabled() or self.bfloat16_enabled():
+            why = (f"runs in fp32 (the fp16 and bf16 optimizers sum and clip in their own order); got "
+                   f"fp16={self.fp16_enabled()}, bf16={self.bfloat16_enabled()}")
         if why is not None:
             raise ValueError(f"pipeline.layout_invariant {why}")
+        if self.zero_optimization():  # ZeRO-1: its partitioned step on the settled gradients (fixed_zero.py)
+            adopt_fixed_zero(self.optimizer, self._fixed_order_norm)
         self.module.split_tied_sites()
         return MicroBatchGrads(self.module.gradient_slots(), self.grid.get_data_parallel_group(), dp)
 
@@ -327,7 +329,7 @@ class PipelineEngine(DeepSpeedEngine):
             norm = total.sqrt()
         grads = [p.grad.detach() for p in params]
         if grads:
-            torch._foreach_mul_(grads, (self.gradient_clipping() / (norm + 1e-6)).clamp(max=1.0))
+            torch._foreach_mul_(grads, clip_coefficient(self.gradient_clipping(), norm))
         self._global_grad_norm = norm
 
     def _counted_params(self) -> list[tuple[str, torch.nn.Parameter]]:
@@ -490,8 +492,10 @@ class PipelineEngine(DeepSpeedEngine):
             self._backward_epilogue()
 
     def _reduce_grads(self) -> None:
-        if self.fixed is not None:
-            return  # summed over the replicas micro-batch by micro-batch (`_micro_batch_done`)
+        if self.fixed is not None:  # summed over the replicas micro-batch by micro-batch (`_micro_batch_done`)
+            if isinstance(self.optimizer, FixedOrderZero):
+                self.optimizer.take_settled()  # ZeRO-1: this rank's partition, copied
+            return
         if self.dp_world_size == 1 and not self.zero_optimization():
             return  # one replica: DeepSpeed would flatten, all-reduce over one rank and copy back, for nothing
         self._force_grad_boundary = True

@@ -31,9 +31,9 @@ def error_rank(case: str) -> str:
                           partition_method=[0, 9, 8])
         elif case == "grad_on_int":
             harness.build(common.stack_specs(), ([True], ["int64"], [False]), pp=2, gas=2)
-        elif case == "invariant_zero1":
+        elif case == "invariant_bf16":
             harness.build(common.stack_specs(), ([True], ["float"], [False]), pp=2, gas=2,
-                          pipeline={"layout_invariant": True})
+                          pipeline={"layout_invariant": True}, extra_cfg={"bf16": {"enabled": True}})
         elif case == "invariant_zb_h1":
             harness.build(common.stack_specs(), ([True], ["float"], [False]), pp=2, gas=2, zero=0,
                           pipeline={"layout_invariant": True, "schedule": "zb-h1"})
@@ -45,8 +45,8 @@ def error_rank(case: str) -> str:
 ERRORS = {"zero2": r"zero_optimization.stage=2 is not supported with pipeline parallelism",
           "bad_parts": r"3 non-decreasing layer boundaries from 0 to 8.*got \[0, 9, 8\]",
           "grad_on_int": r"_input_grad\[0\]=True but _input_type\[0\]='int64' cannot carry a gradient",
-          "invariant_zero1": r"pipeline.layout_invariant runs in fp32 at ZeRO stage 0 .*got fp16=False, bf16=False, ZeRO "
-                             r"stage 1$",
+          "invariant_bf16": r"pipeline.layout_invariant runs in fp32 \(the fp16 and bf16 optimizers .*got fp16=False, "
+                            r"bf16=True$",
           "invariant_zb_h1": r"pipeline.layout_invariant needs each micro-batch's gradients complete .* use the 1f1b"}
 
 

@@ -7,6 +7,8 @@
   by luck);
 - `tree_all_reduce` over 4 processes gives every rank the bits of `pairwise_sum_rows` over the ranks' tensors, for a
   length the group does not divide;
+- torch's AdamW gives every element the same bits wherever the flat tensor is cut and with one or two threads: what
+  ZeRO-1's partitions of any dp need to step like one process's parameters (tds/pipe/fixed_zero.py).
 """
 from __future__ import annotations
 
@@ -65,3 +67,39 @@ def _tree_rank(n: int) -> tuple:
 def test_tree_all_reduce_gives_every_rank_the_fixed_tree():
     for got, want in run_distributed(_tree_rank, 4, 1001, timeout=120):
         assert torch.equal(got, want)
+
+
+def _adamw(cuts: list, threads: int, n: int = 100_003, steps: int = 3) -> torch.Tensor:
+    """One flat tensor cut at `cuts` into parameters, stepped by AdamW `steps` times; the parameters joined again."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(1)
+        flat, grads = torch.randn(n, generator=g), [torch.randn(n, generator=g) for _ in range(steps)]
+        bounds = [0, *cuts, n]
+        parts = [torch.nn.Parameter(flat[a:b].clone()) for a, b in zip(bounds, bounds[1:])]
+        opt = torch.optim.AdamW(parts, lr=1e-3, weight_decay=0.1)
+        for grad in grads:
+            for p, a, b in zip(parts, bounds, bounds[1:]):
+                p.grad = grad[a:b].clone()
+            opt.step()
+        return torch.cat([p.detach() for p in parts])
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_adamw_gives_each_element_the_same_bits_wherever_the_tensor_is_cut():
+    whole = _adamw([], 1)
+    for cuts, threads in (([], 2), ([50_001], 1), ([50_004], 2), ([17, 33_335, 66_671], 1), ([5], 2)):
+        assert torch.equal(_adamw(cuts, threads), whole), (cuts, threads)
+
+
+def test_zero_optimizers_it_cannot_keep_fixed_are_refused_in_one_line():
+    from types import SimpleNamespace
+
+    from tds.pipe.fixed_zero import adopt
+    offload = SimpleNamespace(partition_gradients=False, cpu_offload=True, dtype=torch.bfloat16, has_moe_layers=False)
+    with pytest.raises(ValueError) as err:
+        adopt(offload, lambda: torch.zeros(()))
+    assert str(err.value) == ("pipeline.layout_invariant runs ZeRO stage 1 in fp32 without cpu_offload or MoE layers; "
+                              "got cpu_offload, dtype torch.bfloat16")
