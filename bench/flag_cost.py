@@ -4,8 +4,8 @@ gradient buffers) or --keyed-dropout (megatron/model/rng.py's keyed masks).
     .venv/bin/python bench/flag_cost.py [--flag=--keyed-dropout --zero-stage 1 --iters 10 --rounds 2]
 
 Protocol: the default CPU job of examples/ds_pretrain_gpt2.sh (8 gloo processes, (tp, pp, dp) = (2, 2, 2), GPT-2
-with 4 layers, hidden 64, 4 heads, seq 64, micro-batch 4 x gas 2, fp32, dropout on) at --zero-stage (0 by default,
-which --layout-invariant needs). Each round trains it once without and once with the flag (a fresh job each, in that
+with 4 layers, hidden 64, 4 heads, seq 64, micro-batch 4 x gas 2, fp32, dropout on) at --zero-stage (0 by default;
+--layout-invariant runs at 0 and 1). Each round trains it once without and once with the flag (a fresh job each, in that
 order): 3 warm-up iterations, then --iters timed ones. Prints the median step time over ranks of each run, the ratio
 of the rounds' medians (with / without), and for --layout-invariant the bytes of partial sums it holds besides the
 gradients (the most of any rank, counted on the tensors themselves) next to the gradients' own bytes.
