@@ -21,7 +21,8 @@ Capacity (`--moe-expert-capacity-factor c`): each expert keeps at most ceil(T k 
 largest probability ("probs") or the earliest position ("position"); None is dropless.
 
 Experts hold their weights stacked: `linear_fc1` (E, 2f, h) with the gate rows first, `linear_fc2` (E, h, f), the
-layout of transformers' fused experts and of Megatron's grouped GEMM. Each expert runs one GEMM pair over its tokens.
+layout of transformers' fused experts and of Megatron's grouped GEMM; under expert parallelism a rank holds E / P of
+them and the rows move by all-to-all (`moe_dispatch.py`). Each expert runs one GEMM pair over its rows.
 """
 from __future__ import annotations
 
@@ -30,8 +31,11 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from .moe_dispatch import dispatch_combine
 
 __all__ = ["MoEConfig", "MoELayer", "SharedExpert", "SwiGLUExperts", "aux_loss", "capacity", "drop_over_capacity",
            "route", "swiglu", "tokens_per_expert", "z_loss"]
@@ -172,26 +176,21 @@ class SharedExpert(nn.Module):
 
 
 class SwiGLUExperts(nn.Module):
-    """E SwiGLU experts, weights stacked (module docstring); `forward(x, probs, experts)` sums each token's chosen
-    experts' outputs weighted by their probabilities (an expert index of -1, a dropped choice, adds nothing)."""
+    """This rank's E / P of the E SwiGLU experts (P: the expert-parallel group's size), weights stacked (module
+    docstring); `forward(x, probs, experts)` sums each token's chosen experts' outputs weighted by their
+    probabilities (an expert index of -1, a dropped choice, adds nothing), moving rows with `moe_dispatch`."""
 
-    def __init__(self, num: int, hidden: int, ffn: int, std: float, out_std: float, dtype: torch.dtype) -> None:
+    def __init__(self, num: int, hidden: int, ffn: int, std: float, out_std: float, dtype: torch.dtype,
+                 ep_group=None) -> None:
         super().__init__()
-        self.linear_fc1 = nn.Parameter(torch.empty(num, 2 * ffn, hidden, dtype=dtype).normal_(0.0, std))
-        self.linear_fc2 = nn.Parameter(torch.empty(num, hidden, ffn, dtype=dtype).normal_(0.0, out_std))
+        self.num, self.ep_group = num, ep_group
+        local = num // (dist.get_world_size(ep_group) if ep_group is not None else 1)
+        self.linear_fc1 = nn.Parameter(torch.empty(local, 2 * ffn, hidden, dtype=dtype).normal_(0.0, std))
+        self.linear_fc2 = nn.Parameter(torch.empty(local, hidden, ffn, dtype=dtype).normal_(0.0, out_std))
 
     def forward(self, x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        flat_experts, flat_probs = experts.reshape(-1), probs.reshape(-1)
-        token_of = torch.arange(x.shape[0], device=x.device).repeat_interleave(experts.shape[1])
-        for e in range(self.linear_fc1.shape[0]):
-            picked = flat_experts == e
-            if not bool(picked.any()):
-                continue  # no token for this expert: its weights get no gradient from this batch
-            tokens = token_of[picked]
-            y = swiglu(x[tokens], self.linear_fc1[e], self.linear_fc2[e])
-            out.index_add_(0, tokens, y * flat_probs[picked].unsqueeze(1).to(y.dtype))
-        return out
+        return dispatch_combine(x, probs, experts, self.num,
+                                lambda j, rows: swiglu(rows, self.linear_fc1[j], self.linear_fc2[j]), self.ep_group)
 
 
 class MoELayer(nn.Module):
@@ -199,7 +198,8 @@ class MoELayer(nn.Module):
     `shared_gate`). stats: "tokens_per_expert" (E,) after dropping, and where enabled "load_balancing_loss" and
     "z_loss", tensors in the autograd graph for the caller to back-propagate."""
 
-    def __init__(self, cfg: MoEConfig, num_layers: int = 1) -> None:
+    def __init__(self, cfg: MoEConfig, num_layers: int = 1, ep_group=None) -> None:
+        """ep_group: the expert-parallel group this rank's E / P experts belong to (None: all E here)."""
         super().__init__()
         self.cfg = cfg
         std, out_std = cfg.init_method_std, cfg.init_method_std / math.sqrt(2.0 * num_layers)
@@ -208,7 +208,7 @@ class MoELayer(nn.Module):
         nn.init.normal_(self.router.weight, 0.0, std)
         if cfg.expert_bias:  # fp32 whatever the model's dtype; updated outside backward, once per global batch
             self.register_buffer("expert_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
-        self.experts = SwiGLUExperts(cfg.num_experts, h, cfg.ffn_hidden_size, std, out_std, cfg.dtype)
+        self.experts = SwiGLUExperts(cfg.num_experts, h, cfg.ffn_hidden_size, std, out_std, cfg.dtype, ep_group)
         self.shared_expert = self.shared_gate = None
         if cfg.shared_ffn_hidden_size:
             self.shared_expert = SharedExpert(h, cfg.shared_ffn_hidden_size, std, out_std, cfg.dtype)

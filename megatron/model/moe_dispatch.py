@@ -1,0 +1,77 @@
+"""Expert parallelism: the tokens' chosen experts live on other ranks of the expert-parallel group.
+
+Rank r of an expert-parallel group of size P holds experts [r E_l, (r + 1) E_l), E_l = E / P. The all-to-all
+dispatcher (`--moe-token-dispatcher-type alltoall`) moves each token copy to the rank of its expert and back:
+
+    permute     the (token, choice) pairs sorted by expert (stable: token order within an expert); -1 (dropped) left out
+    counts      an all-to-all of the per-expert counts: how many rows each rank sends to each of my experts
+    dispatch    an all-to-all of the rows (gradients: the same all-to-all reversed)
+    compute     my experts over their rows, source rank by source rank
+    combine     the all-to-all back, then each row times its probability added into its token (index_add)
+
+Nothing here knows the model: `expert_fn(j, rows)` computes local expert j. Groups come from the caller.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["AllToAll", "dispatch_combine"]
+
+
+class AllToAll(torch.autograd.Function):
+    """all_to_all_single of rows with uneven splits; its backward is the reverse all-to-all."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group, out_splits: list, in_splits: list) -> torch.Tensor:
+        ctx.group, ctx.splits = group, (out_splits, in_splits)
+        out = x.new_empty((sum(out_splits),) + tuple(x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        out_splits, in_splits = ctx.splits
+        back = grad.new_empty((sum(in_splits),) + tuple(grad.shape[1:]))
+        dist.all_to_all_single(back, grad.contiguous(), in_splits, out_splits, group=ctx.group)
+        return back, None, None, None
+
+
+def dispatch_combine(x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor, num_experts: int,
+                     expert_fn: Callable[[int, torch.Tensor], torch.Tensor], group: Optional[object] = None
+                     ) -> torch.Tensor:
+    """(T, h) -> (T, h): sum over each token's kept choices of prob x expert(token), the experts spread over the
+    expert-parallel `group` (None: one rank holds them all); `expert_fn(j, rows)` runs this rank's j-th expert."""
+    size = dist.get_world_size(group) if group is not None else 1
+    if num_experts % size:
+        raise ValueError(f"--num-experts {num_experts} is not divisible by --expert-model-parallel-size {size}")
+    local = num_experts // size
+    flat = experts.reshape(-1)
+    token_of = torch.arange(x.shape[0], device=x.device).repeat_interleave(experts.shape[1])
+    keep = flat >= 0
+    order = torch.sort(flat[keep], stable=True).indices
+    chosen_expert = flat[keep][order]
+    chosen_token, chosen_prob = token_of[keep][order], probs.reshape(-1)[keep][order]
+    rows = x[chosen_token]
+    counts = torch.bincount(chosen_expert, minlength=num_experts)  # rows I send to each expert
+    if size > 1:
+        recv = torch.empty_like(counts)  # rows each rank sends to each of my experts: (P, E_l) after the view
+        dist.all_to_all_single(recv, counts, group=group)
+        recv = recv.view(size, local)
+        send_splits = counts.view(size, local).sum(dim=1).tolist()
+        rows = AllToAll.apply(rows, group, recv.sum(dim=1).tolist(), send_splits)
+    else:
+        recv = counts.view(1, local)
+    out_rows = torch.empty_like(rows)
+    starts = torch.cumsum(recv.reshape(-1), 0) - recv.reshape(-1)  # where each (source, expert) block starts
+    for j in range(local):
+        blocks = [(int(starts[src * local + j]), int(recv[src, j])) for src in range(size)]
+        index = torch.cat([torch.arange(s, s + n, device=x.device) for s, n in blocks])
+        if index.numel():
+            out_rows[index] = expert_fn(j, rows[index])
+    if size > 1:
+        out_rows = AllToAll.apply(out_rows, group, send_splits, recv.sum(dim=1).tolist())
+    out = torch.zeros_like(x)
+    return out.index_add_(0, chosen_token, out_rows * chosen_prob.unsqueeze(1).to(out_rows.dtype))
