@@ -35,7 +35,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .moe_dispatch import dispatch_combine
+from .moe_dispatch import allgather_dispatch_combine, dispatch_combine
 
 __all__ = ["MoEConfig", "MoELayer", "SharedExpert", "SwiGLUExperts", "aux_loss", "capacity", "drop_over_capacity",
            "route", "swiglu", "tokens_per_expert", "z_loss"]
@@ -61,6 +61,7 @@ class MoEConfig:
     shared_ffn_hidden_size: Optional[int] = None
     shared_gate: bool = False
     expert_bias: bool = False
+    dispatcher: str = "allgather"  # or "alltoall" (moe_dispatch.py); the same with one expert-parallel rank
     init_method_std: float = 0.02
     dtype: torch.dtype = torch.float32
 
@@ -84,6 +85,8 @@ class MoEConfig:
             (self.expert_bias and self.score_function != "sigmoid",
              "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (the bias picks experts "
              "by sigmoid score)"),
+            (self.dispatcher not in ("allgather", "alltoall"),
+             f"--moe-token-dispatcher-type must be allgather or alltoall, got {self.dispatcher!r}"),
             (self.shared_gate and not self.shared_ffn_hidden_size,
              "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size"),
         ]
@@ -181,16 +184,17 @@ class SwiGLUExperts(nn.Module):
     probabilities (an expert index of -1, a dropped choice, adds nothing), moving rows with `moe_dispatch`."""
 
     def __init__(self, num: int, hidden: int, ffn: int, std: float, out_std: float, dtype: torch.dtype,
-                 ep_group=None) -> None:
+                 ep_group=None, dispatcher: str = "allgather") -> None:
         super().__init__()
         self.num, self.ep_group = num, ep_group
+        self.dispatch = allgather_dispatch_combine if dispatcher == "allgather" else dispatch_combine
         local = num // (dist.get_world_size(ep_group) if ep_group is not None else 1)
         self.linear_fc1 = nn.Parameter(torch.empty(local, 2 * ffn, hidden, dtype=dtype).normal_(0.0, std))
         self.linear_fc2 = nn.Parameter(torch.empty(local, hidden, ffn, dtype=dtype).normal_(0.0, out_std))
 
     def forward(self, x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        return dispatch_combine(x, probs, experts, self.num,
-                                lambda j, rows: swiglu(rows, self.linear_fc1[j], self.linear_fc2[j]), self.ep_group)
+        return self.dispatch(x, probs, experts, self.num,
+                             lambda j, rows: swiglu(rows, self.linear_fc1[j], self.linear_fc2[j]), self.ep_group)
 
 
 class MoELayer(nn.Module):
@@ -208,7 +212,8 @@ class MoELayer(nn.Module):
         nn.init.normal_(self.router.weight, 0.0, std)
         if cfg.expert_bias:  # fp32 whatever the model's dtype; updated outside backward, once per global batch
             self.register_buffer("expert_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
-        self.experts = SwiGLUExperts(cfg.num_experts, h, cfg.ffn_hidden_size, std, out_std, cfg.dtype, ep_group)
+        self.experts = SwiGLUExperts(cfg.num_experts, h, cfg.ffn_hidden_size, std, out_std, cfg.dtype, ep_group,
+                                     cfg.dispatcher)
         self.shared_expert = self.shared_gate = None
         if cfg.shared_ffn_hidden_size:
             self.shared_expert = SharedExpert(h, cfg.shared_ffn_hidden_size, std, out_std, cfg.dtype)

@@ -1,7 +1,13 @@
 """Expert parallelism: the tokens' chosen experts live on other ranks of the expert-parallel group.
 
-Rank r of an expert-parallel group of size P holds experts [r E_l, (r + 1) E_l), E_l = E / P. The all-to-all
-dispatcher (`--moe-token-dispatcher-type alltoall`) moves each token copy to the rank of its expert and back:
+Rank r of an expert-parallel group of size P holds experts [r E_l, (r + 1) E_l), E_l = E / P. Two dispatchers, as
+Megatron's `--moe-token-dispatcher-type`:
+
+allgather (Megatron's default): every rank gathers every rank's tokens, probabilities and choices, runs its own
+experts on the rows that chose them (the choices of other ranks' experts set to -1), and a reduce-scatter sums the
+P partial outputs back onto each rank's tokens (backward: the gradients reduce-scattered, then all-gathered).
+
+alltoall moves each token copy to the rank of its expert and back:
 
     permute     the (token, choice) pairs sorted by expert (stable: token order within an expert); -1 (dropped) left out
     counts      an all-to-all of the per-expert counts: how many rows each rank sends to each of my experts
@@ -18,7 +24,9 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["AllToAll", "dispatch_combine"]
+from megatron.mpu.mappings import gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region
+
+__all__ = ["AllToAll", "allgather_dispatch_combine", "dispatch_combine"]
 
 
 class AllToAll(torch.autograd.Function):
@@ -75,3 +83,22 @@ def dispatch_combine(x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor
         out_rows = AllToAll.apply(out_rows, group, send_splits, recv.sum(dim=1).tolist())
     out = torch.zeros_like(x)
     return out.index_add_(0, chosen_token, out_rows * chosen_prob.unsqueeze(1).to(out_rows.dtype))
+
+
+def allgather_dispatch_combine(x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor, num_experts: int,
+                               expert_fn: Callable[[int, torch.Tensor], torch.Tensor], group: Optional[object] = None
+                               ) -> torch.Tensor:
+    """`dispatch_combine`'s result by the allgather dispatcher (module docstring); every rank the same T."""
+    size = dist.get_world_size(group) if group is not None else 1
+    if size == 1:
+        return dispatch_combine(x, probs, experts, num_experts, expert_fn)
+    if num_experts % size:
+        raise ValueError(f"--num-experts {num_experts} is not divisible by --expert-model-parallel-size {size}")
+    local, first = num_experts // size, dist.get_rank(group) * (num_experts // size)
+    every_x = gather_from_sequence_parallel_region(x.unsqueeze(0), group).squeeze(0)  # (P T, h)
+    every_probs = gather_from_sequence_parallel_region(probs.unsqueeze(0), group).squeeze(0)
+    every_experts = torch.empty(size * experts.shape[0], experts.shape[1], dtype=experts.dtype, device=x.device)
+    dist.all_gather_into_tensor(every_experts, experts.contiguous(), group=group)
+    mine = (every_experts >= first) & (every_experts < first + local)
+    partial = dispatch_combine(every_x, every_probs, torch.where(mine, every_experts - first, -1), local, expert_fn)
+    return reduce_scatter_to_sequence_parallel_region(partial.unsqueeze(0), group).squeeze(0)

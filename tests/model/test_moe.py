@@ -168,6 +168,7 @@ def test_an_expert_without_tokens_gets_no_gradient_and_the_rest_trains():
     (dict(drop_policy="random"), "--moe-token-drop-policy must be probs or position, got 'random'"),
     (dict(expert_bias=True), "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid"),
     (dict(shared_gate=True), "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size"),
+    (dict(dispatcher="flex"), "--moe-token-dispatcher-type must be allgather or alltoall, got 'flex'"),
 ])
 def test_bad_settings_are_one_line(fields, message):
     with pytest.raises(ValueError) as err:

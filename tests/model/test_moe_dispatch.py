@@ -2,13 +2,16 @@
 
 - permuting and un-permuting (identity experts; each token's choices weighted 1 and 0, some dropped) returns every
   rank's input exactly, and its gradient exactly;
-- a MoE layer (8 experts, top-2, a shared expert) whose experts are spread over the group gives each rank the
+- a MoE layer (8 experts, top-2, a shared expert) whose experts are spread over the group, with either dispatcher
+  (allgather, alltoall: one run computes both, and they agree within 1e-6), gives each rank the
   output and input gradient of one process running all experts on that rank's tokens, each rank's experts the
   gradients of one process over every rank's tokens, and the router and shared expert, summed over the ranks, theirs
   too (fp32, relative error under 1e-6);
 - an expert no token of any rank chose leaves its weights without gradient.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -44,12 +47,21 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _layer_rank() -> dict:
+    errors, outputs = {}, {}
+    for dispatcher in ("allgather", "alltoall"):
+        found, outputs[dispatcher] = _layer_errors(dispatcher)
+        errors.update({f"{dispatcher}: {what}": err for what, err in found.items()})
+    errors["allgather against alltoall"] = _rel(outputs["allgather"], outputs["alltoall"])
+    return errors
+
+
+def _layer_errors(dispatcher: str) -> tuple:
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     full = MoELayer(CFG)  # the same weights on every rank: the reference
     with torch.no_grad():
         full.router.weight[E - 1] = -10.0  # no token picks the last expert (x > 0 below)
-    layer = MoELayer(CFG, ep_group=dist.group.WORLD)
+    layer = MoELayer(dataclasses.replace(CFG, dispatcher=dispatcher), ep_group=dist.group.WORLD)
     local = E // size
     with torch.no_grad():
         for name, p in layer.named_parameters():
@@ -74,7 +86,7 @@ def _layer_rank() -> dict:
               "shared grad": _rel(shared, full.shared_expert.linear_fc1.grad)}
     if rank == size - 1:  # the last expert: no token of any rank
         errors["unused expert has no gradient"] = float(torch.count_nonzero(layer.experts.linear_fc1.grad[-1]))
-    return errors
+    return errors, out.detach()
 
 
 @pytest.mark.parametrize("ep", [2, 4])
