@@ -14,11 +14,11 @@ _FROM = {"LayerSpec": "deepspeed.runtime.pipe.module", "TiedLayerSpec": "deepspe
          "PipelineLayoutError": "tds.pipe.meta", "TensorDecl": "tds.pipe.meta", "PipelineModule": "tds.pipe.module",
          **dict.fromkeys(("default_checkpoint", "non_reentrant_checkpoint", "reentrant_checkpoint"),
                          "tds.pipe.recompute"),
-         "PipelineCommError": "tds.pipe.p2p",
+         "PipelineCommError": "tds.pipe.p2p", "add_stage_loss": "tds.pipe.stage_loss",
          **dict.fromkeys(("Instruction", "Op", "eval_schedule", "train_schedule"), "tds.pipe.instructions")}
 __getattr__ = lazy_exports(__name__, _FROM)  # each name imported on first use (tds/lazy.py)
 
 __all__ = ["PipelineModule", "PipelineEngine", "ProcessGrid", "LayerSpec", "TiedLayerSpec", "ProcessTopology",
            "PipeDataParallelTopology", "PipeModelDataParallelTopology", "PipelineLayoutError",
            "PipelineCommError", "NonFiniteError", "TensorDecl", "default_checkpoint", "non_reentrant_checkpoint",
-           "reentrant_checkpoint", "Instruction", "Op", "train_schedule", "eval_schedule"]
+           "reentrant_checkpoint", "Instruction", "Op", "train_schedule", "eval_schedule", "add_stage_loss"]

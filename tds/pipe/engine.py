@@ -27,7 +27,7 @@ from deepspeed.runtime.utils import is_model_parallel_parameter
 
 from .. import device as tds_device
 from ..safe_load import make_safe
-from . import recompute
+from . import recompute, stage_loss
 from .bf16_tail import FlatBF16Optimizer, adopt
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
@@ -227,6 +227,8 @@ class PipelineEngine(DeepSpeedEngine):
         if self.fixed is not None:
             self.module.refresh_sites()
             self.fixed.begin(self.micro_batches)
+        one = torch.ones((), device=tds_device.device(), requires_grad=True).clone()  # a loss to DeepSpeed's scaler
+        stage_loss.set_scale(self._scaled_loss(one).detach())  # what each micro-batch's loss is multiplied by
         with self._mode(training=True, data_iter=data_iter, keep_iter=True):
             recorder = self.timeline.begin(self.global_steps + 1) if self.timeline is not None else None
             self._run(train_schedule(self.schedule_kind, self.num_stages, self.stage_id, self.micro_batches,
