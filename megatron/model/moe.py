@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from .moe_dispatch import allgather_dispatch_combine, dispatch_combine
+from .moe_dispatch import allgather_dispatch_combine, dispatch_combine, local_experts
 
 __all__ = ["MoEConfig", "MoELayer", "SharedExpert", "SwiGLUExperts", "aux_loss", "capacity", "drop_over_capacity",
            "route", "swiglu", "tokens_per_expert", "z_loss"]
@@ -95,6 +94,10 @@ class MoEConfig:
                 raise ValueError(message)
 
 
+def _sum_to_one(scores: torch.Tensor) -> torch.Tensor:
+    return scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+
+
 def route(logits: torch.Tensor, cfg: MoEConfig, bias: Optional[torch.Tensor] = None
           ) -> Tuple[torch.Tensor, torch.Tensor]:
     """(probs (T, k), experts (T, k)) from the router's logits (T, E), as the module docstring defines them."""
@@ -109,7 +112,7 @@ def route(logits: torch.Tensor, cfg: MoEConfig, bias: Optional[torch.Tensor] = N
         _, experts = torch.topk(scores if bias is None else scores + bias, cfg.topk, dim=-1)
         probs = scores.gather(-1, experts)
         if cfg.topk > 1:
-            probs = probs / (probs.sum(dim=-1, keepdim=True) + 1e-20)
+            probs = _sum_to_one(probs)
     if cfg.topk_scaling_factor:
         probs = probs * cfg.topk_scaling_factor
     return probs, experts
@@ -149,8 +152,7 @@ def aux_loss(logits: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
     if cfg.score_function == "softmax":
         scores = torch.softmax(logits, dim=-1)
     else:
-        scores = torch.sigmoid(logits)
-        scores = scores / (scores.sum(dim=-1, keepdim=True) + 1e-20)
+        scores = _sum_to_one(torch.sigmoid(logits))
     tokens = logits.shape[0]
     counts = tokens_per_expert(torch.topk(scores, cfg.topk, dim=-1).indices, cfg.num_experts).to(scores.dtype)
     return cfg.aux_loss_coeff * cfg.num_experts / (cfg.topk * tokens * tokens) * (scores.sum(dim=0) * counts).sum()
@@ -188,7 +190,7 @@ class SwiGLUExperts(nn.Module):
         super().__init__()
         self.num, self.ep_group = num, ep_group
         self.dispatch = allgather_dispatch_combine if dispatcher == "allgather" else dispatch_combine
-        local = num // (dist.get_world_size(ep_group) if ep_group is not None else 1)
+        local = local_experts(num, ep_group)
         self.linear_fc1 = nn.Parameter(torch.empty(local, 2 * ffn, hidden, dtype=dtype).normal_(0.0, std))
         self.linear_fc2 = nn.Parameter(torch.empty(local, hidden, ffn, dtype=dtype).normal_(0.0, out_std))
 

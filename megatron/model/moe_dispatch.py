@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from megatron.mpu.mappings import gather_from_sequence_parallel_region, reduce_scatter_to_sequence_parallel_region
 
-__all__ = ["AllToAll", "allgather_dispatch_combine", "dispatch_combine"]
+__all__ = ["AllToAll", "allgather_dispatch_combine", "dispatch_combine", "local_experts"]
 
 
 class AllToAll(torch.autograd.Function):
@@ -47,15 +47,21 @@ class AllToAll(torch.autograd.Function):
         return back, None, None, None
 
 
+def local_experts(num_experts: int, group) -> int:
+    """E / P: how many experts each rank of the expert-parallel `group` (None: one rank) holds."""
+    size = dist.get_world_size(group) if group is not None else 1
+    if num_experts % size:
+        raise ValueError(f"--num-experts {num_experts} is not divisible by --expert-model-parallel-size {size}")
+    return num_experts // size
+
+
 def dispatch_combine(x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor, num_experts: int,
                      expert_fn: Callable[[int, torch.Tensor], torch.Tensor], group: Optional[object] = None
                      ) -> torch.Tensor:
     """(T, h) -> (T, h): sum over each token's kept choices of prob x expert(token), the experts spread over the
     expert-parallel `group` (None: one rank holds them all); `expert_fn(j, rows)` runs this rank's j-th expert."""
-    size = dist.get_world_size(group) if group is not None else 1
-    if num_experts % size:
-        raise ValueError(f"--num-experts {num_experts} is not divisible by --expert-model-parallel-size {size}")
-    local = num_experts // size
+    local = local_experts(num_experts, group)
+    size = num_experts // local
     flat = experts.reshape(-1)
     token_of = torch.arange(x.shape[0], device=x.device).repeat_interleave(experts.shape[1])
     keep = flat >= 0
@@ -68,8 +74,8 @@ def dispatch_combine(x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor
         recv = torch.empty_like(counts)  # rows each rank sends to each of my experts: (P, E_l) after the view
         dist.all_to_all_single(recv, counts, group=group)
         recv = recv.view(size, local)
-        send_splits = counts.view(size, local).sum(dim=1).tolist()
-        rows = AllToAll.apply(rows, group, recv.sum(dim=1).tolist(), send_splits)
+        send_splits, recv_splits = counts.view(size, local).sum(dim=1).tolist(), recv.sum(dim=1).tolist()
+        rows = AllToAll.apply(rows, group, recv_splits, send_splits)
     else:
         recv = counts.view(1, local)
     out_rows = torch.empty_like(rows)
@@ -80,7 +86,7 @@ def dispatch_combine(x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor
         if index.numel():
             out_rows[index] = expert_fn(j, rows[index])
     if size > 1:
-        out_rows = AllToAll.apply(out_rows, group, send_splits, recv.sum(dim=1).tolist())
+        out_rows = AllToAll.apply(out_rows, group, send_splits, recv_splits)
     out = torch.zeros_like(x)
     return out.index_add_(0, chosen_token, out_rows * chosen_prob.unsqueeze(1).to(out_rows.dtype))
 
@@ -89,12 +95,11 @@ def allgather_dispatch_combine(x: torch.Tensor, probs: torch.Tensor, experts: to
                                expert_fn: Callable[[int, torch.Tensor], torch.Tensor], group: Optional[object] = None
                                ) -> torch.Tensor:
     """`dispatch_combine`'s result by the allgather dispatcher (module docstring); every rank the same T."""
-    size = dist.get_world_size(group) if group is not None else 1
+    local = local_experts(num_experts, group)
+    size = num_experts // local
     if size == 1:
         return dispatch_combine(x, probs, experts, num_experts, expert_fn)
-    if num_experts % size:
-        raise ValueError(f"--num-experts {num_experts} is not divisible by --expert-model-parallel-size {size}")
-    local, first = num_experts // size, dist.get_rank(group) * (num_experts // size)
+    first = dist.get_rank(group) * local
     every_x = gather_from_sequence_parallel_region(x.unsqueeze(0), group).squeeze(0)  # (P T, h)
     every_probs = gather_from_sequence_parallel_region(probs.unsqueeze(0), group).squeeze(0)
     every_experts = torch.empty(size * experts.shape[0], experts.shape[1], dtype=experts.dtype, device=x.device)
