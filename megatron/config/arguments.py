@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Callable, Dict, Optional, Sequence
 
+from megatron.config.moe_args import add_moe_args
 from megatron.config.resolution import PIPELINE_SCHEDULES, resolve_args
 from megatron.errors import ArgumentParser
 from megatron.tokenizer import TOKENIZER_TYPES
@@ -328,7 +329,8 @@ def _deepspeed_args(p: argparse.ArgumentParser) -> None:
 def build_parser(extra_args_provider: Optional[ExtraArgsProvider] = None, prog: Optional[str] = None
                  ) -> argparse.ArgumentParser:
     p = ArgumentParser(prog=prog, description="Megatron-TDS pretraining", allow_abbrev=False)
-    for add in (_model_args, _parallel_args, _batch_and_optim_args, _data_args, _run_args, _deepspeed_args):
+    for add in (_model_args, add_moe_args, _parallel_args, _batch_and_optim_args, _data_args, _run_args,
+                _deepspeed_args):
         add(p)
     if extra_args_provider is not None:
         p = extra_args_provider(p)

@@ -17,6 +17,7 @@ import argparse
 import os
 from typing import Dict, Optional
 
+from megatron.model.moe_config import ARCHITECTURE as MOE_ARCHITECTURE
 from megatron.model.specs.gpt import GPT_DEFAULTS, LAYER_SWITCHES
 from megatron.errors import UserError
 
@@ -28,7 +29,7 @@ ARCHITECTURE = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_h
                 "layernorm_epsilon", "swiglu", "group_query_attention", "num_query_groups", "disable_bias_linear",
                 "add_qkv_bias", "gelu", "untie_embeddings_and_output_weights", "decoder_num_layers",
                 "feed_forward_proj", "relative_attention_num_buckets", "relative_attention_max_distance",
-                *LAYER_SWITCHES)
+                *LAYER_SWITCHES, *MOE_ARCHITECTURE)
 SEQUENCE = ("seq_length", "encoder_seq_length", "decoder_seq_length")
 
 

@@ -27,6 +27,7 @@ from typing import Optional
 from megatron.config.batch_schedule import BatchSchedule
 from megatron.config.ds_config import (build_ds_config, from_json_note, initial_scale_power, load_json,
                                        merge_json_into_args)
+from megatron.config.moe_args import resolve_moe
 from megatron.errors import UserError, flag_name as _flag, require as _need
 from megatron.model.specs import SPECS, spec_for
 
@@ -400,6 +401,7 @@ def resolve_args(args: argparse.Namespace, world_size: Optional[int] = None) -> 
         _resolve_partition(args)
         _resolve_precision(args)
         _resolve_layout_invariant(args)
+        resolve_moe(args)
         _resolve_schedule(args)
         _resolve_timeline(args)
         _resolve_data(args)

@@ -6,7 +6,7 @@
 Each consumer receives the section it needs (torchtitan's JobConfig, nanoGPT's `model_args`):
 
     model       the model's own config (GPTConfig / T5Config: `spec.config(args)`)
-    layout      (tp, pp, dp), ZeRO stage, pipeline schedule, chunks per stage, partition, sequence parallelism
+    layout      (tp, pp, dp, ep), ZeRO stage, pipeline schedule, chunks per stage, partition, sequence parallelism
                                                                                             -> engine, checkpoints
     batch       micro-batch, gas, global batch, ramp-up, train length                       -> loop, loaders
     optimizer   AdamW and clipping;  lr: the LR schedule in its unit (iterations or samples)
@@ -54,6 +54,7 @@ class Layout:
     partition_method: Union[None, str, Tuple[int, ...]]
     distributed_timeout_minutes: float
     sequence_parallel: bool = False  # split the norm/dropout/residual regions along the sequence over tp
+    ep: int = 1                  # expert-parallel size (--expert-model-parallel-size), folded out of tp x dp
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,8 @@ def layout_of(args: argparse.Namespace) -> Layout:
         virtual_pipe_stages=args.virtual_pipe_stages or 1,
         partition_method=tuple(args.partition_method) if isinstance(args.partition_method, list)
         else args.partition_method, distributed_timeout_minutes=args.distributed_timeout_minutes,
-        sequence_parallel=bool(getattr(args, "sequence_parallel", False)) and args.tensor_model_parallel_size > 1)
+        sequence_parallel=bool(getattr(args, "sequence_parallel", False)) and args.tensor_model_parallel_size > 1,
+        ep=getattr(args, "expert_model_parallel_size", None) or 1)
 
 
 def lr_schedule_of(args: argparse.Namespace) -> LRSchedule:

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from .moe_config import MoEConfig
+
 
 def padded_vocab_size(vocab_size: int, divisible_by: int = 128, tp: int = 1) -> int:
     """Megatron's padding: the smallest multiple of divisible_by * tp that holds vocab_size.
@@ -156,6 +158,8 @@ class GPTConfig(TransformerConfig):
     post_sublayer_norm: the layer's two norms on the attention and MLP outputs, before the residual add, instead
         of on their inputs (OLMo-2's reordered norm: x + drop(N(attn(x))); --post-sublayer-norm); the final norm
         stays.
+    moe: the mixture of experts (`moe_config.MoEConfig`) in place of the MLP in the layers its pattern marks;
+        None: every layer is dense. The experts are SwiGLU MLPs, so a MoE model has `swiglu` set.
     """
     max_position_embeddings: Optional[int] = None
     init_method_std: float = 0.02
@@ -177,9 +181,18 @@ class GPTConfig(TransformerConfig):
     qk_layernorm: bool = False
     qk_layernorm_full: bool = False
     post_sublayer_norm: bool = False
+    moe: Optional[MoEConfig] = None
 
     def __post_init__(self):
         super().__post_init__()
+        if isinstance(self.moe, dict):  # a record read back
+            self.moe = MoEConfig(**self.moe)
+        if self.moe is not None:
+            if not self.swiglu:
+                raise ValueError("the experts are SwiGLU MLPs: a MoE model needs swiglu")
+            if self.moe.layer_pattern and len(self.moe.layer_pattern) != self.num_layers:
+                raise ValueError(f"moe.layer_pattern lists {len(self.moe.layer_pattern)} layers, the model has "
+                                 f"{self.num_layers}")
         if self.gelu not in GELUS:
             raise ValueError(f"gelu must be one of {GELUS}, got {self.gelu!r}")
         if self.ffn_hidden_size is None:

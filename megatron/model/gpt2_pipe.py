@@ -77,9 +77,10 @@ class GPT2LMHeadPipe(GPT2LMHead):
     """The untied output layer as the last spec: N_f(x) -> vocab-parallel logits."""
 
 
-def gpt2_layer_specs(config: GPTConfig, tp_group=None, sequence_parallel: bool = False) -> list:
+def gpt2_layer_specs(config: GPTConfig, tp_group=None, sequence_parallel: bool = False, ep_group=None) -> list:
     sp = sequence_parallel
-    layers = [LayerSpec(GPT2TransformerLayerPipe, config, i + 1, tp_group, sp) for i in range(config.num_layers)]
+    layers = [LayerSpec(GPT2TransformerLayerPipe, config, i + 1, tp_group, sp, ep_group)
+              for i in range(config.num_layers)]
     norm = LayerSpec(GPT2FinalLayerNormPipe, config, tp_group, sp)
     if not config.tie_word_embeddings:
         return [LayerSpec(GPT2EmbeddingPipe, config, tp_group, sp), *layers, norm,
@@ -113,7 +114,8 @@ class GPTModelPipe(SequenceParallelGrads, ReplayCheckpoint, PipelineModule):
         tp_group, groups = pipe_groups(parallel_state, topology, num_stages, tp_group)
         sp = check_sequence_parallel(sequence_parallel, tp_group, config.seq_length)
         mask = [False] if config.explicit_attention_mask else []  # the bool mask, if any, after the hidden state
-        super().__init__(gpt2_layer_specs(config, tp_group, sp), **groups,
+        ep_group = groups["grid"].experts["expert"] if getattr(groups.get("grid"), "experts", None) else None
+        super().__init__(gpt2_layer_specs(config, tp_group, sp, ep_group), **groups,
                          loss_fn=LMLoss(tp_group, config.cross_entropy_loss_fusion), partition_method=partition_method,
                          activation_checkpoint_interval=uniform_interval(config),
                          activation_checkpoint_func=self._checkpoint,

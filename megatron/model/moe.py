@@ -27,71 +27,22 @@ them and the rows move by all-to-all (`moe_dispatch.py`). Each expert runs one G
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from tds.pipe.stage_loss import add_stage_loss
+from .moe_config import MoEConfig
 from .moe_dispatch import allgather_dispatch_combine, dispatch_combine, local_experts
+from .rng import mix
 
-__all__ = ["MoEConfig", "MoELayer", "SharedExpert", "SwiGLUExperts", "aux_loss", "capacity", "drop_over_capacity",
-           "route", "swiglu", "tokens_per_expert", "z_loss"]
+__all__ = ["MoEConfig", "MoELayer", "MoEMLP", "SharedExpert", "SwiGLUExperts", "TALLY_FIELDS", "aux_loss", "capacity",
+           "drop_over_capacity", "route", "swiglu", "tokens_per_expert", "z_loss"]
 
 ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
-
-
-@dataclass(frozen=True)
-class MoEConfig:
-    num_experts: int
-    hidden_size: int
-    ffn_hidden_size: int  # one expert's
-    topk: int = 2
-    score_function: str = "softmax"  # or "sigmoid"
-    pre_softmax: bool = False
-    topk_scaling_factor: Optional[float] = None
-    router_dtype: str = "fp32"  # or "fp64"
-    load_balancing: str = "aux_loss"  # or "none"
-    aux_loss_coeff: float = 0.0
-    z_loss_coeff: float = 0.0
-    capacity_factor: Optional[float] = None  # None: dropless
-    drop_policy: str = "probs"  # or "position"
-    shared_ffn_hidden_size: Optional[int] = None
-    shared_gate: bool = False
-    expert_bias: bool = False
-    dispatcher: str = "allgather"  # or "alltoall" (moe_dispatch.py); the same with one expert-parallel rank
-    init_method_std: float = 0.02
-    dtype: torch.dtype = torch.float32
-
-    def __post_init__(self) -> None:
-        problems = [
-            (self.num_experts < 1, f"--num-experts must be >= 1, got {self.num_experts}"),
-            (not 1 <= self.topk <= self.num_experts,
-             f"--moe-router-topk {self.topk} must be between 1 and --num-experts {self.num_experts}"),
-            (self.score_function not in ("softmax", "sigmoid"),
-             f"--moe-router-score-function must be softmax or sigmoid, got {self.score_function!r}"),
-            (self.pre_softmax and self.score_function != "softmax",
-             "--moe-router-pre-softmax needs --moe-router-score-function softmax"),
-            (self.router_dtype not in ROUTER_DTYPES, f"--moe-router-dtype must be fp32 or fp64, got "
-                                                     f"{self.router_dtype!r}"),
-            (self.load_balancing not in ("aux_loss", "none"),
-             f"--moe-router-load-balancing-type must be aux_loss or none, got {self.load_balancing!r}"),
-            (self.capacity_factor is not None and self.capacity_factor <= 0,
-             f"--moe-expert-capacity-factor must be > 0, got {self.capacity_factor}"),
-            (self.drop_policy not in ("probs", "position"),
-             f"--moe-token-drop-policy must be probs or position, got {self.drop_policy!r}"),
-            (self.expert_bias and self.score_function != "sigmoid",
-             "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (the bias picks experts "
-             "by sigmoid score)"),
-            (self.dispatcher not in ("allgather", "alltoall"),
-             f"--moe-token-dispatcher-type must be allgather or alltoall, got {self.dispatcher!r}"),
-            (self.shared_gate and not self.shared_ffn_hidden_size,
-             "--moe-shared-expert-gate needs --moe-shared-expert-intermediate-size"),
-        ]
-        for bad, message in problems:
-            if bad:
-                raise ValueError(message)
 
 
 def _sum_to_one(scores: torch.Tensor) -> torch.Tensor:
@@ -146,20 +97,28 @@ def tokens_per_expert(experts: torch.Tensor, num_experts: int) -> torch.Tensor:
     return torch.bincount(flat[flat >= 0], minlength=num_experts)
 
 
-def aux_loss(logits: torch.Tensor, cfg: MoEConfig) -> torch.Tensor:
+def aux_loss(logits: torch.Tensor, cfg: MoEConfig, sequence_group=None) -> torch.Tensor:
     """Megatron's Switch load-balancing loss (module docstring): the counts are the top-k of the scores themselves
-    (without the expert bias), before dropping."""
+    (without the expert bias), before dropping. With `sequence_group` (sequence parallelism: each rank routes its
+    part of the sequence) the counts and T are the whole sequence's and each rank returns its tokens' share of the
+    sum, so that the shares add up to the loss of the whole sequence."""
     if cfg.score_function == "softmax":
         scores = torch.softmax(logits, dim=-1)
     else:
         scores = _sum_to_one(torch.sigmoid(logits))
     tokens = logits.shape[0]
-    counts = tokens_per_expert(torch.topk(scores, cfg.topk, dim=-1).indices, cfg.num_experts).to(scores.dtype)
+    counts = tokens_per_expert(torch.topk(scores, cfg.topk, dim=-1).indices, cfg.num_experts)
+    if sequence_group is not None:
+        dist.all_reduce(counts, group=sequence_group)
+        tokens *= dist.get_world_size(sequence_group)
+    counts = counts.to(scores.dtype)
     return cfg.aux_loss_coeff * cfg.num_experts / (cfg.topk * tokens * tokens) * (scores.sum(dim=0) * counts).sum()
 
 
-def z_loss(logits: torch.Tensor, coeff: float) -> torch.Tensor:
-    return coeff * torch.logsumexp(logits, dim=-1).square().mean()
+def z_loss(logits: torch.Tensor, coeff: float, tokens: Optional[int] = None) -> torch.Tensor:
+    """coeff x mean over the tokens of logsumexp(logits)^2; `tokens` the count to divide by (the whole sequence's
+    under sequence parallelism, each rank adding its share)."""
+    return coeff * torch.logsumexp(logits, dim=-1).square().sum() / (tokens or logits.shape[0])
 
 
 def swiglu(x: torch.Tensor, fc1: torch.Tensor, fc2: torch.Tensor) -> torch.Tensor:
@@ -183,16 +142,29 @@ class SharedExpert(nn.Module):
 class SwiGLUExperts(nn.Module):
     """This rank's E / P of the E SwiGLU experts (P: the expert-parallel group's size), weights stacked (module
     docstring); `forward(x, probs, experts)` sums each token's chosen experts' outputs weighted by their
-    probabilities (an expert index of -1, a dropped choice, adds nothing), moving rows with `moe_dispatch`."""
+    probabilities (an expert index of -1, a dropped choice, adds nothing), moving rows with `moe_dispatch`.
+
+    Expert e (global index) is drawn from its own generator, seeded mix(seed, e), so it holds the same weights at
+    every expert-parallel size. Its parameters are marked `expert_parallel`: their gradients are reduced over the
+    expert-data-parallel group (the ranks holding the same experts), not the data-parallel one.
+    """
 
     def __init__(self, num: int, hidden: int, ffn: int, std: float, out_std: float, dtype: torch.dtype,
-                 ep_group=None, dispatcher: str = "allgather") -> None:
+                 ep_group=None, dispatcher: str = "allgather", seed: int = 0) -> None:
         super().__init__()
         self.num, self.ep_group = num, ep_group
         self.dispatch = allgather_dispatch_combine if dispatcher == "allgather" else dispatch_combine
         local = local_experts(num, ep_group)
-        self.linear_fc1 = nn.Parameter(torch.empty(local, 2 * ffn, hidden, dtype=dtype).normal_(0.0, std))
-        self.linear_fc2 = nn.Parameter(torch.empty(local, hidden, ffn, dtype=dtype).normal_(0.0, out_std))
+        self.first = (dist.get_rank(ep_group) if ep_group is not None else 0) * local
+        fc1, fc2 = torch.empty(local, 2 * ffn, hidden), torch.empty(local, hidden, ffn)
+        for j in range(local):
+            gen = torch.Generator().manual_seed(mix(seed, self.first + j))
+            fc1[j].normal_(0.0, std, generator=gen)
+            fc2[j].normal_(0.0, out_std, generator=gen)
+        self.linear_fc1 = nn.Parameter(fc1.to(dtype))
+        self.linear_fc2 = nn.Parameter(fc2.to(dtype))
+        for param in (self.linear_fc1, self.linear_fc2):
+            param.expert_parallel = True
 
     def forward(self, x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
         return self.dispatch(x, probs, experts, self.num,
@@ -204,24 +176,36 @@ class MoELayer(nn.Module):
     `shared_gate`). stats: "tokens_per_expert" (E,) after dropping, and where enabled "load_balancing_loss" and
     "z_loss", tensors in the autograd graph for the caller to back-propagate."""
 
-    def __init__(self, cfg: MoEConfig, num_layers: int = 1, ep_group=None) -> None:
-        """ep_group: the expert-parallel group this rank's E / P experts belong to (None: all E here)."""
+    def __init__(self, cfg: MoEConfig, hidden_size: int, *, init_method_std: float = 0.02, num_layers: int = 1,
+                 dtype: torch.dtype = torch.float32, ep_group=None, sequence_group=None,
+                 expert_seed: Optional[int] = None) -> None:
+        """ep_group: the expert-parallel group this rank's E / P experts belong to (None: all E here).
+        sequence_group: under sequence parallelism, the tensor-parallel group whose ranks each route their part of
+        the sequence (the router, the shared expert and, without expert parallelism, the experts are then marked
+        `sequence_parallel`: their gradients are partial, summed over that group).
+        expert_seed: the experts' seed (`SwiGLUExperts`); None draws one from torch's generator. The router and
+        shared expert are drawn from torch's generator, in that order."""
         super().__init__()
-        self.cfg = cfg
-        std, out_std = cfg.init_method_std, cfg.init_method_std / math.sqrt(2.0 * num_layers)
-        h = cfg.hidden_size
-        self.router = nn.Linear(h, cfg.num_experts, bias=False, dtype=cfg.dtype)
+        self.cfg, self.sequence_group = cfg, sequence_group
+        std, out_std = init_method_std, init_method_std / math.sqrt(2.0 * num_layers)
+        h = hidden_size
+        self.router = nn.Linear(h, cfg.num_experts, bias=False, dtype=dtype)
         nn.init.normal_(self.router.weight, 0.0, std)
         if cfg.expert_bias:  # fp32 whatever the model's dtype; updated outside backward, once per global batch
             self.register_buffer("expert_bias", torch.zeros(cfg.num_experts, dtype=torch.float32))
-        self.experts = SwiGLUExperts(cfg.num_experts, h, cfg.ffn_hidden_size, std, out_std, cfg.dtype, ep_group,
-                                     cfg.dispatcher)
         self.shared_expert = self.shared_gate = None
         if cfg.shared_ffn_hidden_size:
-            self.shared_expert = SharedExpert(h, cfg.shared_ffn_hidden_size, std, out_std, cfg.dtype)
+            self.shared_expert = SharedExpert(h, cfg.shared_ffn_hidden_size, std, out_std, dtype)
         if cfg.shared_gate:
-            self.shared_gate = nn.Linear(h, 1, bias=False, dtype=cfg.dtype)
+            self.shared_gate = nn.Linear(h, 1, bias=False, dtype=dtype)
             nn.init.normal_(self.shared_gate.weight, 0.0, std)
+        seed = int(torch.randint(0, 2 ** 62, ())) if expert_seed is None else expert_seed
+        self.experts = SwiGLUExperts(cfg.num_experts, h, cfg.ffn_hidden_size, std, out_std, dtype, ep_group,
+                                     cfg.dispatcher, seed)
+        if sequence_group is not None:  # experts on every rank (no expert parallelism) are replicated params too
+            for module in (self.router, self.shared_expert, self.shared_gate, ep_group is None and self.experts):
+                for param in module.parameters() if module else ():
+                    param.sequence_parallel = True
 
     def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         cfg, shape = self.cfg, x.shape
@@ -231,10 +215,11 @@ class MoELayer(nn.Module):
         bias = getattr(self, "expert_bias", None)
         probs, experts = route(logits, cfg, None if bias is None else bias.to(dtype))
         stats = {}
+        parts = 1 if self.sequence_group is None else dist.get_world_size(self.sequence_group)
         if cfg.load_balancing == "aux_loss" and cfg.aux_loss_coeff > 0:
-            stats["load_balancing_loss"] = aux_loss(logits, cfg)
+            stats["load_balancing_loss"] = aux_loss(logits, cfg, self.sequence_group)
         if cfg.z_loss_coeff > 0:
-            stats["z_loss"] = z_loss(logits, cfg.z_loss_coeff)
+            stats["z_loss"] = z_loss(logits, cfg.z_loss_coeff, logits.shape[0] * parts)
         if cfg.capacity_factor is not None:
             experts = drop_over_capacity(probs, experts, cfg)
         stats["tokens_per_expert"] = tokens_per_expert(experts, cfg.num_experts)
@@ -243,3 +228,53 @@ class MoELayer(nn.Module):
             shared = self.shared_expert(x)
             out = out + (shared if self.shared_gate is None else torch.sigmoid(self.shared_gate(x)) * shared)
         return out.reshape(shape), stats
+
+
+TALLY_FIELDS = ("load_balancing_loss", "z_loss", "dropped")  # then tokens per expert, E values
+
+
+class _Tally(torch.autograd.Function):
+    """Identity whose backward adds `values` into `tally`: once per trained micro-batch, however often the forward
+    runs (activation recomputation repeats it, evaluation runs it without backward)."""
+
+    @staticmethod
+    def forward(ctx, out: torch.Tensor, tally: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        ctx.tally, ctx.values = tally, values
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.tally.add_(ctx.values)
+        return grad, None, None
+
+
+class MoEMLP(nn.Module):
+    """A transformer layer's MLP as a mixture of experts: (b, s, h) -> (b, s, h). Its balancing losses train through
+    `tds.pipe.add_stage_loss` (each stage back-propagates its own, scaled as the micro-batch's loss), and each trained
+    micro-batch adds its statistics to `tally` (fp64, `TALLY_FIELDS` then tokens per expert): the balancing losses
+    without their coefficients (1 at uniform routing, as Megatron logs them), the dropped choices and the choices
+    each expert kept, this rank's share (`moe_logging` reads and resets them)."""
+
+    def __init__(self, cfg: MoEConfig, hidden_size: int, **layer_kwargs) -> None:
+        super().__init__()
+        self.moe = MoELayer(cfg, hidden_size, **layer_kwargs)
+        self.register_buffer("tally", torch.zeros(len(TALLY_FIELDS) + cfg.num_experts, dtype=torch.float64),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, stats = self.moe(x)
+        cfg = self.moe.cfg
+        losses = [stats[name] for name in ("load_balancing_loss", "z_loss") if name in stats]
+        if losses:
+            out = add_stage_loss(out, sum(losses))
+        if not (torch.is_grad_enabled() and out.requires_grad):
+            return out
+        kept = stats["tokens_per_expert"]
+        choices = x.numel() // x.shape[-1] * cfg.topk
+        values = torch.cat([torch.stack([
+            stats["load_balancing_loss"].detach().double() / cfg.aux_loss_coeff if "load_balancing_loss" in stats
+            else kept.new_zeros((), dtype=torch.float64),
+            stats["z_loss"].detach().double() / cfg.z_loss_coeff if "z_loss" in stats
+            else kept.new_zeros((), dtype=torch.float64),
+            (choices - kept.sum()).double()]), kept.double()])
+        return _Tally.apply(out, self.tally, values.to(self.tally.device))

@@ -34,7 +34,8 @@ from .attention import GPT2SelfAttention, T5Attention
 from .config import GPTConfig, T5Config
 from .layer_norm import RMSNorm, norm
 from .mlp import GPTMLP, T5MLP
-from .rng import SeededDropout, dropout_sites, init_rng, replay_checkpoint, sequence_split
+from .moe import MoEMLP
+from .rng import SeededDropout, dropout_sites, init_rng, mix, replay_checkpoint, sequence_split
 
 
 def sequence_part(tp_group, sequence_parallel: bool) -> tuple:
@@ -53,7 +54,9 @@ class TransformerLayer(nn.Module):
     with sequence_parallel (b, s/t, h) -> (b, s/t, h). Pre-norm, or with config.post_sublayer_norm the norms on
     the sublayers' outputs (module docstring)."""
 
-    def __init__(self, config: GPTConfig, layer_number: int, tp_group=None, sequence_parallel: bool = False):
+    def __init__(self, config: GPTConfig, layer_number: int, tp_group=None, sequence_parallel: bool = False,
+                 ep_group=None):
+        """ep_group: the expert-parallel group of a MoE layer's experts (None: every rank holds all of them)."""
         super().__init__()
         self.layer_number = layer_number
         eps, dtype = config.layernorm_epsilon, config.dtype
@@ -64,17 +67,25 @@ class TransformerLayer(nn.Module):
         def layer_norm() -> nn.Module:
             return sequence_parallel_norm(norm(config.normalization, config.hidden_size, eps, dtype), part)
 
+        def mlp() -> nn.Module:
+            if config.moe is None or not config.moe.is_moe_layer(layer_number):
+                return GPTMLP(config, tp_group, sequence_parallel=sp)
+            return MoEMLP(config.moe, config.hidden_size, init_method_std=config.init_method_std,
+                          num_layers=config.num_layers, dtype=dtype, ep_group=ep_group,
+                          sequence_group=mpu.mappings.resolve_group(tp_group)[0] if sp else None,
+                          expert_seed=mix(config.seed, layer_number))
+
         with init_rng(config.seed, layer_number):  # the norms draw nothing: the same weights in either order
             if self.post_sublayer_norm:  # Megatron core's names for norms on the sublayers' outputs
                 self.self_attention = GPT2SelfAttention(config, layer_number, tp_group, sequence_parallel=sp)
                 self.post_self_attn_layernorm = layer_norm()
-                self.mlp = GPTMLP(config, tp_group, sequence_parallel=sp)
+                self.mlp = mlp()
                 self.post_mlp_layernorm = layer_norm()
             else:
                 self.input_layernorm = layer_norm()
                 self.self_attention = GPT2SelfAttention(config, layer_number, tp_group, sequence_parallel=sp)
                 self.post_attention_layernorm = layer_norm()
-                self.mlp = GPTMLP(config, tp_group, sequence_parallel=sp)
+                self.mlp = mlp()
         self.attention_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 1,
                                                       part=sequence_split(part))
         self.mlp_output_dropout = SeededDropout(config.hidden_dropout, config.seed, layer_number, 2, part=sequence_split(part))

@@ -10,6 +10,13 @@ world size 8 with tp=2, pp=2 (so dp=2):
     model groups (pp x tp):   [0, 1, 4, 5] [2, 3, 6, 7]        one model replica: gradient norm, overflow
     embedding groups:         [0, 4] [1, 5] [2, 6] [3, 7]      first and last stage (pp > 1): tied embeddings
 
+With expert parallelism (`expert_model_parallel_size` E_p > 1: a mixture of experts' layers) three more kinds, folded
+out of each stage's tp x dp ranks (`tds.pipe.grid.expert_rank_lists`; here E_p = 2):
+
+    expert groups:            [0, 1] [2, 3] [4, 5] [6, 7]      the experts' all-to-all / all-gather
+    expert data groups:       [0, 2] [1, 3] [4, 6] [5, 7]      the same experts: their gradient all-reduce
+    expert model groups:      [0, 1, 4, 5] [2, 3, 6, 7]        every expert once: their gradient norm
+
 The embedding groups (Megatron's) are groups of their own even where, as here at pp = 2, they hold the ranks
 of a pipeline group: their all-reduce runs while point-to-point transfers on the pipeline group are in flight.
 
@@ -31,15 +38,16 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
-from tds.pipe.grid import ProcessGrid, rank_lists
+from tds.pipe.grid import ProcessGrid, expert_rank_lists, rank_lists
 
 
 @dataclass(frozen=True)
 class ParallelDims:
-    """tp * pp * dp == world_size, validated at construction."""
+    """tp * pp * dp == world_size, and the expert-parallel size ep divides tp * dp, validated at construction."""
     world_size: int
     tp: int = 1
     pp: int = 1
+    ep: int = 1
 
     def __post_init__(self):
         for name, v in (("tensor-model-parallel size", self.tp), ("pipeline-parallel size", self.pp)):
@@ -48,6 +56,9 @@ class ParallelDims:
         if self.world_size % (self.tp * self.pp) != 0:
             raise ValueError(f"world size {self.world_size} is not divisible by tensor-model-parallel size "
                              f"{self.tp} x pipeline-parallel size {self.pp} = {self.tp * self.pp}")
+        if self.ep < 1 or (self.tp * self.dp) % self.ep:
+            raise ValueError(f"expert-model-parallel size {self.ep} does not divide tensor-model-parallel size "
+                             f"{self.tp} x data-parallel size {self.dp} = {self.tp * self.dp}")
 
     @property
     def dp(self) -> int:
@@ -69,8 +80,14 @@ class ParallelState:
     dp_ranks: list
     mp_ranks: list
     timeout_s: Optional[float] = None
+    experts: Optional[Dict[str, Tuple[dist.ProcessGroup, list]]] = None  # kind -> (group, ranks) where ep > 1
     _subgroups: Dict[Tuple[int, ...], dist.ProcessGroup] = field(default_factory=dict, repr=False)
     _grid: Optional[ProcessGrid] = field(default=None, repr=False)
+
+    @property
+    def ep_group(self) -> Optional[dist.ProcessGroup]:
+        """The expert-parallel group of this rank (None: every rank holds all experts)."""
+        return None if self.experts is None else self.experts["expert"][0]
 
     @property
     def coord(self):
@@ -100,7 +117,9 @@ class ParallelState:
         """The pipeline engine's and DeepSpeed's view of these groups (one per state; it builds none)."""
         if self._grid is None:
             self._grid = ProcessGrid(self.topology, tensor=self.tp_group, pipe=self.pp_group, data=self.dp_group,
-                                     model=self.mp_group, subgroup=self.subgroup)
+                                     model=self.mp_group, subgroup=self.subgroup,
+                                     experts=None if self.experts is None else
+                                     {kind: group for kind, (group, _) in self.experts.items()})
         return self._grid
 
 
@@ -113,24 +132,28 @@ def _new_group(ranks: list, timeout_s: Optional[float]) -> dist.ProcessGroup:
 
 
 def initialize_model_parallel(tensor_model_parallel_size: int = 1, pipeline_model_parallel_size: int = 1,
-                              timeout_s: Optional[float] = None) -> ParallelState:
+                              timeout_s: Optional[float] = None, expert_model_parallel_size: int = 1
+                              ) -> ParallelState:
     """Build every group (collective: all ranks must call it) and make it the current state. With `timeout_s`
     a collective on these groups that waits longer fails (torch's default is 30 minutes)."""
     global _STATE
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed must be initialised before initialize_model_parallel()")
-    dims = ParallelDims(dist.get_world_size(), tensor_model_parallel_size, pipeline_model_parallel_size)
+    dims = ParallelDims(dist.get_world_size(), tensor_model_parallel_size, pipeline_model_parallel_size,
+                        expert_model_parallel_size)
     topo = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
     me = dist.get_rank()
     mine = {}
-    for kind, lists in rank_lists(topo).items():
+    kinds = {**rank_lists(topo), **(expert_rank_lists(topo, dims.ep) if dims.ep > 1 else {})}
+    for kind, lists in kinds.items():
         for ranks in lists:  # same order on every rank, as new_group requires
             group = _new_group(ranks, timeout_s)
             if me in ranks:
                 mine[kind] = (group, ranks)
     kinds = ("tensor", "pipe", "data", "model")
+    experts = {k: mine[k] for k in ("expert", "expert_data", "expert_model")} if dims.ep > 1 else None
     _STATE = ParallelState(dims, topo, me, *(mine[k][0] for k in kinds), *(mine[k][1] for k in kinds),
-                           timeout_s=timeout_s)
+                           timeout_s=timeout_s, experts=experts)
     for line in topo.get_axis_comm_lists("pipe") if dims.pp > 1 else []:
         _STATE.subgroup([line[0], line[-1]])  # the embedding groups, kept for the models' tied embeddings
     return _STATE

@@ -25,7 +25,7 @@ def initialize_megatron(cfg) -> mpu.ParallelState:
     if world != layout.world_size:
         raise ValueError(f"the arguments were resolved for world size {layout.world_size} but torch.distributed "
                          f"has {world} ranks")
-    state = mpu.initialize_model_parallel(layout.tp, layout.pp, timeout_s)
+    state = mpu.initialize_model_parallel(layout.tp, layout.pp, timeout_s, layout.ep)
     mpu.set_random_seed(cfg.seed, state.pp_rank)
     return state
 

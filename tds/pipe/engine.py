@@ -32,6 +32,7 @@ from .bf16_tail import FlatBF16Optimizer, adopt
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
 from .executor import BatchState, StageContext, StageExecutor
+from .expert_grads import expert_params, expert_squares, is_expert, reduce_expert_grads
 from .finite import FiniteCheck, local_grads
 from .fixed_order import MicroBatchGrads, pairwise_sum_rows, power_of_two
 from .fixed_zero import FixedOrderZero, adopt as adopt_fixed_zero, clip_coefficient
@@ -328,6 +329,9 @@ class PipelineEngine(DeepSpeedEngine):
             total = torch.stack(torch._foreach_norm(counted, 2.0)).pow(2).sum() if counted else \
                 torch.zeros((), dtype=torch.float32, device=tds_device.device())
             dist.all_reduce(total, group=self.grid.get_model_parallel_group())
+            if self._expert_groups is not None:  # experts spread over ranks: each counted once (expert_grads.py)
+                total = total + expert_squares(expert_params(self.module), self._expert_groups["expert_model"],
+                                               tds_device.device())
             norm = total.sqrt()
         grads = [p.grad.detach() for p in params]
         if grads:
@@ -338,9 +342,11 @@ class PipelineEngine(DeepSpeedEngine):
         """(name, parameter) of the gradients the norm counts on this rank (`clip_fp32_gradients`); the name
         carries the tensor-parallel rank where each rank holds a part."""
         tp_rank = self.grid.get_slice_parallel_rank()
+        spread = self._expert_groups is not None  # experts spread over ranks are counted apart (`expert_grads`)
         return [(f"{name}#tp{tp_rank}" if is_model_parallel_parameter(p) else name, p)
                 for name, p in self.module.named_parameters() if p.requires_grad
-                and not getattr(p, "ds_pipe_replicated", False) and (tp_rank == 0 or is_model_parallel_parameter(p))]
+                and not getattr(p, "ds_pipe_replicated", False) and (tp_rank == 0 or is_model_parallel_parameter(p))
+                and not (spread and is_expert(p))]
 
     def _fixed_order_norm(self) -> torch.Tensor:
         """The gradient norm with the squares summed in one order whatever the stages hold: each parameter's
@@ -498,6 +504,8 @@ class PipelineEngine(DeepSpeedEngine):
             if isinstance(self.optimizer, FixedOrderZero):
                 self.optimizer.take_settled()  # ZeRO-1: this rank's partition, copied
             return
+        if self._expert_groups is not None:  # experts spread over ranks: over their own group (expert_grads.py)
+            reduce_expert_grads(expert_params(self.module), self._expert_groups["expert_data"], self.dp_world_size)
         if self.dp_world_size == 1 and not self.zero_optimization():
             return  # one replica: DeepSpeed would flatten, all-reduce over one rank and copy back, for nothing
         self._force_grad_boundary = True
@@ -506,6 +514,32 @@ class PipelineEngine(DeepSpeedEngine):
         else:
             self.allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE)
         self._force_grad_boundary = False  # (and in _run's finally, if this raises)
+
+    @property
+    def _expert_groups(self):
+        """The grid's expert groups where experts are spread over ranks (`grid.expert_rank_lists`), else None; read
+        from the module, whose grid DeepSpeed's constructor uses before the engine's own is set."""
+        return getattr(self.module._grid, "experts", None)
+
+    def _broadcast_model(self):
+        """DeepSpeed's start-up broadcast from the first data-parallel replica, with experts spread over ranks
+        broadcast within their expert-data-parallel group instead (the data-parallel group holds other experts)."""
+        experts = self._expert_groups
+        if experts is None:
+            return super()._broadcast_model()
+        dp_group = self.module._grid.get_data_parallel_group()
+        dp_src, edp_src = dist.get_global_rank(dp_group, 0), dist.get_global_rank(experts["expert_data"], 0)
+        for p in self.module.parameters():
+            spread = is_expert(p)
+            dist.broadcast(p.data, edp_src if spread else dp_src, group=experts["expert_data"] if spread else dp_group)
+
+    def _get_gradients_for_reduction(self):
+        """DeepSpeed's data-parallel buckets, without the experts spread over ranks (reduced in `_reduce_grads`)."""
+        dense, by_group = super()._get_gradients_for_reduction()
+        if self._expert_groups is None:
+            return dense, by_group
+        skip = {p.grad.data_ptr() for p in expert_params(self.module) if p.grad is not None}
+        return [g for g in dense if g.data_ptr() not in skip], by_group
 
     def _step_optimizer(self) -> None:
         tail = self.optimizer if isinstance(self.optimizer, FlatBF16Optimizer) else None

@@ -12,6 +12,14 @@ DeepSpeed's engine, ZeRO-1, the fp16/bf16 optimizers and tds read the groups thr
 "Model parallel" means that last kind here and in DeepSpeed's grid interface (`get_model_parallel_*`);
 tensor parallelism is always called tensor (or DeepSpeed's "slice").
 
+Expert parallelism (a mixture of experts' layers) folds E_p = expert-parallel size ranks out of each stage's tp x dp
+ranks, in rank order (Megatron's expert layout with expert tensor parallelism 1; `expert_rank_lists`): at world 8,
+pp = 2, tp = 2, dp = 2 and E_p = 2,
+
+    expert          [0, 1] [2, 3] [4, 5] [6, 7]      each rank holds E / E_p experts; tokens move by all-to-all
+    expert data     [0, 2] [1, 3] [4, 6] [5, 7]      the ranks holding the same experts: their gradient all-reduce
+    expert model    [0, 1, 4, 5] [2, 3, 6, 7]        one copy of every expert of every stage: their gradient norm
+
 `ProcessGrid` creates no group: it is a view of groups handed to it, one of each kind (the kinds are checked
 against the topology's rank lists), plus `subgroup(ranks)` for the groups a model adds (its tied weights). A
 program that owns its groups (Megatron's `ParallelState`) hands them with `PipelineModule(..., grid=...)`.
@@ -20,7 +28,7 @@ program): every rank list of every kind, once.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch.distributed as dist
 from deepspeed.runtime.pipe.topology import PipelineParallelGrid, ProcessTopology
@@ -35,12 +43,31 @@ def rank_lists(topology: ProcessTopology) -> Dict[str, List[List[int]]]:
             "data": topology.get_axis_comm_lists("data"), "model": model}
 
 
+def expert_rank_lists(topology: ProcessTopology, expert_parallel_size: int) -> Dict[str, List[List[int]]]:
+    """{'expert', 'expert_data', 'expert_model'}: every group of each kind (module docstring). Each stage's tp x dp
+    ranks are consecutive in the (pipe, data, model) topology; within them rank i has expert-parallel rank i % E_p
+    and expert-data-parallel rank i // E_p."""
+    ep, stages = expert_parallel_size, max(topology.get_dim("pipe"), 1)
+    per_stage = topology.world_size() // stages
+    if ep < 1 or per_stage % ep:
+        raise ValueError(f"--expert-model-parallel-size {ep} does not divide the {per_stage} ranks of a pipeline "
+                         f"stage (tensor-parallel x data-parallel size)")
+    edp = per_stage // ep
+    expert = [[s * per_stage + j * ep + e for e in range(ep)] for s in range(stages) for j in range(edp)]
+    expert_data = [[s * per_stage + j * ep + e for j in range(edp)] for s in range(stages) for e in range(ep)]
+    expert_model = [[s * per_stage + j * ep + e for s in range(stages) for e in range(ep)] for j in range(edp)]
+    return {"expert": expert, "expert_data": expert_data, "expert_model": expert_model}
+
+
 class ProcessGrid(PipelineParallelGrid):
     """DeepSpeed's PipelineParallelGrid over handed groups (see the module docstring): `tensor`, `pipe`, `data`,
     `model` are this rank's group of each kind, `subgroup(ranks)` returns a group of other ranks (a collective:
-    every rank asks for the same lists in the same order). All of DeepSpeed's grid methods work unchanged."""
+    every rank asks for the same lists in the same order). All of DeepSpeed's grid methods work unchanged.
+    `experts`: {'expert', 'expert_data', 'expert_model'} -> this rank's group of each kind where experts are spread
+    over more than one rank (`expert_rank_lists`), else None."""
 
-    def __init__(self, topology: ProcessTopology, *, tensor, pipe, data, model, subgroup: Callable):
+    def __init__(self, topology: ProcessTopology, *, tensor, pipe, data, model, subgroup: Callable,
+                 experts: Optional[Dict[str, object]] = None):
         # PipelineParallelGrid's attributes without its constructor, which would build every group again
         self._topo, self.global_rank, self.world_size = topology, dist.get_rank(), dist.get_world_size()
         if topology.world_size() != self.world_size:
@@ -63,6 +90,7 @@ class ProcessGrid(PipelineParallelGrid):
         self.ds_model_proc_group, model_ranks = model, self._mine("model", model, lists)
         self.ds_model_rank, self.ds_model_world_size = model_ranks.index(self.global_rank), len(model_ranks)
         self.subgroup = subgroup
+        self.experts = experts
 
     def _mine(self, kind: str, group, lists: dict) -> List[int]:
         """This rank's list of `kind`, checked to be the ranks of the handed group."""

@@ -50,9 +50,9 @@ def _hf_block(family: str):
 
 def _ours(family: str, block) -> MoELayer:
     shared = family == "qwen2_moe"
-    cfg = MoEConfig(num_experts=E, hidden_size=H, ffn_hidden_size=F_EXPERT, topk=K, pre_softmax=family != "mixtral",
+    cfg = MoEConfig(num_experts=E, ffn_hidden_size=F_EXPERT, topk=K, pre_softmax=family != "mixtral",
                     shared_ffn_hidden_size=32 if shared else None, shared_gate=shared)
-    layer = MoELayer(cfg)
+    layer = MoELayer(cfg, H)
     with torch.no_grad():
         layer.router.weight.copy_(block.gate.weight)
         layer.experts.linear_fc1.copy_(block.experts.gate_up_proj)  # (E, 2f, h), gate rows first
@@ -92,20 +92,20 @@ def test_the_layer_equals_transformers_block_and_its_gradients(family):
 
 def test_the_load_balancing_loss_is_megatrons_and_transformers_over_topk():
     from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
-    cfg = MoEConfig(num_experts=E, hidden_size=H, ffn_hidden_size=F_EXPERT, topk=K, aux_loss_coeff=1.0)
+    cfg = MoEConfig(num_experts=E, ffn_hidden_size=F_EXPERT, topk=K, aux_loss_coeff=1.0)
     uniform = torch.zeros(40, E)
     assert aux_loss(uniform, cfg).item() == pytest.approx(1.0, rel=1e-6)  # whatever the ties pick
     logits = torch.randn(40, E, generator=torch.Generator().manual_seed(2))
     hf = load_balancing_loss_func((logits,), E, K)
     assert aux_loss(logits, cfg).item() == pytest.approx(hf.item() / K, rel=1e-6)
-    sigmoid = MoEConfig(num_experts=E, hidden_size=H, ffn_hidden_size=F_EXPERT, topk=K, aux_loss_coeff=1.0,
+    sigmoid = MoEConfig(num_experts=E, ffn_hidden_size=F_EXPERT, topk=K, aux_loss_coeff=1.0,
                         score_function="sigmoid")
     assert aux_loss(uniform, sigmoid).item() == pytest.approx(1.0, rel=1e-6)
 
 
 @pytest.mark.parametrize("policy", ["probs", "position"])
 def test_no_expert_keeps_more_than_its_capacity(policy):
-    cfg = MoEConfig(num_experts=E, hidden_size=H, ffn_hidden_size=F_EXPERT, topk=K, capacity_factor=0.5,
+    cfg = MoEConfig(num_experts=E, ffn_hidden_size=F_EXPERT, topk=K, capacity_factor=0.5,
                     drop_policy=policy)
     logits = torch.randn(64, E, generator=torch.Generator().manual_seed(3))
     logits[:, 0] += 3.0  # most tokens want expert 0
@@ -125,17 +125,17 @@ def test_no_expert_keeps_more_than_its_capacity(policy):
 
 
 def test_a_capacity_that_drops_nothing_gives_the_dropless_bits():
-    base = dict(num_experts=E, hidden_size=H, ffn_hidden_size=F_EXPERT, topk=K)
+    base = dict(num_experts=E, ffn_hidden_size=F_EXPERT, topk=K)
     torch.manual_seed(4)
-    dropless = MoELayer(MoEConfig(**base))
-    roomy = MoELayer(MoEConfig(**base, capacity_factor=float(E)))
+    dropless = MoELayer(MoEConfig(**base), H)
+    roomy = MoELayer(MoEConfig(**base, capacity_factor=float(E)), H)
     roomy.load_state_dict(dropless.state_dict())
     x = torch.randn(2, 12, H, generator=torch.Generator().manual_seed(5))
     assert torch.equal(dropless(x)[0], roomy(x)[0])
 
 
 def test_sigmoid_routing_with_an_expert_bias_picks_by_the_bias_and_weighs_without_it():
-    cfg = MoEConfig(num_experts=4, hidden_size=H, ffn_hidden_size=F_EXPERT, topk=2, score_function="sigmoid",
+    cfg = MoEConfig(num_experts=4, ffn_hidden_size=F_EXPERT, topk=2, score_function="sigmoid",
                     expert_bias=True)
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]])
     probs, experts = route(logits, cfg, bias=torch.tensor([0.0, 0.0, 0.0, 5.0]))
@@ -146,7 +146,7 @@ def test_sigmoid_routing_with_an_expert_bias_picks_by_the_bias_and_weighs_withou
 
 def test_an_expert_without_tokens_gets_no_gradient_and_the_rest_trains():
     torch.manual_seed(6)
-    layer = MoELayer(MoEConfig(num_experts=E, hidden_size=H, ffn_hidden_size=F_EXPERT, topk=K))
+    layer = MoELayer(MoEConfig(num_experts=E, ffn_hidden_size=F_EXPERT, topk=K), H)
     with torch.no_grad():
         layer.router.weight.zero_()
         layer.router.weight[:2] = 1.0  # every token routes to experts 0 and 1 (x > 0 below)
@@ -172,5 +172,5 @@ def test_an_expert_without_tokens_gets_no_gradient_and_the_rest_trains():
 ])
 def test_bad_settings_are_one_line(fields, message):
     with pytest.raises(ValueError) as err:
-        MoEConfig(**{**dict(num_experts=E, hidden_size=H, ffn_hidden_size=F_EXPERT), **fields})
+        MoEConfig(**{**dict(num_experts=E, ffn_hidden_size=F_EXPERT), **fields})
     assert "\n" not in str(err.value) and str(err.value).startswith(message), str(err.value)

@@ -22,7 +22,7 @@ from megatron.model.moe import MoEConfig, MoELayer
 from megatron.model.moe_dispatch import dispatch_combine
 
 E, H = 8, 16
-CFG = MoEConfig(num_experts=E, hidden_size=H, ffn_hidden_size=24, topk=2, shared_ffn_hidden_size=32)
+CFG = MoEConfig(num_experts=E, ffn_hidden_size=24, topk=2, shared_ffn_hidden_size=32)
 
 
 def _identity_rank() -> bool:
@@ -58,10 +58,10 @@ def _layer_rank() -> dict:
 def _layer_errors(dispatcher: str) -> tuple:
     rank, size = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    full = MoELayer(CFG)  # the same weights on every rank: the reference
+    full = MoELayer(CFG, H)  # the same weights on every rank: the reference
     with torch.no_grad():
         full.router.weight[E - 1] = -10.0  # no token picks the last expert (x > 0 below)
-    layer = MoELayer(dataclasses.replace(CFG, dispatcher=dispatcher), ep_group=dist.group.WORLD)
+    layer = MoELayer(dataclasses.replace(CFG, dispatcher=dispatcher), H, ep_group=dist.group.WORLD)
     local = E // size
     with torch.no_grad():
         for name, p in layer.named_parameters():

@@ -24,6 +24,7 @@ from typing import List, Optional
 
 from megatron.errors import require
 from megatron.model.config import swiglu_ffn_size
+from megatron.model.moe_config import OPTIONS as MOE_OPTIONS
 from .base import Location, ModelSpec, given
 from .memory import STATS, ActivationOptions, LinearWidths, PipeLayer, head_bytes, mask_bytes
 
@@ -37,7 +38,7 @@ LAYER_SWITCHES = {"qk_layernorm": "--qk-layernorm", "qk_layernorm_full": "--qk-l
 GPT_DEFAULTS = dict(position_embedding_type="learned_absolute", normalization="LayerNorm", swiglu=False,
                     group_query_attention=False, disable_bias_linear=False, add_qkv_bias=False, use_rope_scaling=False,
                     **ROPE_DEFAULTS, **ROPE_SCALING_DEFAULTS, **dict.fromkeys(LAYER_SWITCHES, False))
-OPTIONS = tuple(GPT_DEFAULTS) + ("num_query_groups",)  # flags no other family takes
+OPTIONS = tuple(GPT_DEFAULTS) + ("num_query_groups",) + MOE_OPTIONS  # flags no other family takes
 
 
 class GPTSpec(ModelSpec):
@@ -107,6 +108,7 @@ class GPTSpec(ModelSpec):
 
     def config(self, args):
         from megatron.model.config import GPTConfig
+        from megatron.model.moe_config import moe_config_from_args
         from .common import dropout_fields, recompute_fields, speed_fields
         groups = args.num_query_groups if getattr(args, "group_query_attention", False) else None
         scaling = getattr(args, "use_rope_scaling", False)
@@ -134,7 +136,8 @@ class GPTSpec(ModelSpec):
                          add_qkv_bias=bool(getattr(args, "add_qkv_bias", False)),
                          tie_word_embeddings=not getattr(args, "untie_embeddings_and_output_weights", False),
                          gelu=getattr(args, "gelu", None) or "tanh",
-                         **{name: bool(getattr(args, name, False)) for name in LAYER_SWITCHES})
+                         **{name: bool(getattr(args, name, False)) for name in LAYER_SWITCHES},
+                         moe=moe_config_from_args(args))
 
     # ---- building --------------------------------------------------------------------------------------------
     @property

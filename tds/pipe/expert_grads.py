@@ -1,0 +1,59 @@
+"""Gradients of parameters spread over an expert-parallel group: a mixture of experts' experts, marked
+`param.expert_parallel = True` by the model.
+
+A rank holds E / E_p of a layer's experts, and the ranks of its expert-data-parallel group (the grid's
+`experts['expert_data']`) hold the same ones. Each expert's gradient on a rank covers the tokens it received from
+its expert-parallel group (every rank's tokens that chose it), so the batch's gradient is the sum over the
+expert-data-parallel group, divided by the data-parallel size as every other gradient is (the loss is a mean over
+the data-parallel replicas):
+
+    g_expert = (1 / dp) x sum over the expert-data-parallel group of the local gradients
+
+The gradient norm counts each expert once: the squares of this rank's experts, summed over the expert-model group
+(one copy of every expert of every stage), added to the squares of the other parameters.
+"""
+from __future__ import annotations
+
+from typing import Iterable, List
+
+import torch
+import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+__all__ = ["expert_params", "expert_squares", "is_expert", "reduce_expert_grads"]
+
+
+def is_expert(param: torch.nn.Parameter) -> bool:
+    return getattr(param, "expert_parallel", False)
+
+
+def expert_params(module: torch.nn.Module) -> List[torch.nn.Parameter]:
+    return [p for p in module.parameters() if p.requires_grad and is_expert(p)]
+
+
+def reduce_expert_grads(params: Iterable[torch.nn.Parameter], group, dp_size: int) -> None:
+    """Every expert gradient summed over `group` (the expert-data-parallel group) and divided by dp_size; a gradient
+    that is None (an expert no token chose on this rank) counts as zeros."""
+    params = list(params)
+    if not params:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad.data for p in params]
+    flat = _flatten_dense_tensors(grads)
+    if dist.get_world_size(group) > 1:
+        dist.all_reduce(flat, group=group)
+    flat.div_(dp_size)
+    for grad, reduced in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        grad.copy_(reduced)
+
+
+def expert_squares(params: Iterable[torch.nn.Parameter], group, device) -> torch.Tensor:
+    """The sum of the squared gradient norms of every expert of the model, on every rank of `group` (the
+    expert-model group)."""
+    grads = [p.grad.detach() for p in params if p.grad is not None]
+    total = torch.stack(torch._foreach_norm(grads, 2.0)).float().pow(2).sum() if grads else \
+        torch.zeros((), dtype=torch.float32, device=device)
+    dist.all_reduce(total, group=group)
+    return total
