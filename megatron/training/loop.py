@@ -26,6 +26,7 @@ from megatron.training.evaluation import evaluate_and_print
 from megatron.logging_utils import (IntervalStats, TensorBoard, format_log_line, interval_metrics, print_line,
                                     print_rank_0, print_rank_last, record_loss)
 from megatron.model.rng import start_iteration
+from megatron.training.moe_logging import format_moe, interval_moe_metrics
 from megatron.model.specs import spec_for
 from tds import device as tds_device
 
@@ -42,6 +43,7 @@ class TrainState:
     checked_iteration: int = -1   # the last iteration whose replica check passed
     checked_saved: int = -1       # the newest checkpoint saved up to that check (or the one the run resumed from)
     stopped: Optional[str] = None  # why the run stopped before --train-iters (a signal, the time limit)
+    moe_metrics: List[dict] = field(default_factory=list)  # a MoE model's, per log line (`moe_logging`)
 
 
 def set_iteration_batch(engine, lr_unit: str, schedule: BatchSchedule, consumed: int) -> int:
@@ -69,13 +71,25 @@ def _log_interval(engine, cfg: RunConfig, state: TrainState, stats: IntervalStat
     flops = spec.flops(cfg.model, gbs, cfg.tokenizer.padded_vocab_size)
     metrics = interval_metrics(stats, spec.tokens_per_sample(cfg.data), flops / gbs, cfg.layout.world_size)
     scale = _loss_scale(engine, cfg.precision.fp16)
+    moe = _moe_metrics(engine, cfg, stats)
+    if moe:
+        state.moe_metrics.append(moe)
     print_rank_last(format_log_line(state.iteration, cfg.batch.train_iters, state.consumed_train_samples, lr, metrics,
-                                    scale, engine.skipped_steps, tds_device.max_memory_allocated()))
+                                    scale, engine.skipped_steps, tds_device.max_memory_allocated()) + format_moe(moe))
     record_loss(state.iteration, metrics["loss"])
     extra = dict(lr=lr, consumed_samples=state.consumed_train_samples)
     if scale is not None:
         extra["loss_scale"] = scale
-    tb.scalars({**metrics, **extra}, state.iteration)
+    tb.scalars({**metrics, **extra, **{f"moe/{name}": value for name, value in moe.items()}}, state.iteration)
+
+
+def _moe_metrics(engine, cfg: RunConfig, stats: IntervalStats) -> dict:
+    """A MoE model's balancing losses and loads over the interval (`moe_logging`); {} for a dense model."""
+    moe = getattr(cfg.model, "moe", None)
+    if moe is None:
+        return {}
+    return interval_moe_metrics(engine.module, cfg.model.num_layers, moe.num_experts,
+                                stats.samples // cfg.batch.micro_batch_size, moe.per_layer_logging)
 
 
 class TrainingStopped(UserError):

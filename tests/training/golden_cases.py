@@ -1,7 +1,7 @@
 """The golden-loss runs: GPT-2, the Llama-style GPT (`LLAMA`: rope, RMSNorm, SwiGLU, 2 query groups of 2 heads, no
 biases, untied head; through pretrain_gpt2.py), Qwen3's layer (`QWEN3`: LLAMA with per-head query / key norms and heads
 of width 12, not h / a), OLMo-2's (`OLMO2`: LLAMA with an RMSNorm over all heads' queries and keys, and the norms after
-the sublayers) and T5, 20 iterations, fp32, dropout off, ZeRO-1, global batch 8, gradient
+the sublayers), a mixture of experts (`MOE`: LLAMA with experts in its second layer) and T5, 20 iterations, fp32, dropout off, ZeRO-1, global batch 8, gradient
 clipping at 0.3 (active: the norms are ~0.6), on the committed corpus and tokenizer in tests/golden/data
 (so the data does not depend on the Python version or the tokenizers library). The (1, 1, 1) losses are stored in
 tests/golden/{model}_losses.json.
@@ -24,12 +24,17 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 GOLDEN = os.path.join(ROOT, "tests", "golden")
 DATA = os.path.join(GOLDEN, "data")
 ITERS = 20
-MODELS = ("gpt2", "llama", "t5", "qwen3", "olmo2")
+MODELS = ("gpt2", "llama", "t5", "qwen3", "olmo2", "moe")
 LLAMA = ["--position-embedding-type", "rope", "--normalization", "RMSNorm", "--swiglu", "--group-query-attention",
          "--num-query-groups", "2", "--disable-bias-linear", "--untie-embeddings-and-output-weights"]
 QWEN3 = [*LLAMA, "--qk-layernorm", "--kv-channels", "12"]
 OLMO2 = [*LLAMA, "--qk-layernorm-full", "--post-sublayer-norm"]
-GPT_LAYERS = {"gpt2": [], "llama": LLAMA, "qwen3": QWEN3, "olmo2": OLMO2}  # the GPT layer of each GPT model's flags
+# LLAMA with its second layer a mixture of 8 SwiGLU experts of width 24 (top-2, a shared expert of width 32, the aux
+# and z losses, an fp64 router so that no last-bit difference flips a choice)
+MOE = [*LLAMA, "--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "24",
+       "--moe-shared-expert-intermediate-size", "32", "--moe-aux-loss-coeff", "0.01", "--moe-z-loss-coeff", "0.001",
+       "--moe-router-dtype", "fp64", "--moe-layer-freq", "[0,1]"]
+GPT_LAYERS = {"gpt2": [], "llama": LLAMA, "qwen3": QWEN3, "olmo2": OLMO2, "moe": MOE}  # the GPT layer of each GPT model's flags
 
 
 def preprocess(out_dir: str) -> str:

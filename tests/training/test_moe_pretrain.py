@@ -1,0 +1,94 @@
+"""A mixture of experts through `pretrain_gpt2.py`'s path equals the single process at every layout (fp32, relative
+error < 1e-5, 20 iterations, hidden and attention dropout on, clipping active): golden_cases.MOE with 4 layers whose
+last two hold the experts (--moe-layer-freq [0,0,1,1]), so that a pipeline stage, and an interleaved chunk, holds no
+MoE layer. 8 experts, top-2, a shared expert, the aux and z losses, an fp64 router. Compared: the losses, the
+gradient norms (every expert counted once) and the logged load-balancing loss.
+
+One 8-process launch runs, as (tp, pp, ep, dp):
+- (1, 2, 2, 4): experts spread over data-parallel ranks (reduced over their expert-data-parallel group; the start-up
+  broadcast within it), 1F1B;
+- (2, 2, 2, 2) with --sequence-parallel: experts spread over the tensor-parallel ranks, each routing its part of the
+  sequence (the aux loss's counts summed over them), the all-to-all dispatcher;
+- (1, 2, 2, 4) with GPipe and with ZB-H1 (the experts' gradients are computed in B: only the tensor-parallel
+  layers defer theirs), and (2, 2, 2, 2) with
+  --sequence-parallel interleaved (2 chunks per stage, full recomputation: the statistics are tallied once per
+  micro-batch however often the forward runs);
+- (2, 2, 1, 2) with --sequence-parallel and ZeRO-1: experts on every rank, replicated parameters summed over tp;
+- the capacity-dropping variant (factor 1.0: it drops) at (1, 2, 2, 4) against its own single process (capacity is
+  counted over the tokens a router sees, so it depends on tp, as in Megatron).
+The (1, 1, 1) run is also the golden file's model (test_golden.py, 2 layers, dropout off). In the same launch a run at
+(2, 2, 1, 2) saved at iteration 10 and resumed continues with the uninterrupted run's losses bit for bit (the
+experts, router and shared expert in the layer files).
+"""
+import numpy as np
+import pytest
+
+from harness.dist import run_distributed
+from tests.training.golden_cases import argv as golden_argv
+from tests.training.golden_cases import preprocess
+
+RTOL = 1e-5
+ITERS = 20
+DROPOUT = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--log-interval", "1", "--zero-stage", "0"]
+EP2 = ["--expert-model-parallel-size", "2"]
+CAPACITY = ["--moe-expert-capacity-factor", "1.0"]
+LAYOUTS = {  # name: (tp, pp, flags)
+    "(1,2,2,4) 1f1b": (1, 2, EP2),
+    "(2,2,2,2) sp alltoall": (2, 2, [*EP2, "--sequence-parallel", "--moe-token-dispatcher-type", "alltoall"]),
+    "(1,2,2,4) gpipe": (1, 2, [*EP2, "--pipeline-schedule", "gpipe"]),
+    "(1,2,2,4) zb-h1": (1, 2, [*EP2, "--pipeline-schedule", "zb-h1"]),
+    "(2,2,2,2) sp interleaved full recompute": (2, 2, [*EP2, "--sequence-parallel", "--virtual-pipe-stages", "2",
+                                                       "--recompute-granularity", "full"]),
+    "(1,2,2,4) capacity": (1, 2, [*EP2, *CAPACITY]),
+    "(2,2,1,2) sp zero-1": (2, 2, ["--sequence-parallel", "--zero-stage", "1"]),  # last: the resumed run
+}
+
+
+def argv(prefix: str, tp: int, pp: int, extra=()) -> list:
+    out = golden_argv("moe", prefix, tp, pp, iters=ITERS)
+    out[out.index("--num-layers") + 1] = "4"
+    out[out.index("--moe-layer-freq") + 1] = "[0,0,1,1]"
+    return out + DROPOUT + list(extra)
+
+
+def runs(argvs: list, world: int, save: str = None) -> list:
+    """(losses, grad norms, logged load-balancing losses, dropped fractions) of each argv, one after the other;
+    with `save`, then the losses of the last argv saved at iteration 10 into `save` and of its resumption."""
+    from pretrain_gpt2 import DEFAULTS, SPEC
+    from tests.training.runner import train_state
+    out = []
+    for a in argvs:
+        s = train_state(a, world, SPEC, DEFAULTS)
+        out.append((s.losses, s.grad_norms, [m["load_balancing_loss"] for m in s.moe_metrics],
+                    [m["dropped_fraction"] for m in s.moe_metrics]))
+    if save:
+        first = train_state(argvs[-1] + ["--save", save, "--exit-interval", "10"], world, SPEC, DEFAULTS).losses
+        out.append((first, train_state(argvs[-1] + ["--load", save], world, SPEC, DEFAULTS).losses))
+    return out
+
+
+@pytest.fixture(scope="module")
+def data_prefix(tmp_path_factory):
+    return preprocess(str(tmp_path_factory.mktemp("moe")))
+
+
+@pytest.mark.long
+def test_every_layout_equals_one_process_and_resumes_exactly(data_prefix, tmp_path):
+    singles = run_distributed(runs, 1, [argv(data_prefix, 1, 1), argv(data_prefix, 1, 1, CAPACITY)], 1,
+                              timeout=600)[-1]
+    variants = [argv(data_prefix, tp, pp, flags) for tp, pp, flags in LAYOUTS.values()]
+    results = run_distributed(runs, 8, variants, 8, str(tmp_path / "ckpt"), timeout=900)[-1]
+    first, resumed = results.pop()
+    straight = results[list(LAYOUTS).index("(2,2,1,2) sp zero-1")][0]
+    assert first == straight[:10], "saving changed the losses"
+    assert resumed == straight[10:], f"resumed {resumed} vs {straight[10:]}"
+    for name, got in zip(LAYOUTS, results):
+        want = singles[1] if "capacity" in name else singles[0]
+        for i, what in enumerate(("losses", "gradient norms", "load-balancing losses")):
+            assert len(got[i]) == ITERS, f"{name}: {what}"
+            np.testing.assert_allclose(got[i], want[i], rtol=RTOL, err_msg=f"{name}: {what}")
+    dropless, dropping = singles
+    assert max(dropless[3]) == 0.0 and min(dropping[3]) > 0.01, "the capacity factor 1.0 should drop choices"
+    assert not np.allclose(dropless[0], dropping[0], rtol=RTOL)
+    assert (np.array(dropless[1]) > 0.3).all()  # clipping at 0.3 is active on every iteration
+    assert 0.9 < min(dropless[2]) and max(dropless[2]) < 1.5  # Megatron's definition: 1 at uniform routing
