@@ -40,7 +40,7 @@ from .moe_dispatch import allgather_dispatch_combine, dispatch_combine, local_ex
 from .rng import mix
 
 __all__ = ["MoEConfig", "MoELayer", "MoEMLP", "SharedExpert", "SwiGLUExperts", "TALLY_FIELDS", "aux_loss", "capacity",
-           "drop_over_capacity", "route", "swiglu", "tokens_per_expert", "z_loss"]
+           "drop_over_capacity", "route", "swiglu", "tokens_per_expert", "update_expert_bias", "z_loss"]
 
 ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
@@ -234,17 +234,18 @@ TALLY_FIELDS = ("load_balancing_loss", "z_loss", "dropped")  # then tokens per e
 
 
 class _Tally(torch.autograd.Function):
-    """Identity whose backward adds `values` into `tally`: once per trained micro-batch, however often the forward
-    runs (activation recomputation repeats it, evaluation runs it without backward)."""
+    """Identity whose backward adds each of `values` into its buffer of `tallies`: once per trained micro-batch,
+    however often the forward runs (activation recomputation repeats it, evaluation runs it without backward)."""
 
     @staticmethod
-    def forward(ctx, out: torch.Tensor, tally: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-        ctx.tally, ctx.values = tally, values
+    def forward(ctx, out: torch.Tensor, tallies: tuple, values: tuple) -> torch.Tensor:
+        ctx.pairs = list(zip(tallies, values))
         return out.view_as(out)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        ctx.tally.add_(ctx.values)
+        for tally, values in ctx.pairs:
+            tally.add_(values)
         return grad, None, None
 
 
@@ -253,13 +254,16 @@ class MoEMLP(nn.Module):
     `tds.pipe.add_stage_loss` (each stage back-propagates its own, scaled as the micro-batch's loss), and each trained
     micro-batch adds its statistics to `tally` (fp64, `TALLY_FIELDS` then tokens per expert): the balancing losses
     without their coefficients (1 at uniform routing, as Megatron logs them), the dropped choices and the choices
-    each expert kept, this rank's share (`moe_logging` reads and resets them)."""
+    each expert kept, this rank's share (`moe_logging` reads and resets them). With the expert bias, the kept
+    choices also go to `bias_counts`, which `update_expert_bias` reads and resets after each step."""
 
     def __init__(self, cfg: MoEConfig, hidden_size: int, **layer_kwargs) -> None:
         super().__init__()
         self.moe = MoELayer(cfg, hidden_size, **layer_kwargs)
         self.register_buffer("tally", torch.zeros(len(TALLY_FIELDS) + cfg.num_experts, dtype=torch.float64),
                              persistent=False)
+        if cfg.expert_bias:
+            self.register_buffer("bias_counts", torch.zeros(cfg.num_experts, dtype=torch.float64), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out, stats = self.moe(x)
@@ -269,12 +273,32 @@ class MoEMLP(nn.Module):
             out = add_stage_loss(out, sum(losses))
         if not (torch.is_grad_enabled() and out.requires_grad):
             return out
-        kept = stats["tokens_per_expert"]
+        kept = stats["tokens_per_expert"].double().to(self.tally.device)
         choices = x.numel() // x.shape[-1] * cfg.topk
+        zero = kept.new_zeros(())
         values = torch.cat([torch.stack([
             stats["load_balancing_loss"].detach().double() / cfg.aux_loss_coeff if "load_balancing_loss" in stats
-            else kept.new_zeros((), dtype=torch.float64),
-            stats["z_loss"].detach().double() / cfg.z_loss_coeff if "z_loss" in stats
-            else kept.new_zeros((), dtype=torch.float64),
-            (choices - kept.sum()).double()]), kept.double()])
-        return _Tally.apply(out, self.tally, values.to(self.tally.device))
+            else zero,
+            stats["z_loss"].detach().double() / cfg.z_loss_coeff if "z_loss" in stats else zero,
+            choices - kept.sum()]), kept])
+        pairs = [(self.tally, values)] + ([(self.bias_counts, kept)] if cfg.expert_bias else [])
+        return _Tally.apply(out, *map(tuple, zip(*pairs)))
+
+
+@torch.no_grad()
+def update_expert_bias(mlps: Dict[int, "MoEMLP"], num_layers: int, num_experts: int, group=None) -> None:
+    """Aux-loss-free balancing, once per global batch (after the step): each layer's choices per expert summed over
+    every micro-batch and every rank (`group`, None: all ranks; one all-reduce of a (layers, E) table in which each
+    stage fills its own layers' rows), then bias_e += rate x sign(mean_e c_e - c_e), in fp32, and the counts reset.
+    The counts are whole numbers, so the bias is the same at any split of the batch. `mlps`: layer number -> its
+    MoE MLP, for the layers this rank holds."""
+    device = next(iter(mlps.values())).bias_counts.device if mlps else torch.device("cpu")
+    table = torch.zeros(num_layers, num_experts, dtype=torch.float64, device=device)
+    for number, mlp in mlps.items():
+        table[number - 1] = mlp.bias_counts
+        mlp.bias_counts.zero_()
+    dist.all_reduce(table, group=group)
+    for number, mlp in mlps.items():
+        counts = table[number - 1]
+        step = torch.sign(counts.mean() - counts).float() * mlp.moe.cfg.bias_update_rate
+        mlp.moe.expert_bias.add_(step.to(mlp.moe.expert_bias.device))

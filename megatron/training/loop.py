@@ -26,7 +26,8 @@ from megatron.training.evaluation import evaluate_and_print
 from megatron.logging_utils import (IntervalStats, TensorBoard, format_log_line, interval_metrics, print_line,
                                     print_rank_0, print_rank_last, record_loss)
 from megatron.model.rng import start_iteration
-from megatron.training.moe_logging import format_moe, interval_moe_metrics
+from megatron.model.moe import update_expert_bias
+from megatron.training.moe_logging import format_moe, interval_moe_metrics, moe_layers
 from megatron.model.specs import spec_for
 from tds import device as tds_device
 
@@ -209,6 +210,9 @@ def train(engine, cfg: RunConfig, state: TrainState, train_iter: Iterator[Batch]
         skipped_before = engine.skipped_steps
         exits.post()  # the stop agreement runs beside the iteration; read after it
         loss = train_step(engine, cfg, state, train_iter)
+        moe = getattr(cfg.model, "moe", None)
+        if moe is not None and moe.expert_bias:
+            update_expert_bias(dict(moe_layers(engine.module)), cfg.model.num_layers, moe.num_experts)
         tds_device.synchronize()
         state.iteration += 1
         state.consumed_train_samples += batch

@@ -16,12 +16,16 @@ One 8-process launch runs, as (tp, pp, ep, dp):
 - (2, 2, 1, 2) with --sequence-parallel and ZeRO-1: experts on every rank, replicated parameters summed over tp;
 - the capacity-dropping variant (factor 1.0: it drops) at (1, 2, 2, 4) against its own single process (capacity is
   counted over the tokens a router sees, so it depends on tp, as in Megatron).
+Aux-loss-free balancing (sigmoid scores, the expert bias updated after each step from the counts summed over every
+micro-batch and rank), 10 iterations at (dp, gas) = (4, 1) (pp 2) and (2, 2) (tp 2, pp 2, --sequence-parallel)
+against (1, 4): the same losses and, read from the checkpoints saved at the end, the same biases bit for bit.
 The (1, 1, 1) run is also the golden file's model (test_golden.py, 2 layers, dropout off). In the same launch a run at
 (2, 2, 1, 2) saved at iteration 10 and resumed continues with the uninterrupted run's losses bit for bit (the
 experts, router and shared expert in the layer files).
 """
 import numpy as np
 import pytest
+import torch
 
 from harness.dist import run_distributed
 from tests.training.golden_cases import argv as golden_argv
@@ -32,6 +36,8 @@ ITERS = 20
 DROPOUT = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--log-interval", "1", "--zero-stage", "0"]
 EP2 = ["--expert-model-parallel-size", "2"]
 CAPACITY = ["--moe-expert-capacity-factor", "1.0"]
+BIAS = ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
+        "0.01", "--train-iters", "10"]
 LAYOUTS = {  # name: (tp, pp, flags)
     "(1,2,2,4) 1f1b": (1, 2, EP2),
     "(2,2,2,2) sp alltoall": (2, 2, [*EP2, "--sequence-parallel", "--moe-token-dispatcher-type", "alltoall"]),
@@ -40,6 +46,8 @@ LAYOUTS = {  # name: (tp, pp, flags)
     "(2,2,2,2) sp interleaved full recompute": (2, 2, [*EP2, "--sequence-parallel", "--virtual-pipe-stages", "2",
                                                        "--recompute-granularity", "full"]),
     "(1,2,2,4) capacity": (1, 2, [*EP2, *CAPACITY]),
+    "(1,2,1,4) expert bias": (1, 2, BIAS),
+    "(2,2,1,2) sp expert bias": (2, 2, [*BIAS, "--sequence-parallel"]),
     "(2,2,1,2) sp zero-1": (2, 2, ["--sequence-parallel", "--zero-stage", "1"]),  # last: the resumed run
 }
 
@@ -52,18 +60,35 @@ def argv(prefix: str, tp: int, pp: int, extra=()) -> list:
 
 
 def runs(argvs: list, world: int, save: str = None) -> list:
-    """(losses, grad norms, logged load-balancing losses, dropped fractions) of each argv, one after the other;
-    with `save`, then the losses of the last argv saved at iteration 10 into `save` and of its resumption."""
+    """(losses, grad norms, logged load-balancing losses, dropped fractions, expert biases) of each argv, one after
+    the other; with `save`, then the losses of the last argv saved at iteration 10 into `save` and of its resumption.
+    The expert biases are read from the layer files of a run with the expert bias, saved at its end."""
     from pretrain_gpt2 import DEFAULTS, SPEC
     from tests.training.runner import train_state
     out = []
-    for a in argvs:
-        s = train_state(a, world, SPEC, DEFAULTS)
+    for i, a in enumerate(argvs):
+        folder = f"{save}-bias-{i}" if save and "--moe-router-enable-expert-bias" in a else None
+        s = train_state(a + (["--save", folder] if folder else []), world, SPEC, DEFAULTS)
         out.append((s.losses, s.grad_norms, [m["load_balancing_loss"] for m in s.moe_metrics],
-                    [m["dropped_fraction"] for m in s.moe_metrics]))
+                    [m["dropped_fraction"] for m in s.moe_metrics], folder and _biases(folder)))
     if save:
         first = train_state(argvs[-1] + ["--save", save, "--exit-interval", "10"], world, SPEC, DEFAULTS).losses
         out.append((first, train_state(argvs[-1] + ["--load", save], world, SPEC, DEFAULTS).losses))
+    return out
+
+
+def _biases(folder: str) -> list:
+    """Every MoE layer's expert bias in the newest checkpoint of `folder`, in layer order."""
+    import glob
+    import os
+    import torch
+    tag = open(os.path.join(folder, "latest")).read().strip()
+    out = []
+    for path in sorted(glob.glob(os.path.join(folder, tag, "layer_*-model_states.pt"))):
+        if "-model_0" in path and "-model_00-" not in path:
+            continue  # another tensor-parallel rank's copy
+        state = torch.load(path, weights_only=True)
+        out += [v for k, v in state.items() if k.endswith("expert_bias")]
     return out
 
 
@@ -74,8 +99,9 @@ def data_prefix(tmp_path_factory):
 
 @pytest.mark.long
 def test_every_layout_equals_one_process_and_resumes_exactly(data_prefix, tmp_path):
-    singles = run_distributed(runs, 1, [argv(data_prefix, 1, 1), argv(data_prefix, 1, 1, CAPACITY)], 1,
-                              timeout=600)[-1]
+    singles = run_distributed(runs, 1, [argv(data_prefix, 1, 1), argv(data_prefix, 1, 1, CAPACITY),
+                                        argv(data_prefix, 1, 1, BIAS)], 1, str(tmp_path / "single"),
+                              timeout=600)[-1][:3]
     variants = [argv(data_prefix, tp, pp, flags) for tp, pp, flags in LAYOUTS.values()]
     results = run_distributed(runs, 8, variants, 8, str(tmp_path / "ckpt"), timeout=900)[-1]
     first, resumed = results.pop()
@@ -83,11 +109,14 @@ def test_every_layout_equals_one_process_and_resumes_exactly(data_prefix, tmp_pa
     assert first == straight[:10], "saving changed the losses"
     assert resumed == straight[10:], f"resumed {resumed} vs {straight[10:]}"
     for name, got in zip(LAYOUTS, results):
-        want = singles[1] if "capacity" in name else singles[0]
+        want = singles[1] if "capacity" in name else singles[2] if "bias" in name else singles[0]
         for i, what in enumerate(("losses", "gradient norms", "load-balancing losses")):
-            assert len(got[i]) == ITERS, f"{name}: {what}"
+            assert len(got[i]) == len(want[i]) == (10 if "bias" in name else ITERS), f"{name}: {what}"
             np.testing.assert_allclose(got[i], want[i], rtol=RTOL, err_msg=f"{name}: {what}")
-    dropless, dropping = singles
+        if "bias" in name:  # (dp, gas) = (4, 1) and (2, 2) against (1, 4): the same bias, bit for bit
+            assert len(got[4]) == len(want[4]) == 2 and all(map(torch.equal, got[4], want[4])), name
+            assert all(b.abs().max() > 0 for b in want[4]), "the bias never moved"
+    dropless, dropping, _ = singles
     assert max(dropless[3]) == 0.0 and min(dropping[3]) > 0.01, "the capacity factor 1.0 should drop choices"
     assert not np.allclose(dropless[0], dropping[0], rtol=RTOL)
     assert (np.array(dropless[1]) > 0.3).all()  # clipping at 0.3 is active on every iteration
