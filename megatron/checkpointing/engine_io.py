@@ -173,7 +173,8 @@ def _load_checkpoint(engine, cfg) -> Tuple[int, int]:
     if weights_only:
         why = "--finetune" if cfg.checkpoint.finetune else "it holds weights only"
         print_rank_0(f"loading the weights of {folder} ({why}): iteration 0, fresh optimizer and LR schedule")
-        load_weights_into(engine.module, folder, saved, function=not cfg.checkpoint.finetune)
+        with engine.whole_experts(loading=True):
+            load_weights_into(engine.module, folder, saved, function=not cfg.checkpoint.finetune)
         _refresh_master_weights(engine)
         return 0, 0
     check_compatible(saved, cfg.record, folder)

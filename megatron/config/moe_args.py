@@ -11,10 +11,9 @@ fills the defaults and refuses, in one line each, what does not divide or cannot
     --expert-tensor-parallel-size       1 (experts whole on each rank; the default here, not Megatron's tp)
     tp > 1                              needs --sequence-parallel (each tensor-parallel rank routes its part of
                                         the sequence; Megatron requires it with expert parallelism)
-    E_p > 1                             fp32, --zero-stage 0 and no checkpoint files for now: the experts'
-                                        gradients are reduced over their own group, which DeepSpeed's ZeRO-1 and bf16 /
-                                        fp16 optimizers do not know, and each rank's file would hold only its
-                                        experts
+    E_p > 1                             fp32 and --zero-stage 0 for now: the experts' gradients are reduced over
+                                        their own group, which DeepSpeed's ZeRO-1 and bf16 / fp16 optimizers do not
+                                        know
 """
 from __future__ import annotations
 
@@ -119,12 +118,6 @@ def resolve_moe(args: argparse.Namespace) -> None:
         require(not (args.fp16 or args.bf16), f"--expert-model-parallel-size {ep} runs in fp32 for now (the bf16 "
                                               f"and fp16 optimizers reduce the experts over the data-parallel "
                                               f"group); got {'--fp16' if args.fp16 else '--bf16'}")
-        files = [flag for flag, name in (("--save", "save"), ("--load", "load"),
-                                         ("--pretrained-checkpoint", "pretrained_checkpoint"))
-                 if getattr(args, name, None)]
-        require(not files, f"--expert-model-parallel-size {ep} with {', '.join(files)}: checkpoints of experts spread "
-                           f"over ranks are not built yet (each rank holds other experts and their optimizer states); "
-                           f"save and load at --expert-model-parallel-size 1")
     require(not args.layout_invariant, "--layout-invariant does not cover mixture-of-experts layers yet; drop it")
     try:
         moe_config_from_args(args)  # the layer pattern and the routing settings, checked once

@@ -32,7 +32,7 @@ from .bf16_tail import FlatBF16Optimizer, adopt
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
 from .executor import BatchState, StageContext, StageExecutor
-from .expert_grads import expert_params, expert_squares, is_expert, reduce_expert_grads
+from .expert_grads import expert_params, expert_squares, is_expert, reduce_expert_grads, whole_experts
 from .finite import FiniteCheck, local_grads
 from .fixed_order import MicroBatchGrads, pairwise_sum_rows, power_of_two
 from .fixed_zero import FixedOrderZero, adopt as adopt_fixed_zero, clip_coefficient
@@ -583,6 +583,23 @@ class PipelineEngine(DeepSpeedEngine):
         return pairwise_sum_rows(local) / local.numel()
 
     # --- checkpoints: one file per layer (DeepSpeed's layout) ---------------------------------------------
+    def whole_experts(self, loading: bool):
+        """A block in which experts spread over ranks are whole, to be saved or loaded as such
+        (`expert_grads.whole_experts`); else nothing. `save_checkpoint` and the loads use it; a caller that reads
+        or writes the module's weights itself (a weights-only load) wraps its reading in it."""
+        experts = self._expert_groups
+        if experts is None:
+            return contextlib.nullcontext()
+        return whole_experts(expert_params(self.module), self.optimizer, experts["expert"], loading)
+
+    def save_checkpoint(self, *args, **kwargs):
+        with self.whole_experts(loading=False):
+            return super().save_checkpoint(*args, **kwargs)
+
+    def load_checkpoint(self, *args, **kwargs):
+        with self.whole_experts(loading=True):
+            return super().load_checkpoint(*args, **kwargs)
+
     def module_state_dict(self, exclude_frozen_parameters: bool = False):
         """Called by save_checkpoint(): writes the per-layer files and returns None (DeepSpeed's protocol)."""
         self.module.save_state_dict(self._curr_ckpt_path, checkpoint_engine=self.checkpoint_engine,
@@ -603,8 +620,9 @@ class PipelineEngine(DeepSpeedEngine):
         if tag is None:
             with open(os.path.join(load_dir, "latest")) as f:
                 tag = f.read().strip()
-        self.module.load_state_dir(load_dir=os.path.join(load_dir, str(tag)), strict=strict,
-                                   checkpoint_engine=self.checkpoint_engine)
+        with self.whole_experts(loading=True):
+            self.module.load_state_dir(load_dir=os.path.join(load_dir, str(tag)), strict=strict,
+                                       checkpoint_engine=self.checkpoint_engine)
         self._sync_optimizer_weights()
 
     def _sync_optimizer_weights(self) -> None:

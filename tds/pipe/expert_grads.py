@@ -11,16 +11,20 @@ the data-parallel replicas):
 
 The gradient norm counts each expert once: the squares of this rank's experts, summed over the expert-model group
 (one copy of every expert of every stage), added to the squares of the other parameters.
+
+Checkpoints hold every expert (`whole_experts`): saved and loaded as if one rank held them all, so a checkpoint
+does not depend on the expert-parallel size and loads at any other.
 """
 from __future__ import annotations
 
-from typing import Iterable, List
+import contextlib
+from typing import Iterable, Iterator, List
 
 import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-__all__ = ["expert_params", "expert_squares", "is_expert", "reduce_expert_grads"]
+__all__ = ["expert_params", "expert_squares", "is_expert", "reduce_expert_grads", "whole_experts"]
 
 
 def is_expert(param: torch.nn.Parameter) -> bool:
@@ -57,3 +61,45 @@ def expert_squares(params: Iterable[torch.nn.Parameter], group, device) -> torch
         torch.zeros((), dtype=torch.float32, device=device)
     dist.all_reduce(total, group=group)
     return total
+
+
+@contextlib.contextmanager
+def whole_experts(params: List[torch.nn.Parameter], optimizer, group, loading: bool) -> Iterator[None]:
+    """Checkpoints hold every expert, whatever the expert-parallel size: inside this block each expert parameter
+    (this rank's E / E_p experts stacked along dim 0) is the whole (E, ...) tensor, gathered over the expert-parallel
+    `group` in rank order, and so are its optimizer states (saving); or an empty whole tensor the load fills, after
+    which this rank keeps its rows of the weights and of the optimizer states the load brought (loading). Collective:
+    every rank of the group enters it. On an error the parameters keep their own rows."""
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    own = [p.data for p in params]
+    saved_states = [optimizer.state.get(p) for p in params] if optimizer is not None else []
+
+    def gather(t: torch.Tensor) -> torch.Tensor:
+        whole = t.new_empty((size * t.shape[0],) + tuple(t.shape[1:]))
+        dist.all_gather_into_tensor(whole, t.contiguous(), group=group)
+        return whole
+
+    for i, p in enumerate(params):
+        p.data = p.data.new_empty((size * own[i].shape[0],) + tuple(own[i].shape[1:])) if loading else gather(own[i])
+        state = saved_states[i] if saved_states else None
+        if state and not loading:
+            optimizer.state[p] = {k: gather(v) if torch.is_tensor(v) and v.shape == own[i].shape else v
+                                  for k, v in state.items()}
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        for i, p in enumerate(params):
+            rows = slice(rank * own[i].shape[0], (rank + 1) * own[i].shape[0])
+            if loading and done:
+                own[i].copy_(p.data[rows])
+            p.data = own[i]
+            if optimizer is None:
+                continue
+            if loading and done and p in optimizer.state:
+                whole = p.data.shape[0] * size
+                optimizer.state[p] = {k: v[rows].clone() if torch.is_tensor(v) and v.dim() and v.shape[0] == whole
+                                      else v for k, v in optimizer.state[p].items()}
+            elif not loading and saved_states[i] is not None:
+                optimizer.state[p] = saved_states[i]

@@ -92,6 +92,8 @@ INTERNALS = [
     ("deepspeed.runtime.engine.DeepSpeedEngine.buffered_allreduce_fallback", "params_include",
      ["grads", "elements_per_buffer"]),
     ("deepspeed.runtime.engine.DeepSpeedEngine._take_model_step", "params_include", ["lr_kwargs"]),
+    ("deepspeed.runtime.engine.DeepSpeedEngine._broadcast_model", "params", []),
+    ("deepspeed.runtime.engine.DeepSpeedEngine._get_gradients_for_reduction", "params", []),
     ("deepspeed.runtime.engine.DeepSpeedEngine.is_gradient_accumulation_boundary", "params", []),
     ("deepspeed.runtime.engine.DeepSpeedEngine.module_state_dict", "params_include",
      ["exclude_frozen_parameters"]),

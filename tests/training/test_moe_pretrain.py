@@ -19,9 +19,10 @@ One 8-process launch runs, as (tp, pp, ep, dp):
 Aux-loss-free balancing (sigmoid scores, the expert bias updated after each step from the counts summed over every
 micro-batch and rank), 10 iterations at (dp, gas) = (4, 1) (pp 2) and (2, 2) (tp 2, pp 2, --sequence-parallel)
 against (1, 4): the same losses and, read from the checkpoints saved at the end, the same biases bit for bit.
-The (1, 1, 1) run is also the golden file's model (test_golden.py, 2 layers, dropout off). In the same launch a run at
-(2, 2, 1, 2) saved at iteration 10 and resumed continues with the uninterrupted run's losses bit for bit (the
-experts, router and shared expert in the layer files).
+The (1, 1, 1) run is also the golden file's model (test_golden.py, 2 layers, dropout off). In the same launch the
+(1, 2, 2, 4) run saved at iteration 10 (every expert and its Adam states in the files, gathered over the
+expert-parallel group) resumes at its layout with the uninterrupted run's losses bit for bit, and at (2, 2, 2, 2)
+with --sequence-parallel (another tp: reshaped) within 1e-5.
 """
 import numpy as np
 import pytest
@@ -48,7 +49,7 @@ LAYOUTS = {  # name: (tp, pp, flags)
     "(1,2,2,4) capacity": (1, 2, [*EP2, *CAPACITY]),
     "(1,2,1,4) expert bias": (1, 2, BIAS),
     "(2,2,1,2) sp expert bias": (2, 2, [*BIAS, "--sequence-parallel"]),
-    "(2,2,1,2) sp zero-1": (2, 2, ["--sequence-parallel", "--zero-stage", "1"]),  # last: the resumed run
+    "(2,2,1,2) sp zero-1": (2, 2, ["--sequence-parallel", "--zero-stage", "1"]),
 }
 
 
@@ -71,9 +72,11 @@ def runs(argvs: list, world: int, save: str = None) -> list:
         s = train_state(a + (["--save", folder] if folder else []), world, SPEC, DEFAULTS)
         out.append((s.losses, s.grad_norms, [m["load_balancing_loss"] for m in s.moe_metrics],
                     [m["dropped_fraction"] for m in s.moe_metrics], folder and _biases(folder)))
-    if save:
-        first = train_state(argvs[-1] + ["--save", save, "--exit-interval", "10"], world, SPEC, DEFAULTS).losses
-        out.append((first, train_state(argvs[-1] + ["--load", save], world, SPEC, DEFAULTS).losses))
+    if save:  # the first run saved at 10, resumed at its layout and at (2,2,2,2) --sequence-parallel
+        first = train_state(argvs[0] + ["--save", save, "--exit-interval", "10"], world, SPEC, DEFAULTS).losses
+        same = train_state(argvs[0] + ["--load", save], world, SPEC, DEFAULTS).losses
+        other = train_state(argvs[1] + ["--load", save], world, SPEC, DEFAULTS).losses
+        out.append((first, same, other))
     return out
 
 
@@ -104,10 +107,11 @@ def test_every_layout_equals_one_process_and_resumes_exactly(data_prefix, tmp_pa
                               timeout=600)[-1][:3]
     variants = [argv(data_prefix, tp, pp, flags) for tp, pp, flags in LAYOUTS.values()]
     results = run_distributed(runs, 8, variants, 8, str(tmp_path / "ckpt"), timeout=900)[-1]
-    first, resumed = results.pop()
-    straight = results[list(LAYOUTS).index("(2,2,1,2) sp zero-1")][0]
+    first, resumed, reshaped = results.pop()
+    straight = results[0][0]
     assert first == straight[:10], "saving changed the losses"
     assert resumed == straight[10:], f"resumed {resumed} vs {straight[10:]}"
+    np.testing.assert_allclose(reshaped, straight[10:], rtol=RTOL, err_msg="resumed at (2,2,2,2)")
     for name, got in zip(LAYOUTS, results):
         want = singles[1] if "capacity" in name else singles[2] if "bias" in name else singles[0]
         for i, what in enumerate(("losses", "gradient norms", "load-balancing losses")):
