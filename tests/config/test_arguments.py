@@ -15,6 +15,16 @@ def parse(*extra, world_size=8, base=BASE):
     return parse_args(list(base) + list(extra), world_size=world_size)
 
 
+def assert_one_line_error(call, words) -> None:
+    """`call()` raises a UserError whose message is one line holding every one of `words`."""
+    with pytest.raises(UserError) as err:
+        call()
+    message = str(err.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message, message
+
+
 def test_derived_values():
     args = parse("--tensor-model-parallel-size", "2", "--pipe-parallel-size", "2", "--global-batch-size", "16",
                  "--lr-warmup-fraction", "0.2")
@@ -53,12 +63,7 @@ def test_pipe_parallel_zero_means_no_pipeline():
     (["--initial-loss-scale", "1000", "--fp16"], 8, ["power of two", "1000"]),
 ])
 def test_validation_errors_name_values(extra, world, words):
-    with pytest.raises(UserError) as err:
-        parse(*extra, world_size=world)
-    message = str(err.value)
-    assert "\n" not in message
-    for word in words:
-        assert word in message, message
+    assert_one_line_error(lambda: parse(*extra, world_size=world), words)
 
 
 def test_missing_required():

@@ -6,6 +6,7 @@ from megatron.config.arguments import ENTRY_DEFAULTS, parse_args
 from megatron.errors import UserError
 from megatron.model.moe_config import layer_pattern
 from megatron.model.specs import spec_for
+from tests.config.test_arguments import assert_one_line_error
 
 BASE = ["--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32",
         "--micro-batch-size", "2", "--train-iters", "10", "--swiglu", "--zero-stage", "0"]
@@ -59,12 +60,7 @@ def test_layer_pattern(freq, layers, want):
     (["--num-experts", "8", "--layout-invariant"], 8, ["--layout-invariant"]),
 ])
 def test_mistakes_are_one_line(extra, world, words):
-    with pytest.raises(UserError) as err:
-        parse(*extra, world_size=world)
-    message = str(err.value)
-    assert "\n" not in message
-    for word in words:
-        assert word in message, message
+    assert_one_line_error(lambda: parse(*extra, world_size=world), words)
 
 
 def test_experts_need_swiglu_and_t5_takes_none():
