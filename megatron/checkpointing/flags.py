@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from megatron.errors import flag_name
+from megatron.model.moe_config import ARCHITECTURE as MOE_ARCHITECTURE
 from megatron.model.specs.gpt import LAYER_SWITCHES
 
 # (argument, flag): given with its value when the checkpoint has it and it is not None / False
@@ -35,8 +37,11 @@ def model_flags(args: Dict[str, Any]) -> List[str]:
     valued = list(VALUED)
     if args.get("position_embedding_type") == "rope":
         valued += ROPE + (ROPE_SCALING if args.get("use_rope_scaling") else ())
+    if args.get("num_experts") is not None:  # a mixture of experts: its architecture's flags (switches: True)
+        valued += [(key, flag_name(key)) for key in MOE_ARCHITECTURE if args.get(key) is not True]
     out = []
     for key, flag in valued:
         if args.get(key) is not None:
             out += [flag, _value(args[key])]
-    return out + [flag for key, flag in SWITCHES if args.get(key)]
+    switches = SWITCHES + tuple((key, flag_name(key)) for key in MOE_ARCHITECTURE if args.get(key) is True)
+    return out + [flag for key, flag in switches if args.get(key)]

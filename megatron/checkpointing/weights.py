@@ -24,7 +24,8 @@ from .tp import resize_rows, split
 SHAPE_CONFIG_FIELDS = ("num_layers", "num_decoder_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
                        "kv_channels", "vocab_size", "max_position_embeddings", "relative_attention_num_buckets",
                        "feed_forward_proj", "tie_word_embeddings", "position_embedding_type", "normalization",
-                       "swiglu", "num_query_groups", "add_bias_linear", "add_qkv_bias", *LAYER_SWITCHES)
+                       "swiglu", "num_query_groups", "add_bias_linear", "add_qkv_bias", *LAYER_SWITCHES,
+                       "moe_architecture")
 # Config fields that change the model's function but no shape: a weights-only load checks them too, except under
 # --finetune (a new rotary base for a longer context, say).
 FUNCTION_CONFIG_FIELDS = ("layernorm_epsilon", "rotary_base", "rotary_percent", "rope_scaling_factor",

@@ -234,6 +234,12 @@ class GPTConfig(TransformerConfig):
         return int(rot)
 
     @property
+    def moe_architecture(self) -> Optional[tuple]:
+        """The experts' shape and function fields (`MoEConfig.architecture`), None for a dense model: what a checkpoint
+        and a Hugging Face architecture must agree on."""
+        return None if self.moe is None else self.moe.architecture()
+
+    @property
     def qkv_bias(self) -> bool:
         return self.add_bias_linear or self.add_qkv_bias
 

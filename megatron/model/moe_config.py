@@ -96,6 +96,12 @@ class MoEConfig:
             if bad:
                 raise ValueError(message)
 
+    def architecture(self) -> tuple:
+        """The fields that make the model's function and its tensors' shapes (the rest are training choices)."""
+        return (self.num_experts, self.ffn_hidden_size, self.layer_pattern, self.topk, self.score_function,
+                self.pre_softmax, self.topk_scaling_factor, self.shared_ffn_hidden_size, self.shared_gate,
+                self.expert_bias)
+
     def is_moe_layer(self, layer_number: int) -> bool:
         """Whether transformer layer `layer_number` (1-based) holds experts."""
         return not self.layer_pattern or bool(self.layer_pattern[layer_number - 1])
@@ -130,18 +136,25 @@ def layer_pattern(freq: str, num_layers: int) -> Tuple[int, ...]:
 
 
 def moe_config_from_args(args) -> Optional[MoEConfig]:
-    """The MoEConfig of resolved arguments (`megatron.config.moe_args`), None for a dense model (or arguments that
-    predate experts)."""
+    """The MoEConfig of resolved arguments (`megatron.config.moe_args`), or of a record of them that names only the
+    architecture (an import's: every other field at its default); None for a dense model (or arguments that predate
+    experts)."""
     if getattr(args, "num_experts", None) is None:
         return None
+    given = lambda name, default: default if getattr(args, name, None) is None else getattr(args, name)  # noqa: E731
     return MoEConfig(
         num_experts=args.num_experts, ffn_hidden_size=args.moe_ffn_hidden_size,
-        layer_pattern=layer_pattern(args.moe_layer_freq, args.num_layers), topk=args.moe_router_topk,
-        score_function=args.moe_router_score_function, pre_softmax=bool(args.moe_router_pre_softmax),
-        topk_scaling_factor=args.moe_router_topk_scaling_factor, router_dtype=args.moe_router_dtype,
-        load_balancing=args.moe_router_load_balancing_type, aux_loss_coeff=args.moe_aux_loss_coeff,
-        z_loss_coeff=args.moe_z_loss_coeff, capacity_factor=args.moe_expert_capacity_factor,
-        drop_policy=args.moe_token_drop_policy, shared_ffn_hidden_size=args.moe_shared_expert_intermediate_size,
-        shared_gate=bool(args.moe_shared_expert_gate), expert_bias=bool(args.moe_router_enable_expert_bias),
-        bias_update_rate=args.moe_router_bias_update_rate, dispatcher=args.moe_token_dispatcher_type,
-        per_layer_logging=bool(args.moe_per_layer_logging))
+        layer_pattern=layer_pattern(given("moe_layer_freq", "1"), args.num_layers),
+        topk=given("moe_router_topk", 2), score_function=given("moe_router_score_function", "softmax"),
+        pre_softmax=bool(given("moe_router_pre_softmax", False)),
+        topk_scaling_factor=given("moe_router_topk_scaling_factor", None),
+        router_dtype=given("moe_router_dtype", "fp32"),
+        load_balancing=given("moe_router_load_balancing_type", "aux_loss"),
+        aux_loss_coeff=given("moe_aux_loss_coeff", 0.0), z_loss_coeff=given("moe_z_loss_coeff", 0.0),
+        capacity_factor=given("moe_expert_capacity_factor", None), drop_policy=given("moe_token_drop_policy", "probs"),
+        shared_ffn_hidden_size=given("moe_shared_expert_intermediate_size", None),
+        shared_gate=bool(given("moe_shared_expert_gate", False)),
+        expert_bias=bool(given("moe_router_enable_expert_bias", False)),
+        bias_update_rate=given("moe_router_bias_update_rate", 1e-3),
+        dispatcher=given("moe_token_dispatcher_type", "allgather"),
+        per_layer_logging=bool(given("moe_per_layer_logging", False)))

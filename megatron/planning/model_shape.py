@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any, List, Sequence, Tuple
 
+from megatron.errors import UserError
 from megatron.model.specs import ModelSpec, spec_for, spec_of
 from megatron.model.specs.memory import PipeLayer
 
@@ -31,6 +32,11 @@ class ModelShape:
     _key: tuple = field(init=False, repr=False)
 
     def __post_init__(self):
+        moe = getattr(self.config, "moe", None)
+        if moe is not None:
+            raise UserError(f"the layout planner does not count experts yet: a mixture of {moe.num_experts} experts "
+                            f"(--num-experts) has no memory or step-time model here; measure a few iterations with "
+                            f"--log-memory instead")
         object.__setattr__(self, "_key", (self.spec.model_type, tuple(sorted(vars(self.config).items()))))
 
     def __eq__(self, other) -> bool:

@@ -28,7 +28,9 @@ code (`Rule.split`, `logits`) runs on tensors it is given or imports torch where
 A `Rule(canonical, hf, transpose, sizes, tied)`: the canonical full tensor is the concatenation along rows of the
 HF tensors (each transposed first when `transpose`), so export splits (in proportion to `sizes`, equal parts by
 default) and import concatenates; `tied` names the tensors import reads instead where the folder saved this one
-tied to them (transformers 5 saves T5's head as the word table).
+tied to them (transformers 5 saves T5's head as the word table, and a mixture of experts' fused experts stand in for
+the per-expert tensors); with `stack` E the canonical tensor is the concatenation viewed as (E, rows / E, cols), a
+layer's experts stacked.
 """
 from __future__ import annotations
 
@@ -46,9 +48,12 @@ class Rule:
     transpose: bool = False
     sizes: Optional[Tuple[int, ...]] = None  # relative row counts of the HF tensors (None: equal)
     tied: Tuple[str, ...] = ()                # read instead when `hf` is absent from the folder
+    stack: int = 0                            # the canonical tensor is (stack, rows / stack, cols): stacked experts
 
     def split(self, full) -> tuple:
         """The canonical tensor cut into the HF tensors' rows."""
+        if self.stack:
+            full = full.reshape(-1, full.shape[-1])
         if self.sizes is None:
             return full.chunk(len(self.hf), dim=0)
         unit = full.size(0) // sum(self.sizes)

@@ -82,6 +82,8 @@ def from_hf(hf: Dict[str, torch.Tensor], args: Dict, table: ModelTable, adapter:
             raise UserError(f"{where}: no tensor {missing[0]} in its weights ({weight_files(where)}; the HF weights do "
                             f"not match their config.json)")
         full = torch.cat([hf[n].t() if rule.transpose else hf[n] for n in names], dim=0)
+        if rule.stack:  # per-expert (rows, cols) tensors, or the fused (E, rows, cols) one
+            full = full.reshape(rule.stack, -1, full.shape[-1])
         if table.by_name[rule.canonical].vocab:
             if full.size(0) != rows:
                 raise UserError(f"{where}: {names[0]} has {full.size(0)} rows in {weight_files(where)} but config.json "
