@@ -155,8 +155,12 @@ def check_replicas_now(engine, cfg: RunConfig, state: TrainState, why: str) -> N
     """Compare the data-parallel replicas' bits at state.iteration (megatron.training.replicas); stop on a mismatch."""
     from megatron.training.replicas import check_replicas, optimizer_state_replicated, replicated_tensors
     replicated = optimizer_state_replicated(engine, cfg.layout.ds_zero_stage)
-    tensors = list(replicated_tensors(engine.module, engine.optimizer, replicated))
+    spread = getattr(engine.grid, "experts", None)  # experts spread over ranks: their replicas are another group
+    tensors = list(replicated_tensors(engine.module, engine.optimizer, replicated, False if spread else None))
     found = check_replicas(tensors, engine.grid.get_data_parallel_group())
+    if spread and found is None:
+        experts = list(replicated_tensors(engine.module, engine.optimizer, replicated, True))
+        found = check_replicas(experts, spread["expert_data"])
     if found is not None:
         raise TrainingStopped(f"iteration {state.iteration}: {found} ({why}: silent corruption, e.g. a bad GPU or "
                               f"link); {_checked_checkpoint(cfg, state)}")

@@ -1,4 +1,6 @@
 """--check-replicas-interval N, --check-replicas-at-save: data-parallel replicas hold equal bits; check that they do.
+(Experts spread over an expert-parallel group are compared over their expert-data-parallel group instead: the
+data-parallel group holds other experts.)
 
 Silent corruption (a bad GPU or link) that flips a bit of one replica's parameters trains on unseen, and the next
 checkpoint saves it. The ranks of one data-parallel group (one pipeline stage, one tp rank) hold the same
@@ -54,20 +56,28 @@ def fingerprint(t: torch.Tensor) -> torch.Tensor:
     return torch.stack([plain, weighted])
 
 
-def replicated_tensors(module: torch.nn.Module, optimizer,
-                       state_replicated: bool) -> Iterator[Tuple[str, torch.Tensor]]:
+def replicated_tensors(module: torch.nn.Module, optimizer, state_replicated: bool,
+                       experts: Optional[bool] = None) -> Iterator[Tuple[str, torch.Tensor]]:
     """(name, tensor) of what every data-parallel replica holds alike: the parameters, and where the optimizer's
     state is `state_replicated` (ZeRO stage 0 without BF16_Optimizer's partitions, `optimizer_state_replicated`) the
-    state of the torch optimizer (or of the one an fp16 wrapper keeps over fp32 master weights)."""
+    state of the torch optimizer (or of the one an fp16 wrapper keeps over fp32 master weights). `experts` True:
+    only the experts spread over an expert-parallel group (`param.expert_parallel`) and their state, which the
+    expert-data-parallel group holds alike; False: all but those; None: everything."""
+    def wanted(p) -> bool:
+        return experts is None or bool(getattr(p, "expert_parallel", False)) == experts
+
     names = {}
     for name, p in module.named_parameters():
         names[id(p)] = name
-        yield f"parameter {name}", p
+        if wanted(p):
+            yield f"parameter {name}", p
     inner = optimizer if isinstance(optimizer, torch.optim.Optimizer) else getattr(optimizer, "optimizer", None)
     if not state_replicated or not isinstance(inner, torch.optim.Optimizer):
         return
     for g, group in enumerate(inner.param_groups):
         for i, p in enumerate(group["params"]):
+            if not wanted(p):
+                continue
             for key, value in sorted(inner.state.get(p, {}).items()):
                 if torch.is_tensor(value) and value.numel() > 0:
                     owner = names.get(id(p), f"group {g} parameter {i}")

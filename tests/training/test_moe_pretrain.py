@@ -9,7 +9,8 @@ One 8-process launch runs, as (tp, pp, ep, dp):
   broadcast within it), 1F1B;
 - (2, 2, 2, 2) with --sequence-parallel: experts spread over the tensor-parallel ranks, each routing its part of the
   sequence (the aux loss's counts summed over them), the all-to-all dispatcher;
-- (1, 2, 2, 4) with GPipe and with ZB-H1 (the experts' gradients are computed in B: only the tensor-parallel
+- (1, 2, 2, 4) with GPipe (and --check-replicas-interval 5: the experts' replicas are their expert-data-parallel
+  group, the others' the data-parallel group, and neither reports a difference) and with ZB-H1 (the experts' gradients are computed in B: only the tensor-parallel
   layers defer theirs), and (2, 2, 2, 2) with
   --sequence-parallel interleaved (2 chunks per stage, full recomputation: the statistics are tallied once per
   micro-batch however often the forward runs);
@@ -42,7 +43,7 @@ BIAS = ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bi
 LAYOUTS = {  # name: (tp, pp, flags)
     "(1,2,2,4) 1f1b": (1, 2, EP2),
     "(2,2,2,2) sp alltoall": (2, 2, [*EP2, "--sequence-parallel", "--moe-token-dispatcher-type", "alltoall"]),
-    "(1,2,2,4) gpipe": (1, 2, [*EP2, "--pipeline-schedule", "gpipe"]),
+    "(1,2,2,4) gpipe": (1, 2, [*EP2, "--pipeline-schedule", "gpipe", "--check-replicas-interval", "5"]),
     "(1,2,2,4) zb-h1": (1, 2, [*EP2, "--pipeline-schedule", "zb-h1"]),
     "(2,2,2,2) sp interleaved full recompute": (2, 2, [*EP2, "--sequence-parallel", "--virtual-pipe-stages", "2",
                                                        "--recompute-granularity", "full"]),
