@@ -2,9 +2,11 @@
 `tools/convert_checkpoint.py import-hf` / `export-hf`, on small random models built with transformers (nothing
 downloaded; the norms' weights drawn at random so that a misplaced one shows):
 
-- Mixtral (4 experts, top-2, every layer MoE) and Qwen2-MoE (4 experts, top-2, a gated shared expert, its first layer
-  dense through mlp_only_layers, a qkv bias), saved with `save_pretrained` (per-expert tensors), imported at
-  (tp, pp) = (2, 2) and exported: every tensor bit-identical, and transformers loads the export as the same class;
+- Mixtral (4 experts, top-2, every layer MoE), Qwen2-MoE (4 experts, top-2, a gated shared expert, its first layer
+  dense through mlp_only_layers, a qkv bias, the softmax over all experts) and Qwen3-MoE (per-head query / key norms,
+  head_dim 16 != hidden / heads, renormalized top-k, its first layer dense through decoder_sparse_step 2), saved with
+  `save_pretrained` (per-expert tensors), imported at (tp, pp) = (2, 2) and exported: every tensor bit-identical, and
+  transformers loads the export as the same class;
 - the same models saved in the fused layout newer checkpoints ship (`mlp.experts.gate_up_proj` (E, 2I, H),
   `down_proj` (E, H, I), the router as `mlp.gate`) import to the same weights, and export per expert again;
 - the imported models' logits equal transformers' at tp 2 and tp 1 (fp32, relative error < 1e-5; one launch);
@@ -32,6 +34,9 @@ MODELS = {
     "qwen2_moe": lambda: transformers.Qwen2MoeForCausalLM(transformers.Qwen2MoeConfig(
         **COMMON, intermediate_size=40, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
         shared_expert_intermediate_size=16, mlp_only_layers=[0])),
+    "qwen3_moe": lambda: transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+        **COMMON, intermediate_size=40, moe_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+        head_dim=16, norm_topk_prob=True, decoder_sparse_step=2)),
 }
 
 

@@ -10,8 +10,8 @@ One 8-process launch runs, as (tp, pp, ep, dp):
 - (2, 2, 2, 2) with --sequence-parallel: experts spread over the tensor-parallel ranks, each routing its part of the
   sequence (the aux loss's counts summed over them), the all-to-all dispatcher;
 - (1, 2, 2, 4) with GPipe (and --check-replicas-interval 5: the experts' replicas are their expert-data-parallel
-  group, the others' the data-parallel group, and neither reports a difference) and with ZB-H1 (the experts' gradients are computed in B: only the tensor-parallel
-  layers defer theirs), and (2, 2, 2, 2) with
+  group, the others' the data-parallel group, and neither reports a difference) and with ZB-H1 (the experts'
+  gradients are computed in B: only the tensor-parallel layers defer theirs), and (2, 2, 2, 2) with
   --sequence-parallel interleaved (2 chunks per stage, full recomputation: the statistics are tallied once per
   micro-batch however often the forward runs);
 - (2, 2, 1, 2) with --sequence-parallel and ZeRO-1: experts on every rank, replicated parameters summed over tp;

@@ -1,20 +1,21 @@
 """Hugging Face's mixtures of experts <-> this project's GPT with the Llama-family layer and MoE MLPs
-(megatron/model/moe.py): Mixtral (MixtralForCausalLM) and Qwen2-MoE (Qwen2MoeForCausalLM).
+(megatron/model/moe.py): Mixtral (MixtralForCausalLM), Qwen2-MoE (Qwen2MoeForCausalLM) and Qwen3-MoE
+(Qwen3MoeForCausalLM: Qwen3's layer, its per-head query / key norms, with Qwen-MoE's experts and no shared one).
 
     config.json                                  project
-        num_local_experts / num_experts          num_experts
+        num_local_experts / num_experts          num_experts (either key)
         num_experts_per_tok                      moe_router_topk
         Mixtral: intermediate_size               moe_ffn_hidden_size (= ffn_hidden_size: every layer is MoE)
-        Qwen2-MoE: moe_intermediate_size,        moe_ffn_hidden_size, ffn_hidden_size (the dense layers'),
+        Qwen-MoE: moe_intermediate_size,         moe_ffn_hidden_size, ffn_hidden_size (the dense layers'),
             intermediate_size
-        Qwen2-MoE: norm_topk_prob                not moe_router_pre_softmax (renormalized top-k = softmax of the
+        Qwen-MoE: norm_topk_prob                 not moe_router_pre_softmax (renormalized top-k = softmax of the
                                                  top-k logits; otherwise the softmax over all experts, top-k of it)
-        Qwen2-MoE: decoder_sparse_step,          moe_layer_freq as a list: layer i (0-based) holds experts when
+        Qwen-MoE: decoder_sparse_step,           moe_layer_freq as a list: layer i (0-based) holds experts when
             mlp_only_layers                      (i + 1) % step == 0 and i is not in mlp_only_layers
         Qwen2-MoE: shared_expert_intermediate_size   moe_shared_expert_intermediate_size, moe_shared_expert_gate
         router_jitter_noise (Mixtral)            refused unless 0 (training noise this layer does not add)
 
-    tensors of a MoE layer i (x = model.layers.i.block_sparse_moe (Mixtral) or model.layers.i.mlp (Qwen2-MoE))
+    tensors of a MoE layer i (x = model.layers.i.block_sparse_moe (Mixtral) or model.layers.i.mlp (Qwen-MoE))
         x.gate                                   layers.i.mlp.moe.router
         x.experts.e.w1 / w3  (gate_proj / up_proj)   layers.i.mlp.moe.experts.linear_fc1[e] rows [gate; up]
         x.experts.e.w2  (down_proj)              layers.i.mlp.moe.experts.linear_fc2[e]
@@ -33,6 +34,7 @@ from typing import Any, Dict, List
 
 from .base import Rule, refuse
 from .llama import Llama, Qwen2
+from .qwen3 import Qwen3
 
 
 def _expert_rules(config, ours: str, x: str, fused: str, names: tuple) -> List[Rule]:
@@ -66,9 +68,9 @@ class Mixtral(_Experts, Llama):
         refuse([f"router_jitter_noise = {cfg['router_jitter_noise']} (supported: 0)"]
                if cfg.get("router_jitter_noise") else [], where)
         args = super().project_args(cfg, where)
-        get = lambda key: cfg.get(key, self.HF_DEFAULTS[key])  # noqa: E731
-        args.update(num_experts=get("num_local_experts"), moe_router_topk=get("num_experts_per_tok"),
-                    moe_ffn_hidden_size=args["ffn_hidden_size"])
+        experts = cfg.get("num_local_experts", cfg.get("num_experts", self.HF_DEFAULTS["num_local_experts"]))
+        args.update(num_experts=experts, moe_ffn_hidden_size=args["ffn_hidden_size"],
+                    moe_router_topk=cfg.get("num_experts_per_tok", self.HF_DEFAULTS["num_experts_per_tok"]))
         return args
 
     def hf_config(self, config, rows: int, ids: Dict[str, int]) -> Dict[str, Any]:
@@ -82,12 +84,10 @@ class Mixtral(_Experts, Llama):
             _expert_rules(config, ours, x, f"{theirs}.mlp", ("w1", "w3", "w2"))
 
 
-class Qwen2Moe(_Experts, Qwen2):
-    hf_model_type, architecture = "qwen2_moe", "Qwen2MoeForCausalLM"
-    EXPORT = dict(sliding_window=None, use_sliding_window=False, output_router_logits=False)
-    HF_DEFAULTS = {**Qwen2.HF_DEFAULTS, "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
-                   "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1,
-                   "norm_topk_prob": False}  # transformers' Qwen2MoeConfig
+class _QwenExperts(_Experts):
+    """Qwen-MoE's experts (Qwen2-MoE, Qwen3-MoE): `mlp.gate`, `mlp.experts.e.gate_proj / up_proj / down_proj`, dense
+    layers by decoder_sparse_step and mlp_only_layers, norm_topk_prob, and (Qwen2-MoE) a gated shared expert."""
+    shared = False
 
     def project_args(self, cfg: Dict[str, Any], where: str) -> Dict[str, Any]:
         args = super().project_args(cfg, where)
@@ -96,8 +96,10 @@ class Qwen2Moe(_Experts, Qwen2):
         refuse([f"decoder_sparse_step = {step} (supported: >= 1)"] if not isinstance(step, int) or step < 1 else [],
                where)
         pattern = [int((i + 1) % step == 0 and i not in dense) for i in range(args["num_layers"])]
-        shared = get("shared_expert_intermediate_size") or None
-        args.update(num_experts=get("num_experts"), moe_router_topk=get("num_experts_per_tok"),
+        shared = (cfg.get("shared_expert_intermediate_size", self.HF_DEFAULTS.get("shared_expert_intermediate_size"))
+                  if self.shared else None) or None
+        experts = cfg.get("num_experts", cfg.get("num_local_experts", self.HF_DEFAULTS["num_experts"]))
+        args.update(num_experts=experts, moe_router_topk=get("num_experts_per_tok"),
                     moe_ffn_hidden_size=get("moe_intermediate_size"), moe_layer_freq=str(pattern).replace(" ", ""),
                     moe_router_pre_softmax=not get("norm_topk_prob"), moe_shared_expert_intermediate_size=shared,
                     moe_shared_expert_gate=bool(shared))
@@ -106,10 +108,12 @@ class Qwen2Moe(_Experts, Qwen2):
     def hf_config(self, config, rows: int, ids: Dict[str, int]) -> Dict[str, Any]:
         moe = config.moe
         pattern = moe.layer_pattern or (1,) * config.num_layers
-        return {**super().hf_config(config, rows, ids), "num_experts": moe.num_experts,
-                "num_experts_per_tok": moe.topk, "moe_intermediate_size": moe.ffn_hidden_size,
-                "shared_expert_intermediate_size": moe.shared_ffn_hidden_size or 0, "decoder_sparse_step": 1,
-                "mlp_only_layers": [i for i, v in enumerate(pattern) if not v], "norm_topk_prob": not moe.pre_softmax}
+        out = {**super().hf_config(config, rows, ids), "num_experts": moe.num_experts,
+               "num_experts_per_tok": moe.topk, "moe_intermediate_size": moe.ffn_hidden_size, "decoder_sparse_step": 1,
+               "mlp_only_layers": [i for i, v in enumerate(pattern) if not v], "norm_topk_prob": not moe.pre_softmax}
+        if self.shared:
+            out["shared_expert_intermediate_size"] = moe.shared_ffn_hidden_size or 0
+        return out
 
     def layer_rules(self, config, ours: str, theirs: str) -> List[Rule]:
         dense = super().layer_rules(config, ours, theirs)
@@ -124,3 +128,19 @@ class Qwen2Moe(_Experts, Qwen2):
                       Rule(f"{ours}.mlp.moe.shared_expert.linear_fc2", (f"{x}.shared_expert.down_proj.weight",)),
                       Rule(f"{ours}.mlp.moe.shared_gate.weight", (f"{x}.shared_expert_gate.weight",))]
         return rules
+
+
+class Qwen2Moe(_QwenExperts, Qwen2):
+    hf_model_type, architecture = "qwen2_moe", "Qwen2MoeForCausalLM"
+    shared = True
+    EXPORT = dict(sliding_window=None, use_sliding_window=False, output_router_logits=False)
+    HF_DEFAULTS = {**Qwen2.HF_DEFAULTS, "num_experts": 60, "num_experts_per_tok": 4, "moe_intermediate_size": 1408,
+                   "shared_expert_intermediate_size": 5632, "decoder_sparse_step": 1,
+                   "norm_topk_prob": False}  # transformers' Qwen2MoeConfig
+
+
+class Qwen3Moe(_QwenExperts, Qwen3):
+    hf_model_type, architecture = "qwen3_moe", "Qwen3MoeForCausalLM"
+    EXPORT = dict(Qwen3.EXPORT, output_router_logits=False)
+    HF_DEFAULTS = {**Qwen3.HF_DEFAULTS, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                   "decoder_sparse_step": 1, "norm_topk_prob": False}  # transformers' Qwen3MoeConfig
