@@ -40,7 +40,8 @@ from .moe_dispatch import allgather_dispatch_combine, dispatch_combine, local_ex
 from .rng import mix
 
 __all__ = ["MoEConfig", "MoELayer", "MoEMLP", "SharedExpert", "SwiGLUExperts", "TALLY_FIELDS", "aux_loss", "capacity",
-           "drop_over_capacity", "route", "swiglu", "tokens_per_expert", "update_expert_bias", "z_loss"]
+           "drop_over_capacity", "route", "swiglu", "take_layer_table", "tokens_per_expert", "update_expert_bias",
+           "z_loss"]
 
 ROUTER_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
 
@@ -286,18 +287,28 @@ class MoEMLP(nn.Module):
 
 
 @torch.no_grad()
+def take_layer_table(buffers: Dict[int, torch.Tensor], num_layers: int, width: int, group=None) -> torch.Tensor:
+    """(num_layers, width) fp64: row l - 1 the sum over every rank of `group` (None: all) of layer l's buffer (the
+    ranks of the stage holding layer l fill it, the others leave zeros), one all-reduce; the buffers are reset.
+    `buffers`: layer number -> this rank's buffer, for the layers it holds."""
+    device = next(iter(buffers.values())).device if buffers else torch.device("cpu")
+    table = torch.zeros(num_layers, width, dtype=torch.float64, device=device)
+    for number, buffer in buffers.items():
+        table[number - 1] = buffer
+        buffer.zero_()
+    dist.all_reduce(table, group=group)
+    return table
+
+
+@torch.no_grad()
 def update_expert_bias(mlps: Dict[int, "MoEMLP"], num_layers: int, num_experts: int, group=None) -> None:
     """Aux-loss-free balancing, once per global batch (after the step): each layer's choices per expert summed over
     every micro-batch and every rank (`group`, None: all ranks; one all-reduce of a (layers, E) table in which each
     stage fills its own layers' rows), then bias_e += rate x sign(mean_e c_e - c_e), in fp32, and the counts reset.
     The counts are whole numbers, so the bias is the same at any split of the batch. `mlps`: layer number -> its
     MoE MLP, for the layers this rank holds."""
-    device = next(iter(mlps.values())).bias_counts.device if mlps else torch.device("cpu")
-    table = torch.zeros(num_layers, num_experts, dtype=torch.float64, device=device)
-    for number, mlp in mlps.items():
-        table[number - 1] = mlp.bias_counts
-        mlp.bias_counts.zero_()
-    dist.all_reduce(table, group=group)
+    table = take_layer_table({number: mlp.bias_counts for number, mlp in mlps.items()}, num_layers, num_experts,
+                             group)
     for number, mlp in mlps.items():
         counts = table[number - 1]
         step = torch.sign(counts.mean() - counts).float() * mlp.moe.cfg.bias_update_rate

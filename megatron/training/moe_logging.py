@@ -18,9 +18,8 @@ from __future__ import annotations
 from typing import Dict, List, Tuple
 
 import torch
-import torch.distributed as dist
 
-from megatron.model.moe import TALLY_FIELDS, MoEMLP
+from megatron.model.moe import TALLY_FIELDS, MoEMLP, take_layer_table
 from megatron.model.transformer import TransformerLayer
 
 
@@ -34,13 +33,8 @@ def interval_moe_metrics(module: torch.nn.Module, num_layers: int, num_experts: 
                          per_layer: bool = False) -> Dict[str, float]:
     """The module docstring's metrics, over all ranks (a collective: every rank of a MoE model calls it at the
     same log line, whether or not its stage holds a MoE layer)."""
-    layers = moe_layers(module)
-    device = layers[0][1].tally.device if layers else torch.device("cpu")
-    table = torch.zeros(num_layers, len(TALLY_FIELDS) + num_experts, dtype=torch.float64, device=device)
-    for number, mlp in layers:
-        table[number - 1] = mlp.tally
-        mlp.tally.zero_()
-    dist.all_reduce(table)
+    table = take_layer_table({number: mlp.tally for number, mlp in moe_layers(module)}, num_layers,
+                             len(TALLY_FIELDS) + num_experts)
     per = {number: _layer_metrics(row, micro_batches) for number, row in enumerate(table.cpu().tolist(), 1)
            if any(row)}  # the MoE layers (a dense layer tallies nothing)
     if not per:

@@ -32,7 +32,7 @@ from .bf16_tail import FlatBF16Optimizer, adopt
 from .boundary import Boundary
 from .collectives import CommGuard, apply_timeout, resolve_timeout
 from .executor import BatchState, StageContext, StageExecutor
-from .expert_grads import expert_params, expert_squares, is_expert, reduce_expert_grads, whole_experts
+from .expert_grads import ExpertParallelEngine, expert_params, is_expert, reduce_expert_grads, squares_summed
 from .finite import FiniteCheck, local_grads
 from .fixed_order import MicroBatchGrads, pairwise_sum_rows, power_of_two
 from .fixed_zero import FixedOrderZero, adopt as adopt_fixed_zero, clip_coefficient
@@ -43,7 +43,7 @@ from .timeline import StageTimeline
 from .weight_grad import WeightGradStore, attach
 
 
-class PipelineEngine(DeepSpeedEngine):
+class PipelineEngine(ExpertParallelEngine, DeepSpeedEngine):
     """Built by `tds.initialize` for a `tds.pipe.PipelineModule`; use `train_batch` / `eval_batch`."""
 
     def __init__(self, *args, checkpoint_engine_wrap=None, **kwargs):
@@ -325,13 +325,11 @@ class PipelineEngine(DeepSpeedEngine):
         if self.fixed is not None:
             norm = self._fixed_order_norm()
         else:
-            counted = [p.grad.detach() for _, p in self._counted_params() if p.grad is not None]
-            total = torch.stack(torch._foreach_norm(counted, 2.0)).pow(2).sum() if counted else \
-                torch.zeros((), dtype=torch.float32, device=tds_device.device())
-            dist.all_reduce(total, group=self.grid.get_model_parallel_group())
-            if self._expert_groups is not None:  # experts spread over ranks: each counted once (expert_grads.py)
-                total = total + expert_squares(expert_params(self.module), self._expert_groups["expert_model"],
-                                               tds_device.device())
+            device, experts = tds_device.device(), self._expert_groups
+            counted = [p for _, p in self._counted_params()]
+            total = squares_summed(counted, self.grid.get_model_parallel_group(), device)
+            if experts is not None:  # experts spread over ranks: each counted once (expert_grads.py)
+                total = total + squares_summed(expert_params(self.module), experts["expert_model"], device)
             norm = total.sqrt()
         grads = [p.grad.detach() for p in params]
         if grads:
@@ -515,32 +513,6 @@ class PipelineEngine(DeepSpeedEngine):
             self.allreduce_gradients(bucket_size=MEMORY_OPT_ALLREDUCE_SIZE)
         self._force_grad_boundary = False  # (and in _run's finally, if this raises)
 
-    @property
-    def _expert_groups(self):
-        """The grid's expert groups where experts are spread over ranks (`grid.expert_rank_lists`), else None; read
-        from the module, whose grid DeepSpeed's constructor uses before the engine's own is set."""
-        return getattr(self.module._grid, "experts", None)
-
-    def _broadcast_model(self):
-        """DeepSpeed's start-up broadcast from the first data-parallel replica, with experts spread over ranks
-        broadcast within their expert-data-parallel group instead (the data-parallel group holds other experts)."""
-        experts = self._expert_groups
-        if experts is None:
-            return super()._broadcast_model()
-        dp_group = self.module._grid.get_data_parallel_group()
-        dp_src, edp_src = dist.get_global_rank(dp_group, 0), dist.get_global_rank(experts["expert_data"], 0)
-        for p in self.module.parameters():
-            spread = is_expert(p)
-            dist.broadcast(p.data, edp_src if spread else dp_src, group=experts["expert_data"] if spread else dp_group)
-
-    def _get_gradients_for_reduction(self):
-        """DeepSpeed's data-parallel buckets, without the experts spread over ranks (reduced in `_reduce_grads`)."""
-        dense, by_group = super()._get_gradients_for_reduction()
-        if self._expert_groups is None:
-            return dense, by_group
-        skip = {p.grad.data_ptr() for p in expert_params(self.module) if p.grad is not None}
-        return [g for g in dense if g.data_ptr() not in skip], by_group
-
     def _step_optimizer(self) -> None:
         tail = self.optimizer if isinstance(self.optimizer, FlatBF16Optimizer) else None
         if self.finite is not None:  # every rank agrees before any rank steps (finite.py)
@@ -583,23 +555,6 @@ class PipelineEngine(DeepSpeedEngine):
         return pairwise_sum_rows(local) / local.numel()
 
     # --- checkpoints: one file per layer (DeepSpeed's layout) ---------------------------------------------
-    def whole_experts(self, loading: bool):
-        """A block in which experts spread over ranks are whole, to be saved or loaded as such
-        (`expert_grads.whole_experts`); else nothing. `save_checkpoint` and the loads use it; a caller that reads
-        or writes the module's weights itself (a weights-only load) wraps its reading in it."""
-        experts = self._expert_groups
-        if experts is None:
-            return contextlib.nullcontext()
-        return whole_experts(expert_params(self.module), self.optimizer, experts["expert"], loading)
-
-    def save_checkpoint(self, *args, **kwargs):
-        with self.whole_experts(loading=False):
-            return super().save_checkpoint(*args, **kwargs)
-
-    def load_checkpoint(self, *args, **kwargs):
-        with self.whole_experts(loading=True):
-            return super().load_checkpoint(*args, **kwargs)
-
     def module_state_dict(self, exclude_frozen_parameters: bool = False):
         """Called by save_checkpoint(): writes the per-layer files and returns None (DeepSpeed's protocol)."""
         self.module.save_state_dict(self._curr_ckpt_path, checkpoint_engine=self.checkpoint_engine,

@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
-__all__ = ["expert_params", "expert_squares", "is_expert", "reduce_expert_grads", "whole_experts"]
+__all__ = ["ExpertParallelEngine", "expert_params", "is_expert", "reduce_expert_grads", "squares_summed",
+           "whole_experts"]
 
 
 def is_expert(param: torch.nn.Parameter) -> bool:
@@ -53,9 +54,10 @@ def reduce_expert_grads(params: Iterable[torch.nn.Parameter], group, dp_size: in
         grad.copy_(reduced)
 
 
-def expert_squares(params: Iterable[torch.nn.Parameter], group, device) -> torch.Tensor:
-    """The sum of the squared gradient norms of every expert of the model, on every rank of `group` (the
-    expert-model group)."""
+def squares_summed(params: Iterable[torch.nn.Parameter], group, device) -> torch.Tensor:
+    """The sum of the squared gradient norms (fp32) of `params` that have a gradient, summed over `group`: the
+    engine's norm of the counted parameters over the model-parallel group, and of the experts over the expert-model
+    group."""
     grads = [p.grad.detach() for p in params if p.grad is not None]
     total = torch.stack(torch._foreach_norm(grads, 2.0)).float().pow(2).sum() if grads else \
         torch.zeros((), dtype=torch.float32, device=device)
@@ -103,3 +105,54 @@ def whole_experts(params: List[torch.nn.Parameter], optimizer, group, loading: b
                                       else v for k, v in optimizer.state[p].items()}
             elif not loading and saved_states[i] is not None:
                 optimizer.state[p] = saved_states[i]
+
+
+class ExpertParallelEngine:
+    """What the pipeline engine does differently for experts spread over ranks (a mixin before DeepSpeedEngine):
+    the grid's expert groups where it has them (`grid.expert_rank_lists`), the start-up broadcast within the
+    expert-data-parallel group, the data-parallel buckets without the experts, and checkpoints that hold them whole.
+    The reduction and the norm (`reduce_expert_grads`, `squares_summed`) are called from the engine's own steps."""
+
+    @property
+    def _expert_groups(self):
+        """{'expert', 'expert_data', 'expert_model'} groups where experts are spread over ranks, else None; read from
+        the module, whose grid DeepSpeed's constructor uses before the engine's own is set."""
+        return getattr(self.module._grid, "experts", None)
+
+    def _broadcast_model(self):
+        """DeepSpeed's start-up broadcast from the first data-parallel replica, with experts spread over ranks
+        broadcast within their expert-data-parallel group instead (the data-parallel group holds other experts)."""
+        experts = self._expert_groups
+        if experts is None:
+            return super()._broadcast_model()
+        dp_group = self.module._grid.get_data_parallel_group()
+        dp_src, edp_src = dist.get_global_rank(dp_group, 0), dist.get_global_rank(experts["expert_data"], 0)
+        for p in self.module.parameters():
+            spread = is_expert(p)
+            group = experts["expert_data"] if spread else dp_group
+            dist.broadcast(p.data, edp_src if spread else dp_src, group=group)
+
+    def _get_gradients_for_reduction(self):
+        """DeepSpeed's data-parallel buckets, without the experts spread over ranks (`reduce_expert_grads`)."""
+        dense, by_group = super()._get_gradients_for_reduction()
+        if self._expert_groups is None:
+            return dense, by_group
+        skip = {p.grad.data_ptr() for p in expert_params(self.module) if p.grad is not None}
+        return [g for g in dense if g.data_ptr() not in skip], by_group
+
+    def whole_experts(self, loading: bool):
+        """A block in which experts spread over ranks are whole, to be saved or loaded as such (`whole_experts`);
+        else nothing. `save_checkpoint` and the loads use it; a caller that reads or writes the module's weights
+        itself (a weights-only load) wraps its reading in it."""
+        experts = self._expert_groups
+        if experts is None:
+            return contextlib.nullcontext()
+        return whole_experts(expert_params(self.module), self.optimizer, experts["expert"], loading)
+
+    def save_checkpoint(self, *args, **kwargs):
+        with self.whole_experts(loading=False):
+            return super().save_checkpoint(*args, **kwargs)
+
+    def load_checkpoint(self, *args, **kwargs):
+        with self.whole_experts(loading=True):
+            return super().load_checkpoint(*args, **kwargs)
