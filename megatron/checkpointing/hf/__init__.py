@@ -5,7 +5,8 @@
                      Qwen2)
     qwen3            Qwen3ForCausalLM: the Llama family's layer with --qk-layernorm
     olmo2            Olmo2ForCausalLM: the Llama family's layer with --qk-layernorm-full --post-sublayer-norm
-    moe              MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM: the family's layer with experts
+    moe              MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM: the family's
+                     layer with experts
     ADAPTERS         config.json's model_type -> its adapter: the one table import-hf, export-hf, --verify and
                      tools/plan_layout.py --hf-config read
     adapter_for(cfg, where)   the adapter of a config.json; `exporter(args, config)` the one exporting a checkpoint
@@ -25,14 +26,14 @@ from tds.lazy import lazy_exports
 from .base import Adapter
 from .gpt2 import GPT2
 from .llama import Llama, Mistral, Qwen2
-from .moe import Mixtral, Qwen2Moe, Qwen3Moe
+from .moe import Mixtral, Olmoe, Qwen2Moe, Qwen3Moe
 from .olmo2 import Olmo2
 from .qwen3 import Qwen3
 from .t5 import T5
 
 ADAPTERS: Dict[str, Adapter] = {a.hf_model_type: a for a in (GPT2(), T5(), Llama(), Mistral(), Qwen2(), Qwen3(),
                                                                Olmo2(), Mixtral(), Qwen2Moe(),
-                                                               Qwen3Moe())}
+                                                               Qwen3Moe(), Olmoe())}
 
 __getattr__ = lazy_exports(__name__, {
     **dict.fromkeys(("IMPORT_TAG", "export_hf", "import_hf", "load_hf_state"), "megatron.checkpointing.hf.convert"),

@@ -1,21 +1,25 @@
 """Hugging Face's mixtures of experts <-> this project's GPT with the Llama-family layer and MoE MLPs
 (megatron/model/moe.py): Mixtral (MixtralForCausalLM), Qwen2-MoE (Qwen2MoeForCausalLM) and Qwen3-MoE
-(Qwen3MoeForCausalLM: Qwen3's layer, its per-head query / key norms, with Qwen-MoE's experts and no shared one).
+(Qwen3MoeForCausalLM: Qwen3's layer, its per-head query / key norms, with Qwen-MoE's experts and no shared one) and
+OLMoE (OlmoeForCausalLM: the Llama family's layer with OLMo-2's whole-projection query / key norms, --qk-layernorm-full,
+before the rotation, and Qwen-MoE's experts in every layer, no shared one).
 
     config.json                                  project
         num_local_experts / num_experts          num_experts (either key)
         num_experts_per_tok                      moe_router_topk
-        Mixtral: intermediate_size               moe_ffn_hidden_size (= ffn_hidden_size: every layer is MoE)
+        Mixtral, OLMoE: intermediate_size        moe_ffn_hidden_size (= ffn_hidden_size: every layer is MoE)
         Qwen-MoE: moe_intermediate_size,         moe_ffn_hidden_size, ffn_hidden_size (the dense layers'),
             intermediate_size
-        Qwen-MoE: norm_topk_prob                 not moe_router_pre_softmax (renormalized top-k = softmax of the
+        Qwen-MoE, OLMoE: norm_topk_prob          not moe_router_pre_softmax (renormalized top-k = softmax of the
                                                  top-k logits; otherwise the softmax over all experts, top-k of it)
         Qwen-MoE: decoder_sparse_step,           moe_layer_freq as a list: layer i (0-based) holds experts when
             mlp_only_layers                      (i + 1) % step == 0 and i is not in mlp_only_layers
         Qwen2-MoE: shared_expert_intermediate_size   moe_shared_expert_intermediate_size, moe_shared_expert_gate
         router_jitter_noise (Mixtral)            refused unless 0 (training noise this layer does not add)
+        clip_qkv (OLMoE)                         refused unless null (a clamp of q, k, v this layer does not apply;
+                                                 OLMoE-1B-7B's is null)
 
-    tensors of a MoE layer i (x = model.layers.i.block_sparse_moe (Mixtral) or model.layers.i.mlp (Qwen-MoE))
+    tensors of a MoE layer i (x = model.layers.i.block_sparse_moe (Mixtral) or model.layers.i.mlp (Qwen-MoE, OLMoE))
         x.gate                                   layers.i.mlp.moe.router
         x.experts.e.w1 / w3  (gate_proj / up_proj)   layers.i.mlp.moe.experts.linear_fc1[e] rows [gate; up]
         x.experts.e.w2  (down_proj)              layers.i.mlp.moe.experts.linear_fc2[e]
@@ -34,6 +38,7 @@ from typing import Any, Dict, List
 
 from .base import Rule, refuse
 from .llama import Llama, Qwen2
+from .olmo2 import Olmo2
 from .qwen3 import Qwen3
 
 
@@ -144,3 +149,35 @@ class Qwen3Moe(_QwenExperts, Qwen3):
     EXPORT = dict(Qwen3.EXPORT, output_router_logits=False)
     HF_DEFAULTS = {**Qwen3.HF_DEFAULTS, "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
                    "decoder_sparse_step": 1, "norm_topk_prob": False}  # transformers' Qwen3MoeConfig
+
+
+class Olmoe(_Experts, Llama):
+    hf_model_type, architecture = "olmoe", "OlmoeForCausalLM"
+    EXPORT = dict(attention_bias=False, clip_qkv=None, output_router_logits=False)
+    HF_DEFAULTS = {**Llama.HF_DEFAULTS, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "num_experts": 64,
+                   "num_experts_per_tok": 8, "norm_topk_prob": False}  # transformers' OlmoeConfig
+
+    def window(self, cfg: Dict[str, Any]):
+        return None  # OlmoeAttention attends over the whole sequence
+
+    def project_args(self, cfg: Dict[str, Any], where: str) -> Dict[str, Any]:
+        clip = cfg.get("clip_qkv")
+        refuse([f"clip_qkv = {clip} (supported: null)"] if clip is not None else [], where)
+        args = super().project_args(cfg, where)
+        get = lambda key: cfg.get(key, self.HF_DEFAULTS[key])  # noqa: E731
+        args.update(qk_layernorm_full=True, num_experts=cfg.get("num_experts", cfg.get("num_local_experts",
+                                                                                        get("num_experts"))),
+                    moe_ffn_hidden_size=args["ffn_hidden_size"], moe_router_topk=get("num_experts_per_tok"),
+                    moe_router_pre_softmax=not get("norm_topk_prob"))
+        return args
+
+    def hf_config(self, config, rows: int, ids: Dict[str, int]) -> Dict[str, Any]:
+        moe = config.moe
+        return {**super().hf_config(config, rows, ids), "num_experts": moe.num_experts,
+                "num_experts_per_tok": moe.topk, "norm_topk_prob": not moe.pre_softmax}
+
+    def layer_rules(self, config, ours: str, theirs: str) -> List[Rule]:
+        dense = [r for r in super().layer_rules(config, ours, theirs) if ".mlp." not in r.canonical]
+        x = f"{theirs}.mlp"
+        return dense + Olmo2.qk_norm_rules(ours, theirs) + \
+            _expert_rules(config, ours, x, x, ("gate_proj", "up_proj", "down_proj"))

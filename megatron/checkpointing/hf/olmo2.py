@@ -39,10 +39,14 @@ class Olmo2(Llama):
         return dict(super().project_args(cfg, where), qk_layernorm_full=True, post_sublayer_norm=True)
 
     def layer_rules(self, config, ours: str, theirs: str) -> List[Rule]:
+        return super().layer_rules(config, ours, theirs) + self.qk_norm_rules(ours, theirs)
+
+    @staticmethod
+    def qk_norm_rules(ours: str, theirs: str) -> List[Rule]:
+        """The whole-projection query / key norms (OLMo-2's, OLMoE's)."""
         attn, mine = f"{theirs}.self_attn", f"{ours}.self_attention"
-        return super().layer_rules(config, ours, theirs) + [
-            Rule(f"{mine}.q_layernorm.weight", (f"{attn}.q_norm.weight",)),
-            Rule(f"{mine}.k_layernorm.weight", (f"{attn}.k_norm.weight",))]
+        return [Rule(f"{mine}.q_layernorm.weight", (f"{attn}.q_norm.weight",)),
+                Rule(f"{mine}.k_layernorm.weight", (f"{attn}.k_norm.weight",))]
 
     def norm_rules(self, ours: str, theirs: str) -> List[Rule]:
         return [Rule(f"{ours}.post_self_attn_layernorm.weight", (f"{theirs}.post_attention_layernorm.weight",)),
