@@ -23,8 +23,12 @@ against (1, 4): the same losses and, read from the checkpoints saved at the end,
 The (1, 1, 1) run is also the golden file's model (test_golden.py, 2 layers, dropout off). In the same launch the
 (1, 2, 2, 4) run saved at iteration 10 (every expert and its Adam states in the files, gathered over the
 expert-parallel group) resumes at its layout with the uninterrupted run's losses bit for bit, and at (2, 2, 2, 2)
-with --sequence-parallel (another tp: reshaped) within 1e-5.
+with --sequence-parallel (another tp: reshaped) within 1e-5. That checkpoint then goes through a chain of loads and
+saves without training, (tp, pp, ep) = (2, 2, 2) -> (1, 1, 1) (dp 8) -> (1, 2, 4): every weight and Adam state of
+each save is bit-identical to the original's (read whole, `read_consolidated`).
 """
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -61,10 +65,12 @@ def argv(prefix: str, tp: int, pp: int, extra=()) -> list:
     return out + DROPOUT + list(extra)
 
 
-def runs(argvs: list, world: int, save: str = None) -> list:
+def runs(argvs: list, world: int, save: str = None, chain: list = ()) -> list:
     """(losses, grad norms, logged load-balancing losses, dropped fractions, expert biases) of each argv, one after
-    the other; with `save`, then the losses of the last argv saved at iteration 10 into `save` and of its resumption.
-    The expert biases are read from the layer files of a run with the expert bias, saved at its end."""
+    the other; with `save`, then the losses of the first argv saved at iteration 10 into `save`, of its resumption
+    at its layout and at the second argv's, and then `save` loaded and saved again by each argv of `chain` in turn,
+    into `save`-chain-i. The expert biases are read from the layer files of a run with the expert bias, saved at its
+    end."""
     from pretrain_gpt2 import DEFAULTS, SPEC
     from tests.training.runner import train_state
     out = []
@@ -78,7 +84,20 @@ def runs(argvs: list, world: int, save: str = None) -> list:
         same = train_state(argvs[0] + ["--load", save], world, SPEC, DEFAULTS).losses
         other = train_state(argvs[1] + ["--load", save], world, SPEC, DEFAULTS).losses
         out.append((first, same, other))
+        for i, a in enumerate(chain):
+            _load_and_save(a, world, save if i == 0 else f"{save}-chain-{i - 1}", f"{save}-chain-{i}")
     return out
+
+
+def _load_and_save(argv: list, world: int, load: str, save: str) -> None:
+    """The checkpoint in `load` loaded at argv's layout and saved into `save`, nothing trained."""
+    from megatron.checkpointing.engine_io import load_checkpoint, save_checkpoint
+    from megatron.config.arguments import parse_args
+    from megatron.training.pretrain import initialize_and_build
+    from pretrain_gpt2 import DEFAULTS, SPEC
+    args = parse_args(argv + ["--load", load, "--save", save], defaults=DEFAULTS, world_size=world)
+    engine, _, cfg, _ = initialize_and_build(args, SPEC)
+    save_checkpoint(engine, cfg, *load_checkpoint(engine, cfg))
 
 
 def _biases(folder: str) -> list:
@@ -107,7 +126,11 @@ def test_every_layout_equals_one_process_and_resumes_exactly(data_prefix, tmp_pa
                                         argv(data_prefix, 1, 1, BIAS)], 1, str(tmp_path / "single"),
                               timeout=600)[-1][:3]
     variants = [argv(data_prefix, tp, pp, flags) for tp, pp, flags in LAYOUTS.values()]
-    results = run_distributed(runs, 8, variants, 8, str(tmp_path / "ckpt"), timeout=900)[-1]
+    chain = [variants[1], argv(data_prefix, 1, 1, ["--micro-batch-size", "1"]),
+             argv(data_prefix, 1, 2, ["--expert-model-parallel-size", "4"])]  # (2,2,2), (1,1,1), (1,2,4)
+    save = str(tmp_path / "ckpt")
+    results = run_distributed(runs, 8, variants, 8, save, chain, timeout=900)[-1]
+    _assert_chain_bit_identical(save, len(chain))
     first, resumed, reshaped = results.pop()
     straight = results[0][0]
     assert first == straight[:10], "saving changed the losses"
@@ -126,3 +149,22 @@ def test_every_layout_equals_one_process_and_resumes_exactly(data_prefix, tmp_pa
     assert not np.allclose(dropless[0], dropping[0], rtol=RTOL)
     assert (np.array(dropless[1]) > 0.3).all()  # clipping at 0.3 is active on every iteration
     assert 0.9 < min(dropless[2]) and max(dropless[2]) < 1.5  # Megatron's definition: 1 at uniform routing
+
+
+def _assert_chain_bit_identical(save: str, links: int) -> None:
+    from megatron.checkpointing import read_latest
+    from megatron.checkpointing.consolidated import read_consolidated
+
+    def whole(folder: str):
+        return read_consolidated(os.path.join(folder, read_latest(folder)))
+
+    original = whole(save)
+    assert any(".experts." in name for name in original.weights)
+    for i in range(links):
+        got = whole(f"{save}-chain-{i}")
+        assert sorted(got.weights) == sorted(original.weights) and sorted(got.optim) == sorted(original.optim)
+        for name, tensor in original.weights.items():
+            assert torch.equal(got.weights[name], tensor), f"chain link {i}: weight {name} changed"
+        for name, states in original.optim.items():
+            for key, tensor in states.items():
+                assert torch.equal(got.optim[name][key], tensor), f"chain link {i}: {key} of {name} changed"
