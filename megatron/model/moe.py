@@ -168,8 +168,9 @@ class SwiGLUExperts(nn.Module):
             param.expert_parallel = True
 
     def forward(self, x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
-        return self.dispatch(x, probs, experts, self.num,
-                             lambda j, rows: swiglu(rows, self.linear_fc1[j], self.linear_fc2[j]), self.ep_group)
+        # unbind, not [j]: one stacked gradient in backward rather than a full-size one per expert
+        fc1, fc2 = self.linear_fc1.unbind(0), self.linear_fc2.unbind(0)
+        return self.dispatch(x, probs, experts, self.num, lambda j, rows: swiglu(rows, fc1[j], fc2[j]), self.ep_group)
 
 
 class MoELayer(nn.Module):

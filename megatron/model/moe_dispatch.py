@@ -78,17 +78,31 @@ def dispatch_combine(x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor
         rows = AllToAll.apply(rows, group, recv_splits, send_splits)
     else:
         recv = counts.view(1, local)
-    out_rows = torch.empty_like(rows)
-    starts = torch.cumsum(recv.reshape(-1), 0) - recv.reshape(-1)  # where each (source, expert) block starts
-    for j in range(local):
-        blocks = [(int(starts[src * local + j]), int(recv[src, j])) for src in range(size)]
-        index = torch.cat([torch.arange(s, s + n, device=x.device) for s, n in blocks])
-        if index.numel():
-            out_rows[index] = expert_fn(j, rows[index])
+    out_rows = _run_experts(rows, recv, expert_fn)
     if size > 1:
         out_rows = AllToAll.apply(out_rows, group, send_splits, recv_splits)
     out = torch.zeros_like(x)
     return out.index_add_(0, chosen_token, out_rows * chosen_prob.unsqueeze(1).to(out_rows.dtype))
+
+
+def _run_experts(rows: torch.Tensor, recv: torch.Tensor, expert_fn: Callable[[int, torch.Tensor], torch.Tensor]
+                 ) -> torch.Tensor:
+    """(R, h) rows laid out source-major, recv (P, E_l) rows per (source, local expert) block -> each row through its
+    expert, in the same layout. The rows are put in expert-major order (one gather; none from a single source,
+    whose blocks are already in that order), each expert runs on its contiguous slice, and the outputs go back to
+    their places (one index_copy)."""
+    size, local = recv.shape
+    counts = recv.reshape(-1).tolist()
+    per_expert = recv.sum(dim=0).tolist()
+    order = None
+    if size > 1:
+        starts = torch.cumsum(recv.reshape(-1), 0) - recv.reshape(-1)  # where each (source, expert) block starts
+        order = torch.cat([torch.arange(int(starts[src * local + j]), int(starts[src * local + j]) + counts[src * local + j],
+                                        device=rows.device) for j in range(local) for src in range(size)])
+        rows = rows[order]
+    outs = [expert_fn(j, part) if part.shape[0] else part for j, part in enumerate(rows.split(per_expert))]
+    out = torch.cat(outs) if len(outs) > 1 else outs[0]
+    return out if order is None else torch.empty_like(out).index_copy(0, order, out)
 
 
 def allgather_dispatch_combine(x: torch.Tensor, probs: torch.Tensor, experts: torch.Tensor, num_experts: int,
