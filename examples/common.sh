@@ -1,6 +1,6 @@
 # shellcheck shell=bash
-# Shared by ds_pretrain_gpt2.sh, ds_pretrain_llama.sh and ds_pretrain_t5.sh (sourced, not run): layout and run defaults, common
-# arguments, default data and the launcher.
+# Shared by ds_pretrain_gpt2.sh, ds_pretrain_llama.sh, ds_pretrain_moe.sh and ds_pretrain_t5.sh (sourced, not run):
+# layout and run defaults, common arguments, default data and the launcher.
 # Expects REPO and PYTHON to be set by the caller.
 # Nothing here changes directory: every relative path a user gives (DATA_PATH, VOCAB_FILE, TOKENIZER_MODEL,
 # PRETRAINED, LOAD, SAVE, WORK_DIR, DS_CONFIG, HOSTFILE and the extra arguments) means what it means where the
@@ -50,7 +50,7 @@ checkpoint_model() {
         if [[ $arg == --use-checkpoint-args ]]; then FROM_CHECKPOINT=1; fi
     done
     MODEL_SET=" "
-    for var in NUM_LAYERS HIDDEN HEADS QUERY_GROUPS FFN ROTARY_BASE; do
+    for var in NUM_LAYERS HIDDEN HEADS QUERY_GROUPS FFN ROTARY_BASE NUM_EXPERTS MOE_FFN TOPK SHARED_FFN; do
         if [[ -n ${!var:-} ]]; then MODEL_SET+="$var "; fi
     done
 }
@@ -93,14 +93,15 @@ data_path_args() {
 
 # common_train_args: the pretrain_*.py arguments both models take, into the array TRAIN_ARGS (the model's depth,
 #   width and heads unless a checkpoint gives them; PRETRAINED as --pretrained-checkpoint); the caller appends its
-#   other model and tokenizer arguments. --exit-signal-handler is on (EXIT_SIGNAL_HANDLER=0 turns it
-#   off): a SIGTERM or SIGUSR1 to the script saves at the current iteration and exits 0 (forward_signal);
-#   EXIT_DURATION_IN_MINS=N does the same after N minutes; ASYNC_SAVE=1 writes checkpoints in the background.
+#   other model and tokenizer arguments. --zero-stage ZERO_STAGE (default 1). --exit-signal-handler is on
+#   (EXIT_SIGNAL_HANDLER=0 turns it off): a SIGTERM or SIGUSR1 to the script saves at the current iteration and
+#   exits 0 (forward_signal); EXIT_DURATION_IN_MINS=N does the same after N minutes; ASYNC_SAVE=1 writes
+#   checkpoints in the background.
 #   The loss runs fused (--cross-entropy-loss-fusion; LOSS_FUSION=0 for the eager form); COMPILE=1 adds --compile.
 common_train_args() {
     data_path_args
     TRAIN_ARGS=(
-        --tensor-model-parallel-size "$TP" --pipe-parallel-size "$PP" --zero-stage 1
+        --tensor-model-parallel-size "$TP" --pipe-parallel-size "$PP" --zero-stage "${ZERO_STAGE:-1}"
         --micro-batch-size "$MICRO_BATCH" --gas "$GAS" --train-iters "$TRAIN_ITERS"
         --lr "$LR" --min-lr "$MIN_LR" --lr-decay-style cosine --lr-warmup-iters "$WARMUP_ITERS"
         --weight-decay 0.01 --clip-grad 1.0

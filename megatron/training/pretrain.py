@@ -120,7 +120,9 @@ def layout_summary(cfg: RunConfig, engine) -> str:
     if b.rampup_batch_size is not None:
         start, _, samples = b.rampup_batch_size
         batch = f"global batch {start} -> {b.global_batch_size} over {samples} samples"
-    return (f"(tp, pp, dp) = ({layout.tp}, {layout.pp}, {layout.dp}){stages}; {batch} = micro "
+    dims = f"(tp, pp, dp) = ({layout.tp}, {layout.pp}, {layout.dp})" if layout.ep == 1 else \
+        f"(tp, pp, ep, dp) = ({layout.tp}, {layout.pp}, {layout.ep}, {layout.dp})"
+    return (f"{dims}{stages}; {batch} = micro "
             f"{b.micro_batch_size} x gas {b.gas} x dp {layout.dp}; ZeRO stage {layout.zero_stage} (DeepSpeed runs "
             f"stage {layout.ds_zero_stage}); vocabulary {cfg.tokenizer.vocab_size} tokens, padded to "
             f"{cfg.tokenizer.padded_vocab_size}")

@@ -17,8 +17,8 @@ from megatron.checkpointing import read_latest
 from megatron.logging_utils import LOSS_RECORD, recorded_losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPTS = ["examples/ds_pretrain_gpt2.sh", "examples/ds_pretrain_llama.sh", "examples/ds_pretrain_t5.sh",
-           "examples/common.sh",
+SCRIPTS = ["examples/ds_pretrain_gpt2.sh", "examples/ds_pretrain_llama.sh", "examples/ds_pretrain_moe.sh",
+           "examples/ds_pretrain_t5.sh", "examples/common.sh",
            "examples/slurm/common.sh", "examples/slurm/signal_workers.sh", "examples/slurm/gpt2_srun.sbatch",
            "examples/slurm/gpt2_torchrun.sbatch", "examples/slurm/t5_srun.sbatch", "examples/slurm/t5_torchrun.sbatch",
            "tests/slurm/cluster.sh"]
