@@ -28,11 +28,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from typing import Callable, Tuple
 
 import torch
 
+from llama_layer import timed  # bench/ is the script's folder
 from megatron.model.moe import MoELayer, swiglu
 from megatron.model.moe_config import MoEConfig
 
@@ -66,13 +66,6 @@ def flops_per_token(o: argparse.Namespace) -> Tuple[float, float]:
     """(MoE, dense) model FLOPs of forward + backward per token (module docstring)."""
     return 3 * (6 * o.hidden * o.expert_ffn * o.topk + 2 * o.hidden * o.experts), \
         3 * 6 * o.hidden * o.topk * o.expert_ffn
-
-
-def timed(step: Callable[[], None], steps: int) -> Tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    for _ in range(steps):
-        step()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def main() -> None:

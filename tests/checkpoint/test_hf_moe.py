@@ -24,13 +24,13 @@ import torch
 from harness.dist import run_distributed
 from megatron.errors import UserError
 from tests.checkpoint.test_hf_llama import _logits_at_tp
+from tests.checkpoint.test_hf_qwen3_olmo2 import assert_greedy_equals_transformers
 from tools.convert_checkpoint import run
 
 transformers = pytest.importorskip("transformers")
 RTOL = 1e-5
 COMMON = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
               max_position_embeddings=64, initializer_range=0.3)
-PROMPT = "the model data parallel"
 MODELS = {
     "mixtral": lambda **kw: transformers.MixtralForCausalLM(transformers.MixtralConfig(
         **COMMON, **kw, intermediate_size=24, num_local_experts=4, num_experts_per_tok=2)),
@@ -111,24 +111,9 @@ def test_logits_equal_transformers_at_tp2_and_tp1(families):
 
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_greedy_generation_equals_transformers(kind, families):
-    """tools/generate.py's main, in this process (one process: no process group), on the (2, 2) import."""
-    import json
-    from tools.generate import main
     family = families[kind]
-    tokenizer, gen = family["tokenizer"], os.path.join(family["root"], "gen.jsonl")
-    hf_tok = transformers.AutoTokenizer.from_pretrained(family["out"])
-    ids = hf_tok(PROMPT, return_tensors="pt").input_ids
-    assert ids[0].tolist() == tokenizer.tokenize(PROMPT)
-    main(["--load", family["ckpt"], "--prompt", PROMPT, "--max-new-tokens", "10", "--output", gen])
-    with open(gen) as f:
-        ours = json.loads(f.readline())["completion"]
-    with torch.no_grad():
-        new = family["model"].generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10,
-                                       eos_token_id=tokenizer.eos, pad_token_id=tokenizer.eos)[0, ids.size(1):]
-    new = new.tolist()
-    new = new[:new.index(tokenizer.eos)] if tokenizer.eos in new else new
-    assert len(set(new)) > 2, "greedy text should not be degenerate"
-    assert ours == hf_tok.decode(new), f"{kind}: ours {ours!r} vs transformers {hf_tok.decode(new)!r}"
+    assert_greedy_equals_transformers(family["ckpt"], family["out"], family["tokenizer"],
+                                      os.path.join(family["root"], "gen.jsonl"), kind)
 
 
 @pytest.mark.parametrize("kind, change, words", [

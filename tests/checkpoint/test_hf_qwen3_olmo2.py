@@ -109,25 +109,30 @@ def test_logits_equal_transformers_at_tp1_and_tp2(families):
             assert err < RTOL, f"{kind} at tp {tp}: logits relative error {err:.2e}"
 
 
-@pytest.mark.parametrize("kind", list(CONFIGS))
-def test_greedy_generation_equals_transformers(kind, families):
-    """tools/generate.py's main, in this process (one process: no process group), on the (2, 2) import."""
+def assert_greedy_equals_transformers(ckpt: str, out: str, tokenizer, gen: str, kind: str) -> None:
+    """tools/generate.py's main, in this process (one process: no process group), on the checkpoint `ckpt`: its
+    greedy text equals transformers' `generate` from `out`, the checkpoint's export."""
     from tools.generate import main
-    family = families[kind]
-    tokenizer, gen = family["tokenizer"], str(family["root"] / "gen.jsonl")
-    hf_tok = transformers.AutoTokenizer.from_pretrained(family["out"])
+    hf_tok = transformers.AutoTokenizer.from_pretrained(out)
     ids = hf_tok(PROMPT, return_tensors="pt").input_ids
     assert ids[0].tolist() == tokenizer.tokenize(PROMPT)
-    main(["--load", family["ckpt"], "--prompt", PROMPT, "--max-new-tokens", "10", "--output", gen])
+    main(["--load", ckpt, "--prompt", PROMPT, "--max-new-tokens", "10", "--output", gen])
     with open(gen) as f:
         ours = json.loads(f.readline())["completion"]
     with torch.no_grad():
-        new = transformers.AutoModelForCausalLM.from_pretrained(family["out"]).generate(
+        new = transformers.AutoModelForCausalLM.from_pretrained(out).generate(
             ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=10,
             eos_token_id=tokenizer.eos, pad_token_id=tokenizer.eos)[0, ids.size(1):].tolist()
     new = new[:new.index(tokenizer.eos)] if tokenizer.eos in new else new
     assert len(set(new)) > 2, "greedy text should not be degenerate"
     assert ours == hf_tok.decode(new), f"{kind}: ours {ours!r} vs transformers {hf_tok.decode(new)!r}"
+
+
+@pytest.mark.parametrize("kind", list(CONFIGS))
+def test_greedy_generation_equals_transformers(kind, families):
+    family = families[kind]
+    assert_greedy_equals_transformers(family["ckpt"], family["out"], family["tokenizer"],
+                                      str(family["root"] / "gen.jsonl"), kind)
 
 
 def test_tied_qwen3_round_trips_and_verifies(tmp_path, capsys):
