@@ -164,7 +164,7 @@ def main(argv=None) -> None:
     c = cluster_of(a)
     precision = "bf16" if a.bf16 else "fp16" if a.fp16 else "fp32"
     cands = rank_layouts(shape, c, a.global_batch_size, precision,
-                         sequence_parallel_available=not a.no_sequence_parallel)
+                         sequence_parallel_available=not a.no_sequence_parallel, ep=a.expert_model_parallel_size or 1)
     if a.json:
         json.dump(dict(model=shape.record(), cluster=vars(c), candidates=as_json(cands)), sys.stdout, indent=1,
                   default=str)

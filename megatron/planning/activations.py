@@ -22,12 +22,16 @@ from dataclasses import replace
 from megatron.model.specs.memory import ActivationOptions, PipeLayer, logit_bytes
 
 from .model_shape import ModelShape
+from .moe import MoEPipeLayer, moe_layer_bytes
 
 __all__ = ["ActivationOptions", "spec_activation_bytes", "layer_bytes", "recomputed_core_bytes", "logit_bytes"]
 
 
 def spec_activation_bytes(layer: PipeLayer, m: ModelShape, o: ActivationOptions) -> float:
-    """Saved bytes of any layer spec for one micro-batch, without full recomputation."""
+    """Saved bytes of any layer spec for one micro-batch, without full recomputation (a MoE layer:
+    `moe.moe_layer_bytes`)."""
+    if isinstance(layer, MoEPipeLayer):
+        return moe_layer_bytes(layer, m, o)
     return m.spec.saved_bytes(layer, m.config, o)
 
 

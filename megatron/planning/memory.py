@@ -20,6 +20,10 @@ What each configuration holds (read from tds.pipe.engine and DeepSpeed 0.19's op
                        released (DeepSpeed's clear_lp_grads). Checked on CPU (bench/memory_error.py) and on an
                        H100 (bench/gpu_throughput.py: GPT-2 medium, within +2.3 to +4.4 %)
 
+A mixture of experts (`moe.py`): a MoE layer's parameters on this rank (its E / P routed experts, router, shared
+expert), its saved bytes and backward working set from the rows its experts receive; at P > 1 the experts'
+gradients reduce from a flat copy of their own, apart from the data-parallel buckets (`moe.moe_buffer_bytes`).
+
 What a layer caches from its first forward on (the spec's `layer_cache_bytes`: GPT's rotary cos / sin tables,
 2 s r e_a) is counted with the weights.
 
@@ -51,6 +55,7 @@ from tds.pipe.zero_buckets import DEFAULT_REDUCE_BUCKET, reduce_bucket_elements
 
 from .activations import ActivationOptions, layer_bytes, recomputed_core_bytes, spec_activation_bytes
 from .model_shape import ModelShape, layer_specs, partition, stage_chunks
+from .moe import MoEPipeLayer, moe_buffer_bytes, moe_working_bytes
 from .shared import SharedTerms
 
 __all__ = ["Layout", "StageMemory", "stage_memory", "stage_parameters", "predict_memory", "compute_orders",
@@ -79,6 +84,7 @@ class Layout:
     partition_method: object = "type:transformer"
     attention: str = "fused"         # fused (GPU memory-efficient SDPA) | math (CPU: s^2 probabilities kept)
     loss_fusion: bool = False        # --cross-entropy-loss-fusion
+    ep: int = 1                      # --expert-model-parallel-size (a mixture of experts; folded out of tp x dp)
 
     @property
     def world_size(self) -> int:
@@ -93,8 +99,9 @@ class Layout:
         extra = f" v{self.virtual_stages}" if self.virtual_stages > 1 else ""
         sp = " sp" if self.sequence_parallel else ""
         rc = "" if self.recompute == "none" else f" rc-{self.recompute}"
-        return (f"tp{self.tp} pp{self.pp} dp{self.dp} mb{self.micro_batch} m{self.gas} {self.schedule}{extra}{sp}{rc}"
-                f" zero{self.zero_stage} {self.precision}")
+        ep = f" ep{self.ep}" if self.ep > 1 else ""
+        return (f"tp{self.tp} pp{self.pp} dp{self.dp}{ep} mb{self.micro_batch} m{self.gas} {self.schedule}{extra}"
+                f"{sp}{rc} zero{self.zero_stage} {self.precision}")
 
 
 @dataclass
@@ -160,11 +167,15 @@ def _logits_grad(m: ModelShape, lay: Layout, s_out: int) -> float:
 def _weight_grad_hold(m: ModelShape, lay: Layout, layers, head: bool) -> float:
     """ZB-H1: what a micro-batch keeps between its B and its W: each linear's input and output gradient, over the
     head's length s (the spec's `linear_widths`: a layer ~ (4h + (qkv + dense + fc1 + fc2)/t) b s e, GPT-2's
-    (4h + 4w/t + 2f/t) b s e; the head its input and the logits' gradient)."""
+    (4h + 4w/t + 2f/t) b s e, a MoE layer its attention's (2h + (qkv + dense)/t) b s e; the head its input and the
+    logits' gradient)."""
     e, b, t, h = ELEMENT_BYTES[lay.precision], lay.micro_batch, lay.tp, m.hidden
     s, widths = m.output_length, m.linear_widths
     per_layer = b * s * e * (4 * h + (widths.qkv + widths.dense + widths.fc1 + widths.fc2) / t)
-    return len(layers) * per_layer + (b * s * e * (h + m.padded_vocab(t) / t) if head else 0.0)
+    # a MoE layer's MLP is plain F.linear: its weight gradients are made in B, nothing held for W
+    mlp = b * s * e * (2 * h + (widths.fc1 + widths.fc2) / t)
+    moe = sum(isinstance(layer, MoEPipeLayer) for layer in layers)
+    return len(layers) * per_layer - moe * mlp + (b * s * e * (h + m.padded_vocab(t) / t) if head else 0.0)
 
 
 def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last: bool) -> tuple[float, ...]:
@@ -184,7 +195,8 @@ def _chunk_bytes(m: ModelShape, lay: Layout, specs, chunk: tuple[int, int], last
     biggest = max(per_layer, default=0.0)
     # backward working set: a layer's activation gradients (about 3 MLP-sized tensors, measured), or on the
     # last stage the logits' gradient (`_logits_grad`)
-    mlp_grads = 3 * b * s_out * m.ffn * e / t
+    mlp_grads = max([3 * b * s_out * m.ffn * e / t] + [moe_working_bytes(s, m.config, o) for s in saved
+                                                       if isinstance(s, MoEPipeLayer)])
     logits_grad = _logits_grad(m, lay, s_out) if last else 0.0
     hold = _weight_grad_hold(m, lay, layers, last) if lay.schedule == "zb-h1" else 0.0
     if lay.recompute == "full":
@@ -326,11 +338,11 @@ def layer_caches(m: ModelShape, lay: Layout, layers: int) -> float:
 
 def _specs_and_chunks(m: ModelShape, lay: Layout, stage: int, shared: SharedTerms) -> tuple[list, list]:
     """(the model's layer specs at this tp, this stage's chunks as spec ranges)."""
-    specs = shared.get("specs", (m, lay.tp), lambda: layer_specs(m, lay.tp))
+    specs = shared.get("specs", (m, lay.tp, lay.ep), lambda: layer_specs(m, lay.tp, lay.ep))
     method = lay.partition_method
     parts = lay.pp * lay.virtual_stages
-    bounds = shared.get("partition", (m, lay.tp, parts, tuple(method) if isinstance(method, list) else method),
-                        lambda: partition(specs, parts, method))
+    key = (m, lay.tp, lay.ep, parts, tuple(method) if isinstance(method, list) else method)
+    bounds = shared.get("partition", key, lambda: partition(specs, parts, method))
     return specs, stage_chunks(bounds, lay.pp, lay.virtual_stages, stage)
 
 
@@ -346,6 +358,10 @@ def stage_memory(m: ModelShape, lay: Layout, stage: int, shared: Optional[Shared
     specs, chunks = _specs_and_chunks(m, lay, stage, shared)
     psi = stage_params(specs, chunks)
     weights, grads, opt, buffers = _state_bytes(psi, lay)
+    if lay.ep > 1:  # the experts' gradients reduce on their own (`moe.moe_buffer_bytes`), not in the dp buckets
+        experts = sum(specs[i].experts for a, b in chunks for i in range(a, b) if isinstance(specs[i], MoEPipeLayer))
+        own = 4.0 * (psi - experts) if buffers and lay.ds_zero_stage == 0 and lay.precision == "fp32" else buffers
+        buffers = max(own, moe_buffer_bytes(experts, lay.ep))
     weights += layer_caches(m, lay, sum(specs[i].transformer for a, b in chunks for i in range(a, b)))
     n = len(chunks)
     per_chunk = tuple(_chunk_bytes(m, lay, specs, ch, last=(stage == lay.pp - 1 and c == n - 1))
@@ -390,4 +406,5 @@ def layout_from_args(args, attention: str = "fused") -> Layout:
                   recompute_num_layers=num_layers, recompute_method=method,
                   zero_stage=args.zero_stage, precision=precision, reduce_bucket=int(bucket),
                   partition_method=partition, attention=attention,
-                  loss_fusion=bool(getattr(args, "cross_entropy_loss_fusion", False)))
+                  loss_fusion=bool(getattr(args, "cross_entropy_loss_fusion", False)),
+                  ep=getattr(args, "expert_model_parallel_size", None) or 1)

@@ -4,7 +4,8 @@ with their parameters, the partition.
     ModelShape      (spec, config): `megatron.model.specs` owns the model; every size the planner reads is a
                     property of that configuration or a term the spec computes from it (nothing restated here)
     layer_specs     the spec's `pipe_layers(config, tp)`: each layer spec's kind and parameters on one tp rank
-                    (the formulas: megatron/model/specs/gpt.py, t5.py)
+                    (the formulas: megatron/model/specs/gpt.py, t5.py); a mixture of experts' layers with their
+                    experts on one rank of the expert-parallel group (`moe.py`)
     partition       tds's (`tds.pipe.module._parts`, DeepSpeed's `partition_balanced` over the transformer layers
                     for the default 'type:transformer'), re-implemented here without torch
 
@@ -12,13 +13,14 @@ Shape legend: h hidden, f ffn hidden, s the configuration's sequence (T5: the en
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from functools import cached_property, lru_cache
 from typing import Any, List, Sequence, Tuple
 
-from megatron.errors import UserError
 from megatron.model.specs import ModelSpec, spec_for, spec_of
 from megatron.model.specs.memory import PipeLayer
+
+from .moe import moe_layers
 
 __all__ = ["ModelShape", "PipeLayer", "layer_specs", "partition", "stage_chunks"]
 
@@ -32,11 +34,6 @@ class ModelShape:
     _key: tuple = field(init=False, repr=False)
 
     def __post_init__(self):
-        moe = getattr(self.config, "moe", None)
-        if moe is not None:
-            raise UserError(f"the layout planner does not count experts yet: a mixture of {moe.num_experts} experts "
-                            f"(--num-experts) has no memory or step-time model here; measure a few iterations with "
-                            f"--log-memory instead")
         object.__setattr__(self, "_key", (self.spec.model_type, tuple(sorted(vars(self.config).items()))))
 
     def __eq__(self, other) -> bool:
@@ -94,14 +91,16 @@ class ModelShape:
         return self.config.padded_vocab_size(tp)
 
     def record(self) -> dict:
-        """The model as --json prints it: its type and its configuration's fields."""
-        return {"model_type": self.spec.model_type, **vars(self.config)}
+        """The model as --json prints it: its type and its configuration's fields (a mixture of experts' as a dict)."""
+        fields = {k: asdict(v) if is_dataclass(v) else v for k, v in vars(self.config).items()}
+        return {"model_type": self.spec.model_type, **fields}
 
 
-def layer_specs(m: ModelShape, tp: int) -> List[PipeLayer]:
+def layer_specs(m: ModelShape, tp: int, ep: int = 1) -> List[PipeLayer]:
     """The Pipe model's layer specs in order (gpt2_pipe.gpt2_layer_specs, t5_pipe.t5_layer_specs), their parameters
-    on one tp rank."""
-    return m.spec.pipe_layers(m.config, tp)
+    on one tp rank; a mixture of experts' layers on one rank of an expert-parallel group of `ep`
+    (`moe.moe_layers`)."""
+    return moe_layers(m.config, m.spec.pipe_layers(m.config, tp), tp, ep)
 
 
 def _uniform(n: int, parts: int) -> List[int]:

@@ -55,9 +55,15 @@ def table(cands: List[Candidate]) -> str:
 
 
 def as_json(cands: List[Candidate]) -> list:
-    return [dict(layout=_fields(c.layout), fits=c.fits, budget=c.budget, peak=c.peak,
+    """The candidates as --json prints them; a layout's expert-parallel size only where it is not 1 (a mixture of
+    experts' choice: dense models' records stay as they were)."""
+    return [dict(layout=_layout_fields(c.layout), fits=c.fits, budget=c.budget, peak=c.peak,
                  stages=[s.as_dict() for s in c.stages],
                  step=dict(_fields(c.step), total=c.step.total)) for c in cands]
+
+
+def _layout_fields(layout) -> dict:
+    return {k: v for k, v in _fields(layout).items() if k != "ep" or v != 1}
 
 
 def _fields(record) -> dict:

@@ -3,7 +3,8 @@
 A candidate is (tp, pp, dp, micro-batch, schedule, v, sequence parallel, recomputation, ZeRO-1) with tp x pp x dp =
 the cluster's GPUs, tp within a node and dividing the heads, key/value groups and ffn, pp at most the transformer
 layers, micro-batch x dp dividing the global batch, interleaved only with gas a multiple of pp and pp x v chunks at
-most the layers. A layout fits when the worst stage's peak x (1 + allocator overhead) <= GPU memory.
+most the layers. A mixture of experts: tp > 1 with sequence parallelism only, and its expert-parallel size given
+(`ep`), not searched. A layout fits when the worst stage's peak x (1 + allocator overhead) <= GPU memory.
 """
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, List, Optional
 
+from megatron.errors import UserError
+
 from .memory import Layout, StageMemory, predict_memory
 from .model_shape import ModelShape
+from .moe import moe_config
 from .shared import SharedTerms
 from .speed import Cluster, StepTime, predict_step
 
@@ -52,9 +56,21 @@ def _divisors(n: int) -> List[int]:
 
 def enumerate_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: str = "bf16",
                       sequence_parallel_available: bool = True, max_micro_batch: int = 16, attention: str = "fused",
-                      schedules: Iterable[str] = ("1f1b", "interleaved", "zb-h1")) -> List[Layout]:
+                      schedules: Iterable[str] = ("1f1b", "interleaved", "zb-h1"), ep: int = 1) -> List[Layout]:
+    """`ep`: a mixture of experts' expert-parallel size, given (not searched): layouts whose tp x dp it divides,
+    and at ep > 1 only what the code runs there (fp32, ZeRO 0: megatron/config/moe_args.py)."""
+    if ep > 1 and precision != "fp32":
+        raise UserError(f"--expert-model-parallel-size {ep} runs in fp32 only for now (megatron/config/moe_args.py), "
+                        f"but the layouts asked for are {precision}; plan in fp32 or at --expert-model-parallel-size 1")
     out = []
     world = c.world_size
+    moe = moe_config(m.config) is not None
+
+    def sp_options(tp: int) -> tuple:  # a mixture of experts at tp > 1 routes each rank's part of the sequence
+        if tp == 1 or not sequence_parallel_available:
+            return () if moe and tp > 1 else (False,)
+        return (True,) if moe else (False, True)
+
     layers = m.transformer_layers
     for tp in _divisors(min(c.gpus_per_node, world)):
         if any(size % tp for size in m.spec.tensor_parallel_sizes(m.config)) or world % tp:
@@ -63,6 +79,8 @@ def enumerate_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: s
             if pp > layers:
                 continue
             dp = world // (tp * pp)
+            if (tp * dp) % ep:
+                continue
             for mb in _divisors(max_micro_batch):
                 if global_batch % (mb * dp):
                     continue
@@ -71,13 +89,13 @@ def enumerate_layouts(m: ModelShape, c: Cluster, global_batch: int, precision: s
                     for v in ((2, 4) if sched == "interleaved" else (1,)):
                         if sched == "interleaved" and (gas % pp or pp * v > layers):
                             continue
-                        for sp in ((False, True) if tp > 1 and sequence_parallel_available else (False,)):
+                        for sp in sp_options(tp):
                             for rc in ("none", "selective", "full"):
-                                for zero in ((0, 1) if dp > 1 else (0,)):
+                                for zero in ((0, 1) if dp > 1 and ep == 1 else (0,)):
                                     out.append(Layout(tp=tp, pp=pp, dp=dp, micro_batch=mb, gas=gas, schedule=sched,
                                                            virtual_stages=v, sequence_parallel=sp, recompute=rc,
                                                            zero_stage=zero, precision=precision,
-                                                           attention=attention))
+                                                           attention=attention, ep=ep))
     return out
 
 
@@ -135,6 +153,6 @@ def plan_for_args(args, vocab_size: int, memory_gb: float, gpus_per_node: int = 
         precision = own.layout.precision
         fitting = [x for x in rank_layouts(shape, c, args.global_batch_size, precision,
                                            sequence_parallel_available=hasattr(args, "sequence_parallel"),
-                                           attention=attention) if x.fits]
+                                           attention=attention, ep=own.layout.ep) if x.fits]
         best = fitting[0] if fitting else None
     return own, best

@@ -30,6 +30,7 @@ from tds.pipe.schedule_sim import Costs, compute_windows
 
 from .memory import ELEMENT_BYTES, Layout, compute_orders, stage_parameters
 from .model_shape import ModelShape
+from .moe import moe_flops_delta
 from .shared import SharedTerms
 
 __all__ = ["Cluster", "StepTime", "predict_step", "model_flops", "bubble_fraction", "exposed_hops", "GPUS"]
@@ -77,9 +78,10 @@ class StepTime:
 
 def model_flops(m: ModelShape, lay: Layout) -> float:
     """FLOPs of one iteration (global batch micro x gas x dp), the spec's count (megatron.model.flops' convention)
-    with the layout's full recomputation."""
+    with the layout's full recomputation; a mixture of experts' MoE layers as `moe.moe_flops_delta` counts them."""
     B, V = lay.micro_batch * lay.gas * lay.dp, m.padded_vocab(lay.tp)
-    return m.spec.flops(m.config, B, V, recompute=lay.recompute == "full")
+    full = lay.recompute == "full"
+    return m.spec.flops(m.config, B, V, recompute=full) + moe_flops_delta(m.config, B, full)
 
 
 def _schedule_terms(schedule: str, pp: int, gas: int, v: int, instructions: bool = True, orders=None) -> tuple:

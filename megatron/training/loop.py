@@ -117,10 +117,8 @@ def log_memory(engine, cfg: RunConfig, step: Callable[[], object]):
     result, peak = measure_iteration(engine.module, engine.optimizer, step)
     attention = "fused" if tds_device.is_cuda() else "math"
     state = mpu.get_parallel_state()
-    predicted = 0  # none for a mixture of experts: the planner does not count experts yet
-    if getattr(cfg.model, "moe", None) is None:
-        own, _ = plan_for_args(argparse.Namespace(**cfg.record), cfg.tokenizer.vocab_size, 1e9, attention=attention)
-        predicted = own.stages[state.pp_rank].peak
+    own, _ = plan_for_args(argparse.Namespace(**cfg.record), cfg.tokenizer.vocab_size, 1e9, attention=attention)
+    predicted = own.stages[state.pp_rank].peak
     where = f"iteration {MEMORY_ITERATION} rank {state.global_rank} (tp, pp, dp) = ({state.tp_rank}, {state.pp_rank}, " \
             f"{state.dp_rank})"
     print_line(format_peak(where, peak, int(predicted)))

@@ -136,8 +136,6 @@ def _attention() -> str:
 
 def predicted_peak(args: argparse.Namespace, vocab_size: int) -> str:
     """The planner's peak per rank for this layout (megatron.planning), for the start-up line."""
-    if getattr(args, "num_experts", None) is not None:
-        return "no memory prediction (the planner does not count experts yet)"
     from megatron.planning.report import short_prediction
     from megatron.planning.search import plan_for_args
     own, _ = plan_for_args(args, vocab_size, args.gpu_memory_gb or 80.0, attention=_attention())
@@ -151,9 +149,6 @@ def dry_run(args: argparse.Namespace) -> None:
     CPU: memory only, no step time, `report.CPU_STEP`)."""
     from megatron.planning.report import dry_run_lines
     from megatron.planning.search import plan_for_args
-    if getattr(args, "num_experts", None) is not None:
-        raise UserError(f"--dry-run with --num-experts {args.num_experts}: the planner does not count experts yet; "
-                        f"measure a few iterations with --log-memory instead")
     vocab = build_tokenizer_from_args(args).vocab_size
     # a GPU named by its memory is planned for as a GPU, also from a machine without one (a login node)
     attention = "fused" if args.gpu_memory_gb else _attention()

@@ -83,9 +83,7 @@ def test_expert_groups_fold_out_of_each_stage():
     assert lists["expert"] == [[0, 1, 2, 3], [4, 5, 6, 7]] and lists["expert_data"][1] == [1, 5]
 
 
-def test_the_planner_says_it_does_not_count_experts():
-    from megatron.training.pretrain import dry_run, predicted_peak
+def test_the_start_up_line_predicts_experts():
+    from megatron.training.pretrain import predicted_peak
     args = parse("--num-experts", "8", world_size=1)
-    assert predicted_peak(args, 64) == "no memory prediction (the planner does not count experts yet)"
-    with pytest.raises(UserError, match="--dry-run with --num-experts 8: the planner does not count experts yet"):
-        dry_run(args)
+    assert predicted_peak(args, 64).startswith("predicted peak ")

@@ -119,3 +119,23 @@ def test_dry_run_with_the_llama_layer_at_tp2_pp2(data, monkeypatch, capsys):
         assert f"stage {stage.stage}: peak" in out and f"{stage.params / 1e6:.2f} M parameters" in out
     built = dict(run_distributed(_built_stage_parameters, 4, cfg, timeout=300))
     assert {pp: own.stages[pp].params for pp in built} == built, built
+
+
+MOE = [*LLAMA, "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "32", "--moe-layer-freq", "2"]
+
+
+def test_dry_run_and_log_memory_predict_a_mixture_of_experts(data, monkeypatch, capsys):
+    """--dry-run plans a MoE model at its expert-parallel size (from the flags); --log-memory's line and the
+    start-up line carry the prediction."""
+    from harness.dist import run_distributed
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    run(_argv(data, "--gas", "2", "--zero-stage", "0", "--expert-model-parallel-size", "2", *MOE), spec_for("gpt"),
+        DEFAULTS)
+    out = capsys.readouterr().out
+    assert "predicted for tp1 pp1 dp2 ep2" in out and "stage 0: peak" in out, out
+    argv = [a for a in _argv(data, "--gas", "2", "--train-iters", "2", "--eval-iters", "0", "--num-workers", "0",
+                             "--log-memory", "--zero-stage", "0", *MOE) if a != "--dry-run"]
+    out = run_distributed(_printed_by_training, 1, argv, 1, timeout=600)[0]
+    lines = [line for line in out.splitlines() if line.startswith("memory iteration 2 rank")]
+    assert len(lines) == 1 and "predicted" in lines[0], out[-2000:]
+    assert "no memory prediction" not in out

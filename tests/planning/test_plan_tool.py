@@ -100,3 +100,38 @@ def test_help_lists_the_planning_options_grouped_and_accepts_the_training_ones(c
     main(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ff-hidden-size", "256",
           "--seq-length", "64", "--global-batch-size", "8", "--lr", "1e-4", "--train-iters", "10", "--top", "1"])
     assert "layouts fit" in capsys.readouterr().out
+
+
+MIXTRAL_HF = {"model_type": "mixtral", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "num_local_experts": 8, "num_experts_per_tok": 2,
+              "vocab_size": 32000, "max_position_embeddings": 32768, "rope_theta": 1e6, "tie_word_embeddings": False}
+
+
+def test_mixtral_config_plans_its_experts(tmp_path, capsys):
+    """A mixture of experts from its config.json (the Mixtral adapter): 46.7 B parameters (Mixtral 8x7B), the experts
+    whole on every tensor-parallel rank (expert parallelism 1 here), tensor parallelism only with sequence
+    parallelism."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(MIXTRAL_HF))
+    main(["--hf-config", str(cfg), "--seq-length", "4096", "--global-batch-size", "16", "--bf16", "--json"])
+    data = json.loads(capsys.readouterr().out)
+    assert data["model"]["moe"]["num_experts"] == 8 and data["model"]["moe"]["topk"] == 2
+    layouts = [c["layout"] for c in data["candidates"]]
+    assert all(lay["sequence_parallel"] for lay in layouts if lay["tp"] > 1)
+    one_rank = next(c for c in data["candidates"] if c["layout"]["tp"] == 1)
+    assert sum(s["params"] for s in one_rank["stages"]) == pytest.approx(46.70e9, rel=0.005)
+
+
+def test_expert_parallel_size_comes_from_the_flag(tmp_path, capsys):
+    """--expert-model-parallel-size is planned as given (not searched): every layout at it, and where the code runs
+    it only in fp32, a bf16 plan is one line."""
+    from megatron.errors import UserError
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(MIXTRAL_HF))
+    common = ["--hf-config", str(cfg), "--seq-length", "4096", "--global-batch-size", "16", "--json",
+              "--expert-model-parallel-size", "4"]
+    main(common)
+    layouts = [c["layout"] for c in json.loads(capsys.readouterr().out)["candidates"]]
+    assert layouts and all(lay["ep"] == 4 and (lay["tp"] * lay["dp"]) % 4 == 0 for lay in layouts)
+    with pytest.raises(UserError, match="runs in fp32 only for now"):
+        main(common + ["--bf16"])
