@@ -54,7 +54,9 @@ def add_moe_args(p: argparse.ArgumentParser) -> None:
                         "tests")
     g.add_argument("--moe-router-load-balancing-type", choices=["aux_loss", "seq_aux_loss", "none"], default=None,
                    help="aux_loss (default: Megatron's Switch loss over the micro-batch, coeff x E / (k T^2) x "
-                        "sum_i P_i c_i, 1 x coeff at uniform routing; transformers' value is k times this) or none")
+                        "sum_i P_i c_i, 1 x coeff at uniform routing; transformers' value is k times this), "
+                        "seq_aux_loss (the same for each sequence on its own, S tokens for T, averaged over the "
+                        "sequences: DeepSeek-V2's) or none")
     g.add_argument("--moe-aux-loss-coeff", type=float, default=None, help="default 0 (no loss)")
     g.add_argument("--moe-z-loss-coeff", type=float, default=None, help="coeff x mean logsumexp(logits)^2, default 0")
     g.add_argument("--moe-router-enable-expert-bias", action="store_true", default=None,
@@ -96,8 +98,6 @@ def resolve_moe(args: argparse.Namespace) -> None:
     for name, what in NOT_YET.items():
         require(not getattr(args, name, None), f"{flag_name(name)} ({what}) is not built yet; drop it (the experts "
                                                f"run one GEMM pair each, with the same results)")
-    require(args.moe_router_load_balancing_type != "seq_aux_loss", "--moe-router-load-balancing-type seq_aux_loss "
-            "is not built yet; use aux_loss or none")
     experts, ep, tp = args.num_experts, args.expert_model_parallel_size, args.tensor_model_parallel_size
     require(experts >= 1, f"--num-experts must be >= 1, got {experts}")
     require(args.swiglu, "--num-experts: the experts are SwiGLU MLPs; give --swiglu")

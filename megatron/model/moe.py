@@ -15,6 +15,8 @@ Balancing losses (returned, never added to the LM loss here; the caller back-pro
     aux_loss (Switch, Megatron's)  coeff x E / (k T^2) x sum_i (sum_x p_xi) count_i    (uniform routing: coeff)
         p: the softmax over all E (sigmoid: the sigmoids divided by their sum); count_i: tokens sent to expert i
         before dropping. transformers' MoE models define it without the 1/k (uniform: coeff x k).
+    seq_aux_loss (Megatron's)      the same for each of the micro-batch's b sequences on its own (S tokens for T,
+                                   its own counts), averaged over the b sequences
     z_loss                         coeff x mean_x logsumexp(logits_x)^2
 
 Capacity (`--moe-expert-capacity-factor c`): each expert keeps at most ceil(T k / E x c) tokens, chosen by the
@@ -98,15 +100,18 @@ def tokens_per_expert(experts: torch.Tensor, num_experts: int) -> torch.Tensor:
     return torch.bincount(flat[flat >= 0], minlength=num_experts)
 
 
-def aux_loss(logits: torch.Tensor, cfg: MoEConfig, sequence_group=None) -> torch.Tensor:
+def aux_loss(logits: torch.Tensor, cfg: MoEConfig, sequence_group=None, sequences: int = 1) -> torch.Tensor:
     """Megatron's Switch load-balancing loss (module docstring): the counts are the top-k of the scores themselves
     (without the expert bias), before dropping. With `sequence_group` (sequence parallelism: each rank routes its
     part of the sequence) the counts and T are the whole sequence's and each rank returns its tokens' share of the
-    sum, so that the shares add up to the loss of the whole sequence."""
+    sum, so that the shares add up to the loss of the whole sequence. seq_aux_loss: the (T, E) logits are
+    `sequences` sequences in (b, s) order."""
     if cfg.score_function == "softmax":
         scores = torch.softmax(logits, dim=-1)
     else:
         scores = _sum_to_one(torch.sigmoid(logits))
+    if cfg.load_balancing == "seq_aux_loss":
+        return _seq_aux_loss(scores.view(sequences, -1, cfg.num_experts), cfg, sequence_group)
     tokens = logits.shape[0]
     counts = tokens_per_expert(torch.topk(scores, cfg.topk, dim=-1).indices, cfg.num_experts)
     if sequence_group is not None:
@@ -114,6 +119,20 @@ def aux_loss(logits: torch.Tensor, cfg: MoEConfig, sequence_group=None) -> torch
         tokens *= dist.get_world_size(sequence_group)
     counts = counts.to(scores.dtype)
     return cfg.aux_loss_coeff * cfg.num_experts / (cfg.topk * tokens * tokens) * (scores.sum(dim=0) * counts).sum()
+
+
+def _seq_aux_loss(scores: torch.Tensor, cfg: MoEConfig, sequence_group=None) -> torch.Tensor:
+    """(b, s, E) scores -> the mean over the b sequences of each one's Switch loss (`aux_loss`), its counts (b, E)
+    and length S summed over `sequence_group` as the whole sequence's."""
+    b, tokens, experts = scores.shape
+    chosen = torch.topk(scores, cfg.topk, dim=-1).indices.reshape(b, -1)  # (b, s k)
+    counts = torch.zeros(b, experts, dtype=torch.int64, device=scores.device)
+    counts.scatter_add_(1, chosen, torch.ones_like(chosen))
+    if sequence_group is not None:
+        dist.all_reduce(counts, group=sequence_group)
+        tokens *= dist.get_world_size(sequence_group)
+    per_sequence = (scores.sum(dim=1) * counts.to(scores.dtype)).sum(dim=1)  # (b,)
+    return cfg.aux_loss_coeff * experts / (cfg.topk * tokens * tokens) * per_sequence.mean()
 
 
 def z_loss(logits: torch.Tensor, coeff: float, tokens: Optional[int] = None) -> torch.Tensor:
@@ -218,8 +237,9 @@ class MoELayer(nn.Module):
         probs, experts = route(logits, cfg, None if bias is None else bias.to(dtype))
         stats = {}
         parts = 1 if self.sequence_group is None else dist.get_world_size(self.sequence_group)
-        if cfg.load_balancing == "aux_loss" and cfg.aux_loss_coeff > 0:
-            stats["load_balancing_loss"] = aux_loss(logits, cfg, self.sequence_group)
+        if cfg.load_balancing != "none" and cfg.aux_loss_coeff > 0:
+            stats["load_balancing_loss"] = aux_loss(logits, cfg, self.sequence_group,
+                                                     shape[0] if len(shape) == 3 else 1)
         if cfg.z_loss_coeff > 0:
             stats["z_loss"] = z_loss(logits, cfg.z_loss_coeff, logits.shape[0] * parts)
         if cfg.capacity_factor is not None:

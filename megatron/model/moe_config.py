@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 SCORE_FUNCTIONS = ("softmax", "sigmoid")
 ROUTER_DTYPE_NAMES = ("fp32", "fp64")
-LOAD_BALANCING_TYPES = ("aux_loss", "none")
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "none")
 DROP_POLICIES = ("probs", "position")
 DISPATCHERS = ("allgather", "alltoall")
 # the arguments of `megatron.config.moe_args` besides --num-experts (GPT options: other models refuse them)
@@ -73,7 +73,7 @@ class MoEConfig:
             (self.router_dtype not in ROUTER_DTYPE_NAMES,
              f"--moe-router-dtype must be fp32 or fp64, got {self.router_dtype!r}"),
             (self.load_balancing not in LOAD_BALANCING_TYPES,
-             f"--moe-router-load-balancing-type must be aux_loss or none, got {self.load_balancing!r}"),
+             f"--moe-router-load-balancing-type must be aux_loss, seq_aux_loss or none, got {self.load_balancing!r}"),
             (self.aux_loss_coeff < 0 or self.z_loss_coeff < 0,
              f"--moe-aux-loss-coeff and --moe-z-loss-coeff must be >= 0, got {self.aux_loss_coeff} and "
              f"{self.z_loss_coeff}"),

@@ -161,7 +161,7 @@ def moe_mlp_bytes(config, o: ActivationOptions, ep: int = 1) -> float:
         scores = T * E * r if moe.pre_softmax else T * k * r
     cast = (T * h + E * h) * r - (0 if f_s else T * h * e) if r != e else 0
     router = T * k * 8 + T * k + scores + cast
-    balancing = moe.load_balancing == "aux_loss" and moe.aux_loss_coeff > 0
+    balancing = moe.load_balancing != "none" and moe.aux_loss_coeff > 0
     aux = T * E * r + E * r + (T * r if moe.score_function == "sigmoid" else 0) if balancing else 0
     z = T * E * r + T * r if moe.z_loss_coeff > 0 else 0
     loss = r if aux or z else 0

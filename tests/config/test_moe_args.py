@@ -56,7 +56,6 @@ def test_layer_pattern(freq, layers, want):
     (["--num-experts", "8", "--expert-model-parallel-size", "2", "--zero-stage", "1"], 8, ["--zero-stage 1"]),
     (["--num-experts", "8", "--expert-model-parallel-size", "2", "--bf16"], 8, ["fp32", "--bf16"]),
     (["--num-experts", "8", "--moe-grouped-gemm"], 8, ["--moe-grouped-gemm", "not built yet"]),
-    (["--num-experts", "8", "--moe-router-load-balancing-type", "seq_aux_loss"], 8, ["seq_aux_loss"]),
     (["--num-experts", "8", "--moe-router-enable-expert-bias"], 8, ["needs --moe-router-score-function sigmoid"]),
     (["--num-experts", "8", "--layout-invariant"], 8, ["--layout-invariant"]),
 ])

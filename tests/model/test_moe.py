@@ -103,6 +103,20 @@ def test_the_load_balancing_loss_is_megatrons_and_transformers_over_topk():
     assert aux_loss(uniform, sigmoid).item() == pytest.approx(1.0, rel=1e-6)
 
 
+def test_the_sequence_load_balancing_loss_is_the_mean_of_each_sequences_loss():
+    """Megatron's seq_aux_loss: each sequence's Switch loss on its own (its counts, S tokens), averaged; a (b, s)
+    batch of b = 3 sequences, tokens in (b, s) order."""
+    seq = MoEConfig(num_experts=E, ffn_hidden_size=F_EXPERT, topk=K, aux_loss_coeff=0.1,
+                    load_balancing="seq_aux_loss")
+    whole = MoEConfig(num_experts=E, ffn_hidden_size=F_EXPERT, topk=K, aux_loss_coeff=0.1)
+    logits = torch.randn(3, 20, E, generator=torch.Generator().manual_seed(3))
+    want = sum(aux_loss(logits[b], whole) for b in range(3)) / 3
+    got = aux_loss(logits.reshape(-1, E), seq, sequences=3)
+    assert got.item() == pytest.approx(want.item(), rel=1e-6)
+    assert got.item() != pytest.approx(aux_loss(logits.reshape(-1, E), whole).item(), rel=1e-3)
+    assert aux_loss(torch.zeros(60, E), seq, sequences=3).item() == pytest.approx(0.1, rel=1e-6)  # uniform
+
+
 @pytest.mark.parametrize("policy", ["probs", "position"])
 def test_no_expert_keeps_more_than_its_capacity(policy):
     cfg = MoEConfig(num_experts=E, ffn_hidden_size=F_EXPERT, topk=K, capacity_factor=0.5,

@@ -13,7 +13,8 @@ One 8-process launch runs, as (tp, pp, ep, dp):
   group, the others' the data-parallel group, and neither reports a difference) and with ZB-H1 (the experts'
   gradients are computed in B: only the tensor-parallel layers defer theirs), and (2, 2, 2, 2) with
   --sequence-parallel interleaved (2 chunks per stage, full recomputation: the statistics are tallied once per
-  micro-batch however often the forward runs);
+  micro-batch however often the forward runs; Megatron's seq_aux_loss, each sequence's counts summed over the
+  tensor-parallel ranks holding its parts, against its own single process);
 - (2, 2, 1, 2) with --sequence-parallel and ZeRO-1: experts on every rank, replicated parameters summed over tp;
 - the capacity-dropping variant (factor 1.0: it drops) at (1, 2, 2, 4) against its own single process (capacity is
   counted over the tokens a router sees, so it depends on tp, as in Megatron).
@@ -42,6 +43,7 @@ ITERS = 20
 DROPOUT = ["--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--log-interval", "1", "--zero-stage", "0"]
 EP2 = ["--expert-model-parallel-size", "2"]
 CAPACITY = ["--moe-expert-capacity-factor", "1.0"]
+SEQ_AUX = ["--moe-router-load-balancing-type", "seq_aux_loss"]
 BIAS = ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
         "0.01", "--train-iters", "10"]
 LAYOUTS = {  # name: (tp, pp, flags)
@@ -49,8 +51,9 @@ LAYOUTS = {  # name: (tp, pp, flags)
     "(2,2,2,2) sp alltoall": (2, 2, [*EP2, "--sequence-parallel", "--moe-token-dispatcher-type", "alltoall"]),
     "(1,2,2,4) gpipe": (1, 2, [*EP2, "--pipeline-schedule", "gpipe", "--check-replicas-interval", "5"]),
     "(1,2,2,4) zb-h1": (1, 2, [*EP2, "--pipeline-schedule", "zb-h1"]),
-    "(2,2,2,2) sp interleaved full recompute": (2, 2, [*EP2, "--sequence-parallel", "--virtual-pipe-stages", "2",
-                                                       "--recompute-granularity", "full"]),
+    "(2,2,2,2) sp interleaved full recompute seq_aux_loss": (2, 2, [*EP2, "--sequence-parallel",
+                                                                    "--virtual-pipe-stages", "2",
+                                                                    "--recompute-granularity", "full", *SEQ_AUX]),
     "(1,2,2,4) capacity": (1, 2, [*EP2, *CAPACITY]),
     "(1,2,1,4) expert bias": (1, 2, BIAS),
     "(2,2,1,2) sp expert bias": (2, 2, [*BIAS, "--sequence-parallel"]),
@@ -123,8 +126,8 @@ def data_prefix(tmp_path_factory):
 @pytest.mark.long
 def test_every_layout_equals_one_process_and_resumes_exactly(data_prefix, tmp_path):
     singles = run_distributed(runs, 1, [argv(data_prefix, 1, 1), argv(data_prefix, 1, 1, CAPACITY),
-                                        argv(data_prefix, 1, 1, BIAS)], 1, str(tmp_path / "single"),
-                              timeout=600)[-1][:3]
+                                        argv(data_prefix, 1, 1, BIAS), argv(data_prefix, 1, 1, SEQ_AUX)], 1,
+                              str(tmp_path / "single"), timeout=600)[-1][:4]
     variants = [argv(data_prefix, tp, pp, flags) for tp, pp, flags in LAYOUTS.values()]
     chain = [variants[1], argv(data_prefix, 1, 1, ["--micro-batch-size", "1"]),
              argv(data_prefix, 1, 2, ["--expert-model-parallel-size", "4"])]  # (2,2,2), (1,1,1), (1,2,4)
@@ -137,14 +140,16 @@ def test_every_layout_equals_one_process_and_resumes_exactly(data_prefix, tmp_pa
     assert resumed == straight[10:], f"resumed {resumed} vs {straight[10:]}"
     np.testing.assert_allclose(reshaped, straight[10:], rtol=RTOL, err_msg="resumed at (2,2,2,2)")
     for name, got in zip(LAYOUTS, results):
-        want = singles[1] if "capacity" in name else singles[2] if "bias" in name else singles[0]
+        want = singles[1] if "capacity" in name else singles[2] if "bias" in name else \
+            singles[3] if "seq_aux_loss" in name else singles[0]
         for i, what in enumerate(("losses", "gradient norms", "load-balancing losses")):
             assert len(got[i]) == len(want[i]) == (10 if "bias" in name else ITERS), f"{name}: {what}"
             np.testing.assert_allclose(got[i], want[i], rtol=RTOL, err_msg=f"{name}: {what}")
         if "bias" in name:  # (dp, gas) = (4, 1) and (2, 2) against (1, 4): the same bias, bit for bit
             assert len(got[4]) == len(want[4]) == 2 and all(map(torch.equal, got[4], want[4])), name
             assert all(b.abs().max() > 0 for b in want[4]), "the bias never moved"
-    dropless, dropping, _ = singles
+    dropless, dropping, _, sequence_balanced = singles
+    assert not np.allclose(dropless[2], sequence_balanced[2], rtol=RTOL)  # the two balancing losses differ
     assert max(dropless[3]) == 0.0 and min(dropping[3]) > 0.01, "the capacity factor 1.0 should drop choices"
     assert not np.allclose(dropless[0], dropping[0], rtol=RTOL)
     assert (np.array(dropless[1]) > 0.3).all()  # clipping at 0.3 is active on every iteration
