@@ -118,7 +118,8 @@ def resolve_moe(args: argparse.Namespace) -> None:
         require(not (args.fp16 or args.bf16), f"--expert-model-parallel-size {ep} runs in fp32 for now (the bf16 "
                                               f"and fp16 optimizers reduce the experts over the data-parallel "
                                               f"group); got {'--fp16' if args.fp16 else '--bf16'}")
-    require(not args.layout_invariant, "--layout-invariant does not cover mixture-of-experts layers yet; drop it")
+    require(not (args.layout_invariant and ep > 1), f"--layout-invariant with --expert-model-parallel-size {ep}: "
+            f"the experts' gradients are summed over their own group, outside the fixed order; use ep 1")
     try:
         moe_config_from_args(args)  # the layer pattern and the routing settings, checked once
     except ValueError as err:

@@ -57,7 +57,8 @@ def test_layer_pattern(freq, layers, want):
     (["--num-experts", "8", "--expert-model-parallel-size", "2", "--bf16"], 8, ["fp32", "--bf16"]),
     (["--num-experts", "8", "--moe-grouped-gemm"], 8, ["--moe-grouped-gemm", "not built yet"]),
     (["--num-experts", "8", "--moe-router-enable-expert-bias"], 8, ["needs --moe-router-score-function sigmoid"]),
-    (["--num-experts", "8", "--layout-invariant"], 8, ["--layout-invariant"]),
+    (["--num-experts", "8", "--expert-model-parallel-size", "2", "--layout-invariant", "--zero-stage", "0"], 8,
+     ["--layout-invariant with --expert-model-parallel-size 2", "use ep 1"]),
 ])
 def test_mistakes_are_one_line(extra, world, words):
     assert_one_line_error(lambda: parse(*extra, world_size=world), words)

@@ -1,4 +1,5 @@
-"""--layout-invariant (tds/pipe/fixed_order.py): GPT-2, the Llama-style GPT and T5 through their entry points' path,
+"""--layout-invariant (tds/pipe/fixed_order.py): GPT-2, the Llama-style GPT, a mixture of experts (golden_cases' "moe"
+at ep 1, with sigmoid routing and the expert bias, which the checkpoint holds) and T5 through their entry points' path,
 dropout 0.1, 20 iterations, micro-batch 2, global batch 8 (M = 4 micro-batches), fp32 at ZeRO stage 0: the losses and
 gradient norms at full precision, and every weight of the checkpoint saved at iteration 20, are bit for bit those of
 one process (dp, gas) = (1, 4) at (2, 2) and (4, 1) with tp = pp = 1, and at (pp, dp, gas) = (2, 1, 4) and (2, 2, 2).
@@ -19,11 +20,13 @@ from tests.training.golden_cases import argv as golden_argv
 from tests.training.golden_cases import preprocess, rank_run
 
 pytestmark = pytest.mark.long
-MODELS = ("gpt2", "llama", "t5")
+MODELS = ("gpt2", "llama", "t5", "moe")
 ITERS = 20
 FLAGS = ["--layout-invariant", "--hidden-dropout", "0.1", "--attention-dropout", "0.1", "--save-interval", str(ITERS)]
 SPLITS = {1: [(1, 1)], 2: [(1, 2), (2, 1)], 4: [(1, 4), (2, 2)]}  # world -> (pp, dp); gas = 4 / dp
 ZERO1 = ("gpt2", "t5")  # also at ZeRO stage 1 where dp > 1 (at dp 1 ZeRO-1 runs as stage 0)
+EXTRA = {"moe": ["--moe-router-score-function", "sigmoid", "--moe-router-enable-expert-bias",
+                 "--moe-router-bias-update-rate", "0.01"]}
 
 
 def _cases(world: int) -> list:
@@ -41,7 +44,8 @@ def _runs(prefix: str, root: str, world: int) -> dict:
     out = {}
     for model, pp, dp, zero in _cases(world):
         args = golden_argv(model, prefix, 1, pp, iters=ITERS, extra=[*FLAGS, "--zero-stage", str(zero),
-                                                                     "--save", _folder(root, model, pp, dp, zero)])
+                                                                     "--save", _folder(root, model, pp, dp, zero),
+                                                                     *EXTRA.get(model, [])])
         out[(model, pp, dp, zero)] = rank_run(model, args, world)
     return out
 
@@ -68,6 +72,8 @@ def test_every_split_gives_the_bits_of_one_process(runs, model):
     one = runs[(model, 1, 1, 0)]
     assert len(one[0]) == len(one[1]) == ITERS and all(n is not None for n in one[1])
     weights = _weights(_folder(runs["root"], model, 1, 1, 0))
+    if model == "moe":  # the expert bias moved, and the files below hold it
+        assert any(key.endswith("expert_bias") and t.abs().max() > 0 for w in weights.values() for key, t in w.items())
     cases = [case for world in SPLITS for case in _cases(world) if case[0] == model][1:]
     assert len(cases) == (7 if model in ZERO1 else 4)
     for _, pp, dp, zero in cases:
