@@ -310,7 +310,7 @@ def test_unsupported_hf_options_are_named(tmp_path):
     with open(os.path.join(hf_dir, "config.json"), "w") as f:
         json.dump(config, f)
     with pytest.raises(UserError, match="import-hf handles model_type 'gpt2', 't5', 'llama', 'mistral', 'qwen2', "
-                                        "'qwen3', 'olmo2', 'mixtral', 'qwen2_moe', 'qwen3_moe'; "
+                                        "'qwen3', 'olmo2', 'mixtral', 'qwen2_moe', 'qwen3_moe', 'olmoe'; "
                                         ".* has model_type 'gemma'"):
         run(["import-hf", "--input", hf_dir, "--save", str(tmp_path / "x"), "--tensor-model-parallel-size", "1",
              "--pipe-parallel-size", "1"])
