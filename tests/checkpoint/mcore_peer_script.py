@@ -5,10 +5,10 @@ It builds Megatron core's own GPTModel on the CPU from Megatron-LM's arguments, 
 `core_transformer_config_from_args` maps them, with the local layer spec (Transformer Engine does not run on a
 CPU), and answers requests, one JSON line each on stdin, one JSON line each on stdout:
 
-    {"op": "save", "kind": K, "dir": D, "ids": F, "logits": F2}   a seeded model of kind K ('gpt2', 'llama' or
-            'qwen3', MODELS) written with dist_checkpointing.save as Megatron-LM's save_checkpoint writes torch_dist
-            (args, checkpoint_version 3.0 and iteration beside the model's sharded state); its logits on the
-            token ids in F (torch.save'd) are written to F2
+    {"op": "save", "kind": K, "dir": D, "ids": F, "logits": F2}   a seeded model of kind K ('gpt2', 'llama',
+            'qwen3' or 'moe', MODELS) written with dist_checkpointing.save as Megatron-LM's save_checkpoint
+            writes torch_dist (args, checkpoint_version 3.0 and iteration beside the model's sharded state); its
+            logits on the token ids in F (torch.save'd) are written to F2
     {"op": "load", "dir": D, "ids": F, "logits": F2}   a fresh model (another seed) built from the arguments the
             checkpoint D records (Megatron-LM's --use-checkpoint-args), loaded with dist_checkpointing.load; its
             logits on F to F2
@@ -18,12 +18,15 @@ CPU), and answers requests, one JSON line each on stdin, one JSON line each on s
 
 Where Megatron core calls CUDA on this path, only those calls are replaced (`_cpu_only`): the device of its
 scratch buffers and of one flag tensor (torch.cuda.current_device), a synchronize before writing, and the CUDA RNG
-tracker's fork around attention dropout (the models run in eval mode, dropout 0).
+tracker's fork around attention dropout (the models run in eval mode, dropout 0). Without Transformer Engine,
+core 0.15 and 0.16 leave `moe_utils.te_general_gemm` undefined (a failed import), so the router's gating linear
+raises NameError; it is set to None, core's own fallback (torch.mm in the router's dtype).
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -46,6 +49,16 @@ MODELS = {
                   add_qkv_bias=False, untie_embeddings_and_output_weights=True),
 }
 MODELS["qwen3"] = dict(MODELS["llama"], qk_layernorm=True)  # the Llama-style layer with per-head q / k norms
+# the Llama-style layer with Megatron core's MoELayer in layers 2 and 3 (layer 1 dense): 4 SwiGLU experts, top-2, a
+# shared expert, gated from core 0.16 (0.15 cannot); SequentialMLP experts (core's local spec; no grouped GEMM),
+# the allgather dispatcher
+MODELS["moe"] = dict(MODELS["llama"], num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=24,
+                     moe_layer_freq=[0, 1, 1], moe_shared_expert_intermediate_size=16, moe_shared_expert_gate=True,
+                     moe_router_dtype="fp32", moe_token_dispatcher_type="allgather", moe_grouped_gemm=False,
+                     moe_router_score_function="softmax", moe_router_pre_softmax=False, moe_aux_loss_coeff=0.0)
+MOE_FIELDS = ("moe_router_topk", "moe_ffn_hidden_size", "moe_layer_freq", "moe_shared_expert_intermediate_size",
+              "moe_shared_expert_gate", "moe_router_dtype", "moe_token_dispatcher_type", "moe_grouped_gemm",
+              "moe_router_score_function", "moe_router_pre_softmax", "moe_aux_loss_coeff")
 ITERATION = 7
 
 
@@ -55,6 +68,8 @@ def _cpu_only() -> None:
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *args, **kwargs: None
     core_random.CudaRNGStatesTracker.fork = lambda self, name=None: contextlib.nullcontext()
+    from megatron.core.transformer.moe import moe_utils
+    moe_utils.te_general_gemm = getattr(moe_utils, "te_general_gemm", None)
 
 
 def _namespace(kind: str, tp: int) -> argparse.Namespace:
@@ -71,10 +86,13 @@ def _model(a: dict, seed: int):
     every parameter perturbed by a seeded amount so that norms and biases matter."""
     import torch.nn.functional as F
     from megatron.core import tensor_parallel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec, get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
     swiglu = a["swiglu"]
+    moe = dict(num_moe_experts=a["num_experts"], **{k: a[k] for k in MOE_FIELDS}) if a.get("num_experts") else {}
+    known = {f.name for f in dataclasses.fields(TransformerConfig)}
+    moe = {k: v for k, v in moe.items() if k in known}  # core 0.15 has no moe_shared_expert_gate: ungated
     cfg = TransformerConfig(num_layers=a["num_layers"], hidden_size=a["hidden_size"],
                             ffn_hidden_size=a["ffn_hidden_size"], num_attention_heads=a["num_attention_heads"],
                             kv_channels=a["kv_channels"],
@@ -86,9 +104,12 @@ def _model(a: dict, seed: int):
                             qk_layernorm=bool(a.get("qk_layernorm")),
                             hidden_dropout=0.0, attention_dropout=0.0, use_cpu_initialization=True,
                             tensor_model_parallel_size=torch.distributed.get_world_size(),
-                            params_dtype=torch.float32)
+                            params_dtype=torch.float32, **moe)
     torch.manual_seed(seed)
-    spec = get_gpt_layer_local_spec(normalization=a["normalization"], qk_layernorm=bool(a.get("qk_layernorm")))
+    if moe:  # Megatron-LM's get_gpt_decoder_block_spec: dense and MoE layers by moe_layer_freq
+        spec = get_gpt_decoder_block_spec(cfg, use_transformer_engine=False, normalization=a["normalization"])
+    else:
+        spec = get_gpt_layer_local_spec(normalization=a["normalization"], qk_layernorm=bool(a.get("qk_layernorm")))
     model = GPTModel(cfg, spec, vocab_size=a["padded_vocab_size"],
                      max_sequence_length=a["max_position_embeddings"],
                      position_embedding_type=a["position_embedding_type"], rotary_percent=a["rotary_percent"],

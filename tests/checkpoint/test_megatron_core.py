@@ -10,12 +10,16 @@ with `dist_checkpointing.save`:
 - export-megatron --ckpt-format torch_dist writes it back, core's `dist_checkpointing.load` reads that into a
   fresh GPTModel built from the arguments the export records, and core's logits equal the first ones;
 - import-megatron of the export gives the first import's tensors bit for bit;
+- a mixture of experts (the Llama-style layer, layer 1 dense, layers 2 and 3 core's MoELayer: 4 SequentialMLP
+  SwiGLU experts, top-2, a shared expert, gated from 0.16) imports at tp 1 and tp 2 with equal logits (export-megatron
+  refuses MoE in one line);
 - in the newest release, a checkpoint written by two gloo processes of core at tensor parallelism 2 imports with
   equal logits (`long`).
 """
 import pytest
 import torch
 
+from megatron.errors import UserError
 from tests.checkpoint.mcore_peer import VERSIONS, Peer, ids_file, save_tp
 from tests.checkpoint.mcore_peer_script import VOCAB
 from tests.checkpoint.test_megatron_import import _assert_same, _logits
@@ -52,6 +56,15 @@ def test_core_writes_we_import_we_export_core_reads(version, tmp_path, capsys):
             assert _rel(peer.load(exported)[..., :VOCAB], expected) < RTOL, kind
             _import(exported, back, tp=2)
             _assert_same(ours, back)
+        expected = peer.save("moe", str(tmp_path / "moe_core"))
+        for tp in (1, 2):
+            _import(str(tmp_path / "moe_core"), str(tmp_path / f"moe_ours_{tp}"), tp=tp)
+            assert "--num-experts 4 --moe-ffn-hidden-size 24 --moe-layer-freq [0,1,1] --moe-router-topk 2" in \
+                capsys.readouterr().out
+            assert _rel(_logits(str(tmp_path / f"moe_ours_{tp}"), ids, VOCAB), expected) < RTOL, tp
+        with pytest.raises(UserError, match="mixture of experts"):
+            run(["export-megatron", "--load", str(tmp_path / "moe_ours_1"), "--output", str(tmp_path / "moe_export"),
+                 "--tensor-model-parallel-size", "1", "--pipe-parallel-size", "1", "--ckpt-format", "torch_dist"])
 
 
 @pytest.mark.long

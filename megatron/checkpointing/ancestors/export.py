@@ -95,6 +95,10 @@ def _check(args: Dict[str, Any], pp: int, folder: str, fmt: str) -> None:
         raise UserError(f"export-megatron: {folder} holds a GPT with {', '.join(options)}, which export-megatron "
                         f"does not write" + (" (--qk-layernorm: with --ckpt-format torch_dist, as Megatron core "
                                              "has it)" if args.get("qk_layernorm") and not written else ""))
+    if args.get("num_experts") is not None:
+        raise UserError(f"export-megatron: {folder} holds a mixture of experts (--num-experts "
+                        f"{args['num_experts']}), which export-megatron does not write yet (import-megatron reads "
+                        f"Megatron core's MoE checkpoints)")
     if args["num_layers"] % pp:
         raise UserError(f"--pipe-parallel-size {pp} does not divide the {args['num_layers']} layers (Megatron-LM "
                         f"gives every stage as many)")

@@ -16,7 +16,8 @@ Canonical GPT names (the plain model's): embedding.word_embeddings.weight, embed
 layers.i.{input_layernorm, self_attention.query_key_value, self_attention.dense, post_attention_layernorm,
 mlp.dense_h_to_4h, mlp.dense_4h_to_h}.{weight, bias}, layers.i.self_attention.{q_layernorm, k_layernorm}.{weight,
 bias} (--qk-layernorm: Megatron core's names too, one (kv_channels) weight replicated over tp),
-final_layernorm.{weight, bias}, lm_head.weight.
+layers.i.mlp.moe.* of a MoE layer (MOE_PARTS, in place of mlp.dense_*), final_layernorm.{weight, bias},
+lm_head.weight.
 """
 from __future__ import annotations
 
@@ -41,6 +42,10 @@ LAYER_PARTS = ("input_layernorm", "self_attention.query_key_value", "self_attent
                "mlp.dense_h_to_4h", "mlp.dense_4h_to_h",
                "self_attention.q_layernorm", "self_attention.k_layernorm")  # Megatron core's --qk-layernorm, our names
 QKV = "self_attention.query_key_value"
+# a MoE layer's MLP (megatron/model/moe.py): the router (E, h), the experts stacked, linear_fc1 (E, 2f, h) with the
+# gate rows first and linear_fc2 (E, h, f), the shared expert and its gate (1, h)
+MOE_PARTS = ("mlp.moe.router.weight", "mlp.moe.experts.linear_fc1", "mlp.moe.experts.linear_fc2",
+             "mlp.moe.shared_expert.linear_fc1", "mlp.moe.shared_expert.linear_fc2", "mlp.moe.shared_gate.weight")
 # Megatron-LM spellings -> this project's, applied in order to a key inside a layer (or the final norm)
 RENAMES = ((r"^attention\.", "self_attention."), (r"^input_norm\.", "input_layernorm."),
            (r"^post_attention_norm\.", "post_attention_layernorm."), (r"^final_norm\.", "final_layernorm."),
@@ -51,6 +56,12 @@ RENAMES = ((r"^attention\.", "self_attention."), (r"^input_norm\.", "input_layer
            (r"^self_attention\.linear_qkv\.", "self_attention.query_key_value."),
            (r"^self_attention\.linear_proj\.", "self_attention.dense."),
            (r"^mlp\.linear_fc1\.", "mlp.dense_h_to_4h."), (r"^mlp\.linear_fc2\.", "mlp.dense_4h_to_h."),
+           # Megatron core's MoELayer: TopKRouter, SequentialMLP / TEGroupedMLP experts as one (E, ...) tensor in
+           # torch_dist (`experts.experts.`), SharedExpertMLP; linear_fc1 rows [gate; up] as the dense MLP's
+           (r"^mlp\.router\.weight$", "mlp.moe.router.weight"),
+           (r"^mlp\.experts\.experts\.linear_fc([12])\.weight$", r"mlp.moe.experts.linear_fc\1"),
+           (r"^mlp\.shared_experts\.linear_fc([12])\.weight$", r"mlp.moe.shared_expert.linear_fc\1"),
+           (r"^mlp\.shared_experts\.gate_weight$", "mlp.moe.shared_gate.weight"),
            (r"^final_layernorm\.", "final_layernorm."))
 T5_REFUSED = ("a T5 checkpoint; Megatron-LM's and CPM-Pretrain's T5 use a learned absolute position table (CPM-Pretrain's "
               "also no final encoder norm and one post-attention norm applied twice in the decoder), which this "
@@ -105,11 +116,11 @@ def canonical_name(key: str, where: str) -> str:
     for pattern, repl in RENAMES:
         key = re.sub(pattern, repl, key)
     head, _, leaf = key.rpartition(".")
-    if head in LAYER_PARTS + ("final_layernorm",) and leaf in ("weight", "bias"):
+    if head in LAYER_PARTS + ("final_layernorm",) and leaf in ("weight", "bias") or key in MOE_PARTS:
         return key
     raise UserError(f"{where}: {key!r} is not a module of this project's GPT layer (layer norms, fused QKV, "
-                    f"per-head query and key norms, attention output, MLP in and out; no mixture of experts or "
-                    f"cross-attention)")
+                    f"per-head query and key norms, attention output, MLP in and out, Megatron core's MoE router, "
+                    f"experts and shared expert without biases; no cross-attention)")
 
 
 def add_part(parts: Dict[str, List[torch.Tensor]], name: str, tp_rank: int, tp: int, value: torch.Tensor) -> None:

@@ -17,6 +17,9 @@ dropped, the rest as `source.RENAMES`):
         core's local layer spec maps its input_layernorm / pre_mlp_layernorm to the same keys, which are also
         read); stacked along a leading layer axis (homogeneous layers, the default) or numbered
         decoder.layers.i.*
+    decoder.layers.{mlp.router, mlp.experts.experts.linear_fc1, linear_fc2, mlp.shared_experts.linear_fc1,
+        linear_fc2, gate_weight} of a MoE layer (core's MoELayer: the experts, SequentialMLP or grouped GEMM, as one
+        tensor with a leading expert axis; in a model with dense layers too, the layers are numbered)
     decoder.final_layernorm.*, output_layer.weight (untied head)
 linear_qkv rows are grouped per query group [q heads, k, v] (`qkv` order '2'); linear_fc1 of SwiGLU is
 stored as [W_gate; W_up] (core's swiglu sharded factory), already the canonical layout.
