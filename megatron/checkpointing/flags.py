@@ -38,7 +38,7 @@ def model_flags(args: Dict[str, Any]) -> List[str]:
     if args.get("position_embedding_type") == "rope":
         valued += ROPE + (ROPE_SCALING if args.get("use_rope_scaling") else ())
     if args.get("num_experts") is not None:  # a mixture of experts: its architecture's flags (switches: True)
-        valued += [(key, flag_name(key)) for key in MOE_ARCHITECTURE if args.get(key) is not True]
+        valued += [(key, flag_name(key)) for key in MOE_ARCHITECTURE if not isinstance(args.get(key), bool)]
     out = []
     for key, flag in valued:
         if args.get(key) is not None:

@@ -90,6 +90,12 @@ def test_round_trips_bit_identical_from_either_layout(kind, families):
         for name, tensor in theirs.items():
             assert torch.equal(ours[name], tensor), f"{kind} {out}: {name} changed"
     assert type(transformers.AutoModelForCausalLM.from_pretrained(family["out"])) is type(family["model"])
+    from megatron.checkpointing import read_checkpoint_args
+    from megatron.checkpointing.flags import model_flags
+    saved = read_checkpoint_args(family["ckpt"])
+    flags = model_flags(saved)  # what import-hf prints: a switch that is off is left out, never `False`
+    assert "False" not in flags and "True" not in flags, flags
+    assert ("--moe-router-pre-softmax" in flags) == bool(saved.get("moe_router_pre_softmax")), flags
 
 
 def _logits(ckpts: list, ids: torch.Tensor) -> list:
