@@ -105,34 +105,22 @@ def aux_loss(logits: torch.Tensor, cfg: MoEConfig, sequence_group=None, sequence
     (without the expert bias), before dropping. With `sequence_group` (sequence parallelism: each rank routes its
     part of the sequence) the counts and T are the whole sequence's and each rank returns its tokens' share of the
     sum, so that the shares add up to the loss of the whole sequence. seq_aux_loss: the (T, E) logits are
-    `sequences` sequences in (b, s) order."""
+    `sequences` sequences in (b, s) order, each a row with its own counts and length, the rows' losses averaged."""
     if cfg.score_function == "softmax":
         scores = torch.softmax(logits, dim=-1)
     else:
         scores = _sum_to_one(torch.sigmoid(logits))
-    if cfg.load_balancing == "seq_aux_loss":
-        return _seq_aux_loss(scores.view(sequences, -1, cfg.num_experts), cfg, sequence_group)
-    tokens = logits.shape[0]
-    counts = tokens_per_expert(torch.topk(scores, cfg.topk, dim=-1).indices, cfg.num_experts)
-    if sequence_group is not None:
-        dist.all_reduce(counts, group=sequence_group)
-        tokens *= dist.get_world_size(sequence_group)
-    counts = counts.to(scores.dtype)
-    return cfg.aux_loss_coeff * cfg.num_experts / (cfg.topk * tokens * tokens) * (scores.sum(dim=0) * counts).sum()
-
-
-def _seq_aux_loss(scores: torch.Tensor, cfg: MoEConfig, sequence_group=None) -> torch.Tensor:
-    """(b, s, E) scores -> the mean over the b sequences of each one's Switch loss (`aux_loss`), its counts (b, E)
-    and length S summed over `sequence_group` as the whole sequence's."""
-    b, tokens, experts = scores.shape
-    chosen = torch.topk(scores, cfg.topk, dim=-1).indices.reshape(b, -1)  # (b, s k)
-    counts = torch.zeros(b, experts, dtype=torch.int64, device=scores.device)
+    rows = sequences if cfg.load_balancing == "seq_aux_loss" else 1  # seq_aux_loss: one loss per sequence
+    scores = scores.view(rows, -1, cfg.num_experts)  # (rows, T, E)
+    tokens = scores.shape[1]
+    chosen = torch.topk(scores, cfg.topk, dim=-1).indices.reshape(rows, -1)  # (rows, T k)
+    counts = torch.zeros(rows, cfg.num_experts, dtype=torch.int64, device=scores.device)
     counts.scatter_add_(1, chosen, torch.ones_like(chosen))
     if sequence_group is not None:
         dist.all_reduce(counts, group=sequence_group)
         tokens *= dist.get_world_size(sequence_group)
-    per_sequence = (scores.sum(dim=1) * counts.to(scores.dtype)).sum(dim=1)  # (b,)
-    return cfg.aux_loss_coeff * experts / (cfg.topk * tokens * tokens) * per_sequence.mean()
+    per_row = (scores.sum(dim=1) * counts.to(scores.dtype)).sum(dim=1)  # (rows,)
+    return cfg.aux_loss_coeff * cfg.num_experts / (cfg.topk * tokens * tokens) * per_row.mean()
 
 
 def z_loss(logits: torch.Tensor, coeff: float, tokens: Optional[int] = None) -> torch.Tensor:

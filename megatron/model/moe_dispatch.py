@@ -19,6 +19,8 @@ Nothing here knows the model: `expert_fn(j, rows)` computes local expert j. Grou
 """
 from __future__ import annotations
 
+import itertools
+
 from typing import Callable, Optional
 
 import torch
@@ -92,13 +94,13 @@ def _run_experts(rows: torch.Tensor, recv: torch.Tensor, expert_fn: Callable[[in
     whose blocks are already in that order), each expert runs on its contiguous slice, and the outputs go back to
     their places (one index_copy)."""
     size, local = recv.shape
-    counts = recv.reshape(-1).tolist()
     per_expert = recv.sum(dim=0).tolist()
     order = None
     if size > 1:
-        starts = torch.cumsum(recv.reshape(-1), 0) - recv.reshape(-1)  # where each (source, expert) block starts
-        order = torch.cat([torch.arange(int(starts[src * local + j]), int(starts[src * local + j]) + counts[src * local + j],
-                                        device=rows.device) for j in range(local) for src in range(size)])
+        counts = recv.reshape(-1).tolist()  # block src * local + j: source src's rows for expert j
+        starts = [0, *itertools.accumulate(counts)]  # where each block starts
+        order = torch.cat([torch.arange(starts[b], starts[b] + counts[b], device=rows.device)
+                           for b in (src * local + j for j in range(local) for src in range(size))])
         rows = rows[order]
     outs = [expert_fn(j, part) if part.shape[0] else part for j, part in enumerate(rows.split(per_expert))]
     out = torch.cat(outs) if len(outs) > 1 else outs[0]
