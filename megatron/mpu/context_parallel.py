@@ -37,6 +37,8 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from .mappings import _exchange, _gather_into
+
 COMM_TYPES = ("all_gather", "p2p", "a2a")
 MESSAGES: Counter = Counter()  # (comm type, "forward" | "backward") -> collectives or sends of this process
 
@@ -141,10 +143,7 @@ class _GatherSequence(torch.autograd.Function):
 
 def _gather(x: torch.Tensor, group) -> torch.Tensor:
     """(...) -> (cp, ...): every rank's x in rank order."""
-    size = dist.get_world_size(group)
-    out = x.new_empty((size * x.size(0),) + tuple(x.shape[1:]))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
-    return out.view((size,) + tuple(x.shape))
+    return _gather_into(x.contiguous(), group, dist.get_world_size(group))
 
 
 class _AllToAll(torch.autograd.Function):
@@ -154,19 +153,13 @@ class _AllToAll(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
         ctx.group = group
         MESSAGES["a2a", "forward"] += 1
-        return _exchange(x, group)
+        return _exchange(x.contiguous(), group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         MESSAGES["a2a", "backward"] += 1
-        return _exchange(grad, ctx.group), None
+        return _exchange(grad.contiguous(), ctx.group), None
 
-
-def _exchange(x: torch.Tensor, group) -> torch.Tensor:
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    dist.all_to_all_single(out, x, group=group)
-    return out
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group, comm: str = "p2p",
